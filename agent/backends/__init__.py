@@ -1,0 +1,1 @@
+"""Inference backends: each runs one loaded model version."""

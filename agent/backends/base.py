@@ -1,0 +1,45 @@
+"""What every inference backend offers the agent."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from agent.datatypes import DataType
+
+
+@dataclass(frozen=True, slots=True)
+class ModelTensor:
+    """An input or output as the model file declares it.
+
+    `datatype` is None when the agent cannot serve the element type; `shape` holds None for a
+    dimension the model leaves dynamic.
+    """
+
+    name: str
+    datatype: DataType | None
+    type_name: str  # the runtime's own spelling, for messages
+    shape: tuple[int | None, ...]
+
+
+class Backend(Protocol):
+    """A loaded model version that runs a batch of named tensors."""
+
+    @property
+    def inputs(self) -> Sequence[ModelTensor]: ...
+
+    @property
+    def outputs(self) -> Sequence[ModelTensor]: ...
+
+    def run(
+        self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]
+    ) -> list[np.ndarray]:
+        """Run the model; blocking, called off the event loop."""
+        ...
+
+    def close(self) -> None:
+        """Release the runtime's resources."""
+        ...

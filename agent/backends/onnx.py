@@ -1,0 +1,164 @@
+"""ONNX Runtime backend: one InferenceSession per loaded model version.
+
+Execution providers come from the model config (`optimization.execution_accelerators` and GPU
+instance groups) filtered by what the installed onnxruntime offers; CPU always closes the list, so
+an accelerator that is asked for but missing degrades to CPU with a warning instead of failing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from agent import datatypes
+from agent.backends.base import ModelTensor
+from agent.errors import BackendError, ModelLoadError
+from agent.proto import model_config_pb2 as mc
+
+logger = logging.getLogger(__name__)
+
+_CPU = "CPUExecutionProvider"
+_ACCELERATORS = {
+    "tensorrt": "TensorrtExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+}
+# Triton accelerator parameters → ONNX Runtime TensorRT provider options.
+_TRT_OPTIONS = {
+    "precision_mode": lambda v: {"trt_fp16_enable": v.upper() == "FP16", "trt_int8_enable": v.upper() == "INT8"},
+    "max_workspace_size_bytes": lambda v: {"trt_max_workspace_size": int(v)},
+}
+
+ProviderList = list[str | tuple[str, dict[str, Any]]]
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderChoice:
+    """Providers to create the session with, and what was asked for but is not installed."""
+
+    providers: ProviderList
+    missing: tuple[str, ...]
+
+
+def choose_providers(config: mc.ModelConfig, available: Sequence[str]) -> ProviderChoice:
+    """Map the config's accelerators onto installed ONNX Runtime providers, CPU last."""
+    wanted: list[tuple[str, dict[str, Any]]] = []
+    for acc in config.optimization.execution_accelerators.gpu_execution_accelerator:
+        name = _ACCELERATORS.get(acc.name.lower())
+        if name is None:
+            wanted.append((f"unknown accelerator '{acc.name}'", {}))
+            continue
+        options: dict[str, Any] = {}
+        if name == "TensorrtExecutionProvider":
+            for key, value in acc.parameters.items():
+                convert = _TRT_OPTIONS.get(key)
+                if convert is not None:
+                    options.update(convert(value))
+        wanted.append((name, options))
+    gpu_group = any(g.kind == mc.ModelInstanceGroup.KIND_GPU for g in config.instance_group)
+    if (gpu_group or wanted) and all(n != "CUDAExecutionProvider" for n, _ in wanted):
+        wanted.append(("CUDAExecutionProvider", {}))
+    providers: ProviderList = []
+    missing: list[str] = []
+    for name, options in wanted:
+        if name in available:
+            providers.append((name, options) if options else name)
+        else:
+            missing.append(name)
+    providers.append(_CPU)
+    return ProviderChoice(providers, tuple(missing))
+
+
+def default_intra_op_threads(instances: int) -> int:
+    """Threads per session: the cores shared between instances, at least one each."""
+    return max(1, (os.cpu_count() or 1) // max(1, instances))
+
+
+class OnnxBackend:
+    """A model version running in ONNX Runtime."""
+
+    def __init__(self, path: Path, config: mc.ModelConfig, intra_op_threads: int) -> None:
+        """Create the session.
+
+        Raises:
+            ModelLoadError: the file is missing or ONNX Runtime refuses it.
+        """
+        if not path.is_file():
+            raise ModelLoadError(f"model file {path} not found")
+        choice = choose_providers(config, ort.get_available_providers())
+        self.missing_providers = choice.missing
+        for name in choice.missing:
+            logger.warning(
+                "model %s: execution provider %s requested but not available; using %s",
+                config.name, name, [p if isinstance(p, str) else p[0] for p in choice.providers],
+            )
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = intra_op_threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        try:
+            self._session = ort.InferenceSession(str(path), options, providers=choice.providers)
+        except Exception as exc:  # onnxruntime raises its own untyped errors for bad models
+            raise ModelLoadError(f"onnxruntime cannot load {path}: {exc}") from None
+        self.providers = tuple(self._session.get_providers())
+        self._inputs = tuple(_tensor(t) for t in self._session.get_inputs())
+        self._outputs = tuple(_tensor(t) for t in self._session.get_outputs())
+        self._string_inputs = frozenset(t.name for t in self._inputs if t.type_name == "tensor(string)")
+        self._string_outputs = frozenset(t.name for t in self._outputs if t.type_name == "tensor(string)")
+
+    @property
+    def inputs(self) -> Sequence[ModelTensor]:
+        return self._inputs
+
+    @property
+    def outputs(self) -> Sequence[ModelTensor]:
+        return self._outputs
+
+    def run(
+        self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]
+    ) -> list[np.ndarray]:
+        """Run one batch. Raises BackendError when ONNX Runtime fails on valid-looking input."""
+        if self._string_inputs:
+            feeds = {
+                k: (_bytes_to_str(v) if k in self._string_inputs else v) for k, v in feeds.items()
+            }
+        try:
+            results = self._session.run(list(output_names), dict(feeds))
+        except Exception as exc:  # onnxruntime's error types are not part of its public API
+            raise BackendError(f"onnxruntime failed: {exc}") from None
+        out = [np.asarray(r) for r in results]
+        if self._string_outputs:
+            out = [
+                _str_to_bytes(a) if n in self._string_outputs else a
+                for n, a in zip(output_names, out, strict=True)
+            ]
+        return out
+
+    def close(self) -> None:
+        del self._session
+
+
+def _tensor(arg: Any) -> ModelTensor:
+    shape = tuple(d if isinstance(d, int) and d >= 0 else None for d in (arg.shape or ()))
+    return ModelTensor(arg.name, datatypes.from_onnx(arg.type), arg.type, shape)
+
+
+def _bytes_to_str(arr: np.ndarray) -> np.ndarray:
+    return np.vectorize(
+        lambda b: b.decode("utf-8", "surrogateescape") if isinstance(b, bytes) else b,
+        otypes=[object],
+    )(arr)
+
+
+def _str_to_bytes(arr: np.ndarray) -> np.ndarray:
+    return np.vectorize(
+        lambda s: s.encode("utf-8", "surrogateescape") if isinstance(s, str) else s,
+        otypes=[object],
+    )(arr)

@@ -1,0 +1,91 @@
+"""Command line: `edge-agent serve ...`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from agent import __version__
+from agent.config import AgentConfig, load_config
+from agent.daemon import run_agent
+from agent.errors import AgentConfigError, AgentError
+
+EXIT_CONFIG = 2
+EXIT_LOAD = 1
+
+
+def _bool_value(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="edge-agent", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"edge-agent {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve a model repository over KServe v2 HTTP")
+    serve.add_argument("--config", type=Path, help="TOML config file (flags win over it)")
+    serve.add_argument("--model-repository", type=Path, dest="models.repository", metavar="DIR")
+    serve.add_argument(
+        "--demo", action="store_const", const=True, dest="models.demo",
+        help="serve the built-in demo repository (generated locally on first use)",
+    )
+    serve.add_argument("--host", dest="server.host", help="bind address (default 127.0.0.1)")
+    serve.add_argument("--http-port", type=int, dest="server.http_port", help="default 8000")
+    serve.add_argument(
+        "--max-request-bytes", type=int, dest="server.max_request_bytes",
+        help="largest request body accepted (default 64 MiB)",
+    )
+    serve.add_argument(
+        "--exit-on-error", action=argparse.BooleanOptionalAction, dest="models.exit_on_error",
+        help="stop start-up when a model fails to load (default) or serve the rest",
+    )
+    serve.add_argument(
+        "--strict-model-config", type=_bool_value, nargs="?", const=True,
+        dest="models.strict_model_config", metavar="BOOL",
+        help="true: never complete configs from the model file (default false)",
+    )
+    serve.add_argument(
+        "--disable-auto-complete-config", action="store_const", const=True,
+        dest="models.strict_model_config", help="same as --strict-model-config=true",
+    )
+    serve.add_argument("--intra-op-threads", type=int, dest="models.intra_op_threads")
+    serve.add_argument("--log-level", dest="log.level", help="debug, info, warning, error")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    overrides: dict[str, Any] = {k: v for k, v in vars(args).items() if "." in k}
+    try:
+        config = load_config(args.config, overrides)
+    except AgentConfigError as exc:
+        print(f"edge-agent: error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    _setup_logging(config)
+    try:
+        return asyncio.run(run_agent(config))
+    except AgentError as exc:
+        logging.getLogger("agent").critical("%s", exc.message)
+        print(f"edge-agent: error: {exc.message}", file=sys.stderr)
+        return EXIT_LOAD
+    except OSError as exc:
+        print(f"edge-agent: error: cannot listen: {exc.strerror}", file=sys.stderr)
+        return EXIT_LOAD
+
+
+def _setup_logging(config: AgentConfig) -> None:
+    logging.basicConfig(
+        level=config.log.level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )

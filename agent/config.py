@@ -1,0 +1,153 @@
+"""The agent's settings: frozen dataclasses read once from TOML, with command-line flags on top.
+
+    [server]  host, http_port, max_request_bytes
+    [models]  repository, demo, strict_model_config, exit_on_error, intra_op_threads
+    [log]     level
+
+An unknown section or key, or a value of the wrong type, stops start-up with a message that names
+the key. Relative paths in the file are relative to the file's own folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, get_type_hints
+
+from agent.errors import AgentConfigError
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """Network endpoints."""
+
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    max_request_bytes: int = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ModelsConfig:
+    """Which repository is served and how models load."""
+
+    repository: Path | None = None
+    demo: bool = False  # serve the built-in demo repository (generated on first use)
+    strict_model_config: bool = False  # True: no auto-complete from the model file
+    exit_on_error: bool = True  # a model that fails to load stops start-up
+    intra_op_threads: int = 0  # ONNX Runtime threads per session; 0: cores / instances
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    """Logging."""
+
+    level: str = "info"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    """Every setting of the agent."""
+
+    server: ServerConfig = ServerConfig()
+    models: ModelsConfig = ModelsConfig()
+    log: LogConfig = LogConfig()
+
+
+_SECTIONS: dict[str, type[Any]] = {"server": ServerConfig, "models": ModelsConfig, "log": LogConfig}
+
+
+def load_config(path: Path | None, overrides: Mapping[str, Any]) -> AgentConfig:
+    """Read the TOML file (if any), apply `section.key` overrides from flags, and validate.
+
+    Raises:
+        AgentConfigError: unreadable file, bad TOML, unknown key, wrong type or invalid value.
+    """
+    doc: dict[str, Any] = {}
+    base = Path.cwd()
+    if path is not None:
+        try:
+            doc = tomllib.loads(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise AgentConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise AgentConfigError(f"{path}: invalid TOML: {exc}") from None
+        base = path.parent
+    for key in doc:
+        if key not in _SECTIONS:
+            raise AgentConfigError(f"unknown config section [{key}] (known: {', '.join(_SECTIONS)})")
+    sections = {}
+    for name, cls in _SECTIONS.items():
+        raw = doc.get(name, {})
+        if not isinstance(raw, dict):
+            raise AgentConfigError(f"config key '{name}' must be a table [{name}]")
+        values = _section(name, cls, raw, base)
+        for dotted, value in overrides.items():
+            section, _, key = dotted.partition(".")
+            if section == name and value is not None:
+                values[key] = value
+        sections[name] = cls(**values)
+    config = AgentConfig(**sections)
+    _validate(config)
+    return config
+
+
+def _section(name: str, cls: type[Any], raw: Mapping[str, Any], base: Path) -> dict[str, Any]:
+    hints = get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in known:
+            raise AgentConfigError(
+                f"unknown config key '{name}.{key}' (known in [{name}]: {', '.join(sorted(known))})"
+            )
+        values[key] = _coerce(f"{name}.{key}", hints[key], value, base)
+    return values
+
+
+def _coerce(key: str, hint: Any, value: Any, base: Path) -> Any:
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise AgentConfigError(f"config key '{key}' must be true or false, got {value!r}")
+        return value
+    if hint is int:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise AgentConfigError(f"config key '{key}' must be an integer, got {value!r}")
+        return value
+    if hint is str:
+        if not isinstance(value, str):
+            raise AgentConfigError(f"config key '{key}' must be a string, got {value!r}")
+        return value
+    # Path | None
+    if not isinstance(value, str) or not value:
+        raise AgentConfigError(f"config key '{key}' must be a path string, got {value!r}")
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else base / path
+
+
+def _validate(config: AgentConfig) -> None:
+    server, models = config.server, config.models
+    if not 0 <= server.http_port <= 65535:
+        raise AgentConfigError(f"server.http_port must be 0..65535, got {server.http_port}")
+    if server.max_request_bytes < 1024:
+        raise AgentConfigError(
+            f"server.max_request_bytes must be at least 1024, got {server.max_request_bytes}"
+        )
+    if config.log.level.lower() not in LOG_LEVELS:
+        raise AgentConfigError(
+            f"log.level must be one of {', '.join(LOG_LEVELS)}, got {config.log.level!r}"
+        )
+    if models.intra_op_threads < 0:
+        raise AgentConfigError("models.intra_op_threads must be >= 0")
+    if models.repository is None and not models.demo:
+        raise AgentConfigError(
+            "no model repository: pass --model-repository DIR, set models.repository, or use --demo"
+        )
+    if models.repository is not None and models.demo:
+        raise AgentConfigError("models.repository and models.demo are exclusive: choose one")
+    if models.repository is not None and not models.repository.is_dir():
+        raise AgentConfigError(f"models.repository: {models.repository} is not a directory")

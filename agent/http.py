@@ -1,0 +1,176 @@
+"""KServe v2 HTTP/REST endpoints on aiohttp, plus Triton's repository index.
+
+Handlers are thin: parse with `agent.protocol`, call `agent.dataplane`, serialize. One middleware
+maps every error to a status code and Triton's `{"error": "..."}` body.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from agent.dataplane import DataPlane
+from agent.errors import (
+    AgentError,
+    BackendError,
+    InvalidInputError,
+    ModelConfigError,
+    ModelLoadError,
+    ModelNotFoundError,
+    ModelNotReadyError,
+    OverloadedError,
+    PayloadTooLargeError,
+)
+from agent.protocol import HEADER_LENGTH, decode_infer_request, encode_infer_response
+
+logger = logging.getLogger(__name__)
+
+DATAPLANE = web.AppKey("dataplane", DataPlane)
+
+# The one place where error types become HTTP status codes.
+STATUS_FOR_ERROR: dict[type[AgentError], int] = {
+    InvalidInputError: 400,
+    ModelConfigError: 400,
+    ModelNotFoundError: 404,
+    PayloadTooLargeError: 413,
+    BackendError: 500,
+    ModelLoadError: 500,
+    ModelNotReadyError: 503,
+    OverloadedError: 503,
+}
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def status_for(error: AgentError) -> int:
+    """The HTTP status for an agent error (its nearest listed base class)."""
+    for cls in type(error).__mro__:
+        if cls in STATUS_FOR_ERROR:
+            return STATUS_FOR_ERROR[cls]  # type: ignore[index]
+    return 500
+
+
+def error_response(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Turn agent errors and aiohttp's own HTTP errors into Triton-style JSON errors."""
+    try:
+        return await handler(request)
+    except AgentError as exc:
+        return error_response(status_for(exc), exc.message)
+    except web.HTTPRequestEntityTooLarge as exc:
+        return error_response(413, f"request body over the limit of {exc.max_size} bytes")
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return error_response(exc.status, exc.reason)
+
+
+def create_app(dataplane: DataPlane, *, max_request_bytes: int) -> web.Application:
+    """Build the HTTP application around a data plane."""
+    app = web.Application(middlewares=[error_middleware], client_max_size=max_request_bytes)
+    app[DATAPLANE] = dataplane
+    model = "/v2/models/{model}"
+    version = "/v2/models/{model}/versions/{version}"
+    app.add_routes(
+        [
+            web.get("/v2/health/live", _live),
+            web.get("/v2/health/ready", _ready),
+            web.get("/v2", _server_metadata),
+            web.get(model, _model_metadata),
+            web.get(version, _model_metadata),
+            web.get(model + "/ready", _model_ready),
+            web.get(version + "/ready", _model_ready),
+            web.get(model + "/config", _model_config),
+            web.get(version + "/config", _model_config),
+            web.post(model + "/infer", _infer),
+            web.post(version + "/infer", _infer),
+            web.post("/v2/repository/index", _repository_index),
+        ]
+    )
+    return app
+
+
+def _dataplane(request: web.Request) -> DataPlane:
+    return request.app[DATAPLANE]
+
+
+def _target(request: web.Request) -> tuple[str, str | None]:
+    return request.match_info["model"], request.match_info.get("version")
+
+
+def _json(body: Any) -> web.Response:
+    return web.Response(body=json.dumps(body, separators=(",", ":")), content_type="application/json")
+
+
+async def _live(request: web.Request) -> web.Response:
+    ok = _dataplane(request).server_live()
+    return web.Response(status=200 if ok else 503)
+
+
+async def _ready(request: web.Request) -> web.Response:
+    ok = _dataplane(request).server_ready()
+    return web.Response(status=200 if ok else 503)
+
+
+async def _server_metadata(request: web.Request) -> web.Response:
+    return _json(_dataplane(request).server_metadata())
+
+
+async def _model_metadata(request: web.Request) -> web.Response:
+    return _json(_dataplane(request).model_metadata(*_target(request)))
+
+
+async def _model_ready(request: web.Request) -> web.Response:
+    ok = _dataplane(request).model_ready(*_target(request))
+    return web.Response(status=200 if ok else 503)
+
+
+async def _model_config(request: web.Request) -> web.Response:
+    return _json(_dataplane(request).model_config(*_target(request)))
+
+
+async def _repository_index(request: web.Request) -> web.Response:
+    ready_only = False
+    body = await request.read()
+    if body.strip():
+        try:
+            doc = json.loads(body)
+        except ValueError as exc:
+            raise InvalidInputError(f"malformed JSON in request: {exc}") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("ready", False), bool):
+            raise InvalidInputError("repository index body must be {\"ready\": true|false}")
+        ready_only = doc.get("ready", False)
+    return _json(_dataplane(request).repository_index(ready_only))
+
+
+async def _infer(request: web.Request) -> web.Response:
+    header_length = _header_length(request)
+    body = await request.read()
+    infer_request = decode_infer_request(body, header_length)
+    response = await _dataplane(request).infer(*_target(request), infer_request)
+    payload, json_length = encode_infer_response(response, infer_request)
+    if json_length is None:
+        return web.Response(body=payload, content_type="application/json")
+    return web.Response(
+        body=payload,
+        content_type="application/octet-stream",
+        headers={HEADER_LENGTH: str(json_length)},
+    )
+
+
+def _header_length(request: web.Request) -> int | None:
+    raw = request.headers.get(HEADER_LENGTH)
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise InvalidInputError(f"{HEADER_LENGTH} must be an integer, got {raw!r}") from None

@@ -1,0 +1,126 @@
+"""Triton model configuration: parse config.pbtxt, render it as Triton's JSON.
+
+The schema is `agent/proto/model_config.proto`, written from Triton's public ModelConfig (same
+package, names and field numbers), so real Triton configs parse with protobuf's text format.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format, text_format
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+
+from agent.errors import ModelConfigError
+from agent.proto import model_config_pb2 as mc
+
+CONFIG_FILENAME = "config.pbtxt"
+
+ModelConfig = mc.ModelConfig
+
+_INT64_TYPES = frozenset(
+    {
+        FieldDescriptor.TYPE_INT64,
+        FieldDescriptor.TYPE_UINT64,
+        FieldDescriptor.TYPE_SINT64,
+        FieldDescriptor.TYPE_FIXED64,
+        FieldDescriptor.TYPE_SFIXED64,
+    }
+)
+
+
+def parse_model_config(text: str, source: str) -> mc.ModelConfig:
+    """Parse config.pbtxt text.
+
+    Args:
+        text: the file's content.
+        source: the file name to put in error messages.
+
+    Raises:
+        ModelConfigError: a syntax or schema error, as `source:line:column: message`.
+    """
+    config = mc.ModelConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as exc:
+        line, column = exc.GetLine(), exc.GetColumn()
+        # The library's message repeats "line:col :" in front; keep only its reason.
+        reason = str(exc).split(" : ", 1)[-1] if line is not None else str(exc)
+        where = f"{source}:{line}:{column}" if line is not None else source
+        raise ModelConfigError(f"{where}: {reason}") from None
+    return config
+
+
+def load_model_config(model_dir: Path) -> mc.ModelConfig | None:
+    """Read `model_dir/config.pbtxt`; None when the file does not exist.
+
+    Raises:
+        ModelConfigError: the file exists but does not parse, or cannot be read as UTF-8.
+    """
+    path = model_dir / CONFIG_FILENAME
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelConfigError(f"{path}: cannot read: {exc}") from None
+    return parse_model_config(text, str(path))
+
+
+def config_from_json(doc: dict[str, Any]) -> mc.ModelConfig:
+    """Build a config from its JSON form (as the config endpoint returns it).
+
+    Raises:
+        ModelConfigError: unknown fields or wrong value types.
+    """
+    config = mc.ModelConfig()
+    try:
+        json_format.ParseDict(doc, config)
+    except json_format.ParseError as exc:
+        raise ModelConfigError(f"invalid model config JSON: {exc}") from None
+    return config
+
+
+def config_to_json(config: Message) -> dict[str, Any]:
+    """Render a config the way Triton's config endpoint does.
+
+    Field names as in the .proto, scalar and repeated fields always present (defaults included),
+    enums by name, 64-bit integers as JSON numbers (Triton converts them back from the strings
+    protobuf's JSON printer makes), sub-messages only when set.
+    """
+    out: dict[str, Any] = {}
+    for field in config.DESCRIPTOR.fields:
+        value = getattr(config, field.name)
+        if _is_map(field):
+            value_field = field.message_type.fields_by_name["value"]
+            out[field.name] = {k: _scalar_or_message(value_field, v) for k, v in value.items()}
+        elif field.label == FieldDescriptor.LABEL_REPEATED:
+            out[field.name] = [_scalar_or_message(field, v) for v in value]
+        elif field.type == FieldDescriptor.TYPE_MESSAGE:
+            if config.HasField(field.name):
+                out[field.name] = config_to_json(value)
+        elif field.containing_oneof is not None and not config.HasField(field.name):
+            continue
+        else:
+            out[field.name] = _scalar_or_message(field, value)
+    return out
+
+
+def _is_map(field: FieldDescriptor) -> bool:
+    return (
+        field.type == FieldDescriptor.TYPE_MESSAGE
+        and field.message_type.GetOptions().map_entry
+    )
+
+
+def _scalar_or_message(field: FieldDescriptor, value: Any) -> Any:
+    if field.type == FieldDescriptor.TYPE_MESSAGE:
+        return config_to_json(value)
+    if field.type == FieldDescriptor.TYPE_ENUM:
+        named = field.enum_type.values_by_number.get(value)
+        return named.name if named is not None else value
+    if field.type in _INT64_TYPES:
+        return int(value)
+    return value
