@@ -46,7 +46,12 @@ def complete_config(
     batching = _model_can_batch(inputs, outputs)
     if out.max_batch_size < 0:
         raise ModelConfigError(f"model '{model_name}': max_batch_size must be >= 0")
-    if out.max_batch_size == 0 and auto_complete and batching and not _config_has_full_rank(out, inputs):
+    if (
+        out.max_batch_size == 0
+        and auto_complete
+        and batching
+        and not _config_has_full_rank(out, inputs)
+    ):
         out.max_batch_size = DEFAULT_MAX_BATCH_SIZE
     if out.max_batch_size > 0 and not batching:
         fixed = next(t for t in (*inputs, *outputs) if not t.shape or t.shape[0] is not None)

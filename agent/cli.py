@@ -36,27 +36,41 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", type=Path, help="TOML config file (flags win over it)")
     serve.add_argument("--model-repository", type=Path, dest="models.repository", metavar="DIR")
     serve.add_argument(
-        "--demo", action="store_const", const=True, dest="models.demo",
+        "--demo",
+        action="store_const",
+        const=True,
+        dest="models.demo",
         help="serve the built-in demo repository (generated locally on first use)",
     )
     serve.add_argument("--host", dest="server.host", help="bind address (default 127.0.0.1)")
     serve.add_argument("--http-port", type=int, dest="server.http_port", help="default 8000")
     serve.add_argument(
-        "--max-request-bytes", type=int, dest="server.max_request_bytes",
+        "--max-request-bytes",
+        type=int,
+        dest="server.max_request_bytes",
         help="largest request body accepted (default 64 MiB)",
     )
     serve.add_argument(
-        "--exit-on-error", action=argparse.BooleanOptionalAction, dest="models.exit_on_error",
+        "--exit-on-error",
+        action=argparse.BooleanOptionalAction,
+        dest="models.exit_on_error",
         help="stop start-up when a model fails to load (default) or serve the rest",
     )
     serve.add_argument(
-        "--strict-model-config", type=_bool_value, nargs="?", const=True,
-        dest="models.strict_model_config", metavar="BOOL",
+        "--strict-model-config",
+        type=_bool_value,
+        nargs="?",
+        const=True,
+        dest="models.strict_model_config",
+        metavar="BOOL",
         help="true: never complete configs from the model file (default false)",
     )
     serve.add_argument(
-        "--disable-auto-complete-config", action="store_const", const=True,
-        dest="models.strict_model_config", help="same as --strict-model-config=true",
+        "--disable-auto-complete-config",
+        action="store_const",
+        const=True,
+        dest="models.strict_model_config",
+        help="same as --strict-model-config=true",
     )
     serve.add_argument("--intra-op-threads", type=int, dest="models.intra_op_threads")
     serve.add_argument("--log-level", dest="log.level", help="debug, info, warning, error")

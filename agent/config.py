@@ -11,11 +11,12 @@ the key. Relative paths in the file are relative to the file's own folder.
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_type_hints
+
+import tomllib
 
 from agent.errors import AgentConfigError
 
@@ -79,7 +80,9 @@ def load_config(path: Path | None, overrides: Mapping[str, Any]) -> AgentConfig:
         base = path.parent
     for key in doc:
         if key not in _SECTIONS:
-            raise AgentConfigError(f"unknown config section [{key}] (known: {', '.join(_SECTIONS)})")
+            raise AgentConfigError(
+                f"unknown config section [{key}] (known: {', '.join(_SECTIONS)})"
+            )
     sections = {}
     for name, cls in _SECTIONS.items():
         raw = doc.get(name, {})

@@ -48,7 +48,7 @@ class DataPlane:
         return True
 
     def model_metadata(self, name: str, version: str | None) -> dict[str, Any]:
-        """KServe model metadata: name, versions, platform, inputs and outputs with -1 for any size."""
+        """KServe model metadata; -1 marks a dimension of any size."""
         served, _ = self._registry.resolve(name, version)
         sig = served.signature
         versions = [version] if version else [str(v) for v in sorted(served.backends)]

@@ -63,13 +63,19 @@ def default_demo_dir() -> Path:
     return Path(cache) / "edge-agent" / "demo-repository"
 
 
-def mlp_model(in_dim: int = 64, hidden: int = 256, out_dim: int = 10, seed: int = 1) -> onnx.ModelProto:
+def mlp_model(
+    in_dim: int = 64, hidden: int = 256, out_dim: int = 10, seed: int = 1
+) -> onnx.ModelProto:
     """A two-layer MLP classifier with a dynamic batch dimension and random weights."""
     rng = np.random.default_rng(seed)
     inits = [
-        numpy_helper.from_array((rng.standard_normal((in_dim, hidden)) * 0.1).astype(np.float32), "W1"),
+        numpy_helper.from_array(
+            (rng.standard_normal((in_dim, hidden)) * 0.1).astype(np.float32), "W1"
+        ),
         numpy_helper.from_array((rng.standard_normal(hidden) * 0.1).astype(np.float32), "B1"),
-        numpy_helper.from_array((rng.standard_normal((hidden, out_dim)) * 0.1).astype(np.float32), "W2"),
+        numpy_helper.from_array(
+            (rng.standard_normal((hidden, out_dim)) * 0.1).astype(np.float32), "W2"
+        ),
         numpy_helper.from_array((rng.standard_normal(out_dim) * 0.1).astype(np.float32), "B2"),
     ]
     nodes = [

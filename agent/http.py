@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from agent.dataplane import DataPlane
 from agent.errors import (
@@ -50,7 +51,7 @@ def status_for(error: AgentError) -> int:
     """The HTTP status for an agent error (its nearest listed base class)."""
     for cls in type(error).__mro__:
         if cls in STATUS_FOR_ERROR:
-            return STATUS_FOR_ERROR[cls]  # type: ignore[index]
+            return STATUS_FOR_ERROR[cls]
     return 500
 
 
@@ -58,24 +59,30 @@ def error_response(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
 
-@web.middleware
-async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+def error_middleware(max_request_bytes: int) -> Middleware:
     """Turn agent errors and aiohttp's own HTTP errors into Triton-style JSON errors."""
-    try:
-        return await handler(request)
-    except AgentError as exc:
-        return error_response(status_for(exc), exc.message)
-    except web.HTTPRequestEntityTooLarge as exc:
-        return error_response(413, f"request body over the limit of {exc.max_size} bytes")
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        return error_response(exc.status, exc.reason)
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except AgentError as exc:
+            return error_response(status_for(exc), exc.message)
+        except web.HTTPRequestEntityTooLarge:
+            return error_response(413, f"request body over the limit of {max_request_bytes} bytes")
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            return error_response(exc.status, exc.reason)
+
+    return middleware
 
 
 def create_app(dataplane: DataPlane, *, max_request_bytes: int) -> web.Application:
     """Build the HTTP application around a data plane."""
-    app = web.Application(middlewares=[error_middleware], client_max_size=max_request_bytes)
+    app = web.Application(
+        middlewares=[error_middleware(max_request_bytes)], client_max_size=max_request_bytes
+    )
     app[DATAPLANE] = dataplane
     model = "/v2/models/{model}"
     version = "/v2/models/{model}/versions/{version}"
@@ -107,7 +114,9 @@ def _target(request: web.Request) -> tuple[str, str | None]:
 
 
 def _json(body: Any) -> web.Response:
-    return web.Response(body=json.dumps(body, separators=(",", ":")), content_type="application/json")
+    return web.Response(
+        body=json.dumps(body, separators=(",", ":")), content_type="application/json"
+    )
 
 
 async def _live(request: web.Request) -> web.Response:
@@ -146,7 +155,7 @@ async def _repository_index(request: web.Request) -> web.Response:
         except ValueError as exc:
             raise InvalidInputError(f"malformed JSON in request: {exc}") from None
         if not isinstance(doc, dict) or not isinstance(doc.get("ready", False), bool):
-            raise InvalidInputError("repository index body must be {\"ready\": true|false}")
+            raise InvalidInputError('repository index body must be {"ready": true|false}')
         ready_only = doc.get("ready", False)
     return _json(_dataplane(request).repository_index(ready_only))
 

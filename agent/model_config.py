@@ -91,12 +91,13 @@ def config_to_json(config: Message) -> dict[str, Any]:
     protobuf's JSON printer makes), sub-messages only when set.
     """
     out: dict[str, Any] = {}
+    field: Any  # protobuf's stubs type descriptors per implementation (upb/python)
     for field in config.DESCRIPTOR.fields:
         value = getattr(config, field.name)
         if _is_map(field):
             value_field = field.message_type.fields_by_name["value"]
             out[field.name] = {k: _scalar_or_message(value_field, v) for k, v in value.items()}
-        elif field.label == FieldDescriptor.LABEL_REPEATED:
+        elif _is_repeated(field):
             out[field.name] = [_scalar_or_message(field, v) for v in value]
         elif field.type == FieldDescriptor.TYPE_MESSAGE:
             if config.HasField(field.name):
@@ -108,14 +109,20 @@ def config_to_json(config: Message) -> dict[str, Any]:
     return out
 
 
-def _is_map(field: FieldDescriptor) -> bool:
-    return (
-        field.type == FieldDescriptor.TYPE_MESSAGE
-        and field.message_type.GetOptions().map_entry
-    )
+def _is_repeated(field: Any) -> bool:
+    # `label` is deprecated in newer protobuf releases in favour of `is_repeated`.
+    flag = getattr(field, "is_repeated", None)
+    if flag is not None:
+        return bool(flag)
+    return bool(field.label == FieldDescriptor.LABEL_REPEATED)
 
 
-def _scalar_or_message(field: FieldDescriptor, value: Any) -> Any:
+def _is_map(field: Any) -> bool:
+    is_message = field.type == FieldDescriptor.TYPE_MESSAGE
+    return bool(is_message and field.message_type.GetOptions().map_entry)
+
+
+def _scalar_or_message(field: Any, value: Any) -> Any:
     if field.type == FieldDescriptor.TYPE_MESSAGE:
         return config_to_json(value)
     if field.type == FieldDescriptor.TYPE_ENUM:

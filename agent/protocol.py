@@ -195,7 +195,8 @@ def tensor_from_bytes(raw: bytes | memoryview, datatype: str, shape: Sequence[in
     expected = count * dtype.itemsize
     if len(raw) != expected:
         raise InvalidInputError(
-            f"binary data is {len(raw)} bytes but shape {list(shape)} of {datatype} needs {expected}"
+            f"binary data is {len(raw)} bytes but shape {list(shape)} of {datatype} "
+            f"needs {expected}"
         )
     return np.frombuffer(raw, dtype=dtype.numpy).reshape(shape)
 
@@ -217,9 +218,7 @@ def _parameters(doc: Mapping[str, Any], where: str) -> dict[str, Any]:
     return params
 
 
-def _decode_input(
-    raw: object, binary: memoryview, offset: int
-) -> tuple[InferInput, int]:
+def _decode_input(raw: object, binary: memoryview, offset: int) -> tuple[InferInput, int]:
     if not isinstance(raw, dict):
         raise InvalidInputError("each input must be a JSON object")
     name = raw.get("name")
@@ -256,7 +255,9 @@ def _decode_input(
     return InferInput(name, datatype, shape, data), 0
 
 
-def _tensor_from_json(values: object, datatype: str, shape: tuple[int, ...], name: str) -> np.ndarray:
+def _tensor_from_json(
+    values: object, datatype: str, shape: tuple[int, ...], name: str
+) -> np.ndarray:
     count = math.prod(shape)
     if datatype == "BYTES":
         flat = list(_flatten(values))
@@ -275,7 +276,9 @@ def _tensor_from_json(values: object, datatype: str, shape: tuple[int, ...], nam
         try:
             arr = np.asarray(values, dtype=dtype).ravel()
         except (ValueError, TypeError, OverflowError) as exc:
-            raise InvalidInputError(f"input '{name}': data does not fit {datatype}: {exc}") from None
+            raise InvalidInputError(
+                f"input '{name}': data does not fit {datatype}: {exc}"
+            ) from None
     if arr.size != count:
         raise InvalidInputError(
             f"input '{name}' has {arr.size} elements but shape {list(shape)} needs {count}"
@@ -293,7 +296,7 @@ def _flatten(values: object) -> Iterator[object]:
 
 def _tensor_to_json(data: np.ndarray, datatype: str, name: str) -> list[Any]:
     if datatype != "BYTES":
-        return data.ravel().tolist()  # type: ignore[no-any-return]
+        return list(data.ravel().tolist())
     try:
         return [_as_bytes(v).decode() for v in data.ravel()]
     except UnicodeDecodeError:

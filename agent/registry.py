@@ -152,7 +152,9 @@ class ModelRegistry:
                     f"model '{name}': {model_dir}/config.pbtxt is missing and auto-complete is off"
                 )
             config = mc.ModelConfig()
-        wanted = repository.select_versions(config.version_policy, repository.list_versions(model_dir))
+        wanted = repository.select_versions(
+            config.version_policy, repository.list_versions(model_dir)
+        )
         if not wanted:
             raise ModelLoadError(f"model '{name}': no version folders (1/, 2/, ...) in {model_dir}")
         instances = instance_count(config)
@@ -165,7 +167,10 @@ class ModelRegistry:
                 path = model_dir / str(version) / repository.model_filename(config)
                 backend = OnnxBackend(path, config, threads)
                 checked = complete_config(
-                    completed or config, name, backend.inputs, backend.outputs,
+                    completed or config,
+                    name,
+                    backend.inputs,
+                    backend.outputs,
                     auto_complete=self._settings.auto_complete and completed is None,
                 )
                 completed = completed or checked
@@ -176,9 +181,13 @@ class ModelRegistry:
                 continue
             backends[version] = backend
             record.versions[version] = VersionStatus(ModelState.READY)
-            logger.info("model %s version %d ready (providers %s)", name, version, backend.providers)
+            logger.info(
+                "model %s version %d ready (providers %s)", name, version, backend.providers
+            )
         if completed is None or not backends:
-            reasons = "; ".join(f"version {v}: {s.reason}" for v, s in sorted(record.versions.items()))
+            reasons = "; ".join(
+                f"version {v}: {s.reason}" for v, s in sorted(record.versions.items())
+            )
             raise ModelLoadError(f"model '{name}': no version could be loaded ({reasons})")
         return ServedModel(
             name=name,
@@ -242,11 +251,17 @@ class ModelRegistry:
                 rows.append({"name": name})
                 continue
             if not record.versions:
-                rows.append({"name": name, "state": ModelState.UNAVAILABLE.value, "reason": record.reason})
+                rows.append(
+                    {"name": name, "state": ModelState.UNAVAILABLE.value, "reason": record.reason}
+                )
             for version, status in sorted(record.versions.items()):
                 rows.append(
-                    {"name": name, "version": str(version), "state": status.state.value,
-                     "reason": status.reason}
+                    {
+                        "name": name,
+                        "version": str(version),
+                        "state": status.state.value,
+                        "reason": status.reason,
+                    }
                 )
         return rows
 

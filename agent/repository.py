@@ -22,9 +22,7 @@ DEFAULT_MODEL_FILENAME = {
 
 def list_models(repository: Path) -> list[str]:
     """Model names in a repository: its sub-directories, sorted, hidden ones skipped."""
-    return sorted(
-        p.name for p in repository.iterdir() if p.is_dir() and not p.name.startswith(".")
-    )
+    return sorted(p.name for p in repository.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
 def list_versions(model_dir: Path) -> list[int]:

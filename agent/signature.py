@@ -14,8 +14,8 @@ import numpy as np
 
 from agent import datatypes
 from agent.errors import InvalidInputError, ModelConfigError
-from agent.protocol import InferRequest
 from agent.proto import model_config_pb2 as mc
+from agent.protocol import InferRequest
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,8 +13,8 @@ import numpy as np
 
 from agent import datatypes
 from agent.errors import InvalidInputError, ModelConfigError
-from agent.protocol import InferInput, InferRequest, tensor_from_bytes
 from agent.proto import model_config_pb2 as mc
+from agent.protocol import InferInput, InferRequest, tensor_from_bytes
 
 WARMUP_DIR = "warmup"
 
@@ -59,17 +59,24 @@ def _sample(
         try:
             raw = path.read_bytes()
         except OSError as exc:
-            raise ModelConfigError(f"model_warmup '{warm_name}': cannot read {path}: {exc}") from None
+            raise ModelConfigError(
+                f"model_warmup '{warm_name}': cannot read {path}: {exc}"
+            ) from None
         # Triton repeats one sample's file for every batch row.
         item = shape[1:] if len(shape) > 1 and shape[0] > 1 else shape
         try:
             one = tensor_from_bytes(raw, dt.kserve, item)
         except InvalidInputError as exc:
-            raise ModelConfigError(f"model_warmup '{warm_name}' input '{input_name}': {exc}") from None
+            raise ModelConfigError(
+                f"model_warmup '{warm_name}' input '{input_name}': {exc}"
+            ) from None
         return np.broadcast_to(one, shape).copy() if item != shape else one
     if dt.kserve == "BYTES":
         arr = np.empty(count, dtype=np.object_)
-        arr[:] = [b"0" if kind != "random_data" else str(rng.integers(0, 100)).encode() for _ in range(count)]
+        arr[:] = [
+            b"0" if kind != "random_data" else str(rng.integers(0, 100)).encode()
+            for _ in range(count)
+        ]
         return arr.reshape(shape)
     if kind == "random_data":
         if dt.kserve == "BOOL":

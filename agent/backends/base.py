@@ -34,9 +34,7 @@ class Backend(Protocol):
     @property
     def outputs(self) -> Sequence[ModelTensor]: ...
 
-    def run(
-        self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]
-    ) -> list[np.ndarray]:
+    def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
         """Run the model; blocking, called off the event loop."""
         ...
 

@@ -29,11 +29,17 @@ _ACCELERATORS = {
     "tensorrt": "TensorrtExecutionProvider",
     "cuda": "CUDAExecutionProvider",
 }
-# Triton accelerator parameters → ONNX Runtime TensorRT provider options.
-_TRT_OPTIONS = {
-    "precision_mode": lambda v: {"trt_fp16_enable": v.upper() == "FP16", "trt_int8_enable": v.upper() == "INT8"},
-    "max_workspace_size_bytes": lambda v: {"trt_max_workspace_size": int(v)},
-}
+
+
+def _trt_options(key: str, value: str) -> dict[str, Any]:
+    """Triton's TensorRT accelerator parameters as ONNX Runtime TensorRT provider options."""
+    if key == "precision_mode":
+        mode = value.upper()
+        return {"trt_fp16_enable": mode == "FP16", "trt_int8_enable": mode == "INT8"}
+    if key == "max_workspace_size_bytes" and value.isdigit():
+        return {"trt_max_workspace_size": int(value)}
+    return {}
+
 
 ProviderList = list[str | tuple[str, dict[str, Any]]]
 
@@ -57,9 +63,7 @@ def choose_providers(config: mc.ModelConfig, available: Sequence[str]) -> Provid
         options: dict[str, Any] = {}
         if name == "TensorrtExecutionProvider":
             for key, value in acc.parameters.items():
-                convert = _TRT_OPTIONS.get(key)
-                if convert is not None:
-                    options.update(convert(value))
+                options.update(_trt_options(key, value))
         wanted.append((name, options))
     gpu_group = any(g.kind == mc.ModelInstanceGroup.KIND_GPU for g in config.instance_group)
     if (gpu_group or wanted) and all(n != "CUDAExecutionProvider" for n, _ in wanted):
@@ -96,7 +100,9 @@ class OnnxBackend:
         for name in choice.missing:
             logger.warning(
                 "model %s: execution provider %s requested but not available; using %s",
-                config.name, name, [p if isinstance(p, str) else p[0] for p in choice.providers],
+                config.name,
+                name,
+                [p if isinstance(p, str) else p[0] for p in choice.providers],
             )
         options = ort.SessionOptions()
         options.intra_op_num_threads = intra_op_threads
@@ -105,13 +111,17 @@ class OnnxBackend:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         try:
             self._session = ort.InferenceSession(str(path), options, providers=choice.providers)
-        except Exception as exc:  # onnxruntime raises its own untyped errors for bad models
+        except Exception as exc:  # noqa: BLE001 - onnxruntime raises untyped errors for bad models
             raise ModelLoadError(f"onnxruntime cannot load {path}: {exc}") from None
         self.providers = tuple(self._session.get_providers())
         self._inputs = tuple(_tensor(t) for t in self._session.get_inputs())
         self._outputs = tuple(_tensor(t) for t in self._session.get_outputs())
-        self._string_inputs = frozenset(t.name for t in self._inputs if t.type_name == "tensor(string)")
-        self._string_outputs = frozenset(t.name for t in self._outputs if t.type_name == "tensor(string)")
+        self._string_inputs = frozenset(
+            t.name for t in self._inputs if t.type_name == "tensor(string)"
+        )
+        self._string_outputs = frozenset(
+            t.name for t in self._outputs if t.type_name == "tensor(string)"
+        )
 
     @property
     def inputs(self) -> Sequence[ModelTensor]:
@@ -121,9 +131,7 @@ class OnnxBackend:
     def outputs(self) -> Sequence[ModelTensor]:
         return self._outputs
 
-    def run(
-        self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]
-    ) -> list[np.ndarray]:
+    def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
         """Run one batch. Raises BackendError when ONNX Runtime fails on valid-looking input."""
         if self._string_inputs:
             feeds = {
@@ -131,7 +139,7 @@ class OnnxBackend:
             }
         try:
             results = self._session.run(list(output_names), dict(feeds))
-        except Exception as exc:  # onnxruntime's error types are not part of its public API
+        except Exception as exc:  # noqa: BLE001 - onnxruntime has no public error types
             raise BackendError(f"onnxruntime failed: {exc}") from None
         out = [np.asarray(r) for r in results]
         if self._string_outputs:
@@ -151,14 +159,16 @@ def _tensor(arg: Any) -> ModelTensor:
 
 
 def _bytes_to_str(arr: np.ndarray) -> np.ndarray:
-    return np.vectorize(
-        lambda b: b.decode("utf-8", "surrogateescape") if isinstance(b, bytes) else b,
-        otypes=[object],
-    )(arr)
+    out = np.empty(arr.shape, dtype=np.object_)
+    out.ravel()[:] = [
+        b.decode("utf-8", "surrogateescape") if isinstance(b, bytes) else b for b in arr.ravel()
+    ]
+    return out
 
 
 def _str_to_bytes(arr: np.ndarray) -> np.ndarray:
-    return np.vectorize(
-        lambda s: s.encode("utf-8", "surrogateescape") if isinstance(s, str) else s,
-        otypes=[object],
-    )(arr)
+    out = np.empty(arr.shape, dtype=np.object_)
+    out.ravel()[:] = [
+        s.encode("utf-8", "surrogateescape") if isinstance(s, str) else s for s in arr.ravel()
+    ]
+    return out

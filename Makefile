@@ -1,0 +1,49 @@
+# Two commands for a newcomer:  `make run` (demo agent on :8000) and `make test` (whole suite).
+PYTHON ?= python3
+VENV ?= .venv
+PERF_VENV ?= .venv-perf
+BIN := $(VENV)/bin
+
+.PHONY: run test lint typecheck unit perf-analyzer bench proto clean
+
+$(BIN)/.installed: pyproject.toml
+	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null && \
+	    rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); \
+	  else echo "python3 -m venv failed: install it with 'sudo apt-get install python3-venv'"; exit 1; fi; }
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+run: $(BIN)/.installed
+	$(BIN)/edge-agent serve --demo
+
+test: $(BIN)/.installed perf-analyzer lint typecheck unit
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(BIN)/.installed
+	$(BIN)/mypy
+
+unit: $(BIN)/.installed
+	PERF_ANALYZER=$(CURDIR)/$(PERF_VENV)/bin/perf_analyzer $(BIN)/pytest
+
+# Triton's load generator (Debian 12). Best effort: without it the perf_analyzer test skips
+# and says why.
+perf-analyzer:
+	@[ -x $(PERF_VENV)/bin/perf_analyzer ] || bash bench/install-perf-analyzer.sh $(PERF_VENV) \
+	  || echo "perf_analyzer could not be installed; tests that need it will skip"
+
+bench: $(BIN)/.installed perf-analyzer
+	PERF_ANALYZER=$(CURDIR)/$(PERF_VENV)/bin/perf_analyzer $(BIN)/python -m bench
+
+# Regenerate the Python code for the ModelConfig schema after editing the .proto.
+proto: $(BIN)/.installed
+	$(BIN)/python -m grpc_tools.protoc -I agent/proto --python_out=agent/proto \
+	  --pyi_out=agent/proto agent/proto/model_config.proto
+
+clean:
+	rm -rf $(VENV) $(PERF_VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,100 @@
+"""ONNX models the tests generate (nothing is downloaded)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+from onnx import TensorProto, helper
+
+from agent.demo import IR_VERSION, OPSET, mlp_model, write_demo_repository
+
+# KServe datatype → ONNX element type, for the identity model's inputs.
+IDENTITY_TYPES = {
+    "BOOL": TensorProto.BOOL,
+    "UINT8": TensorProto.UINT8,
+    "UINT16": TensorProto.UINT16,
+    "UINT32": TensorProto.UINT32,
+    "UINT64": TensorProto.UINT64,
+    "INT8": TensorProto.INT8,
+    "INT16": TensorProto.INT16,
+    "INT32": TensorProto.INT32,
+    "INT64": TensorProto.INT64,
+    "FP16": TensorProto.FLOAT16,
+    "FP32": TensorProto.FLOAT,
+    "FP64": TensorProto.DOUBLE,
+    "BYTES": TensorProto.STRING,
+}
+
+
+def identity_all_types_model() -> onnx.ModelProto:
+    """IN_<TYPE> → OUT_<TYPE> for every supported type, shape [batch, 3]."""
+    nodes, inputs, outputs = [], [], []
+    for name, elem in IDENTITY_TYPES.items():
+        nodes.append(helper.make_node("Identity", [f"IN_{name}"], [f"OUT_{name}"]))
+        inputs.append(helper.make_tensor_value_info(f"IN_{name}", elem, ["batch", 3]))
+        outputs.append(helper.make_tensor_value_info(f"OUT_{name}", elem, ["batch", 3]))
+    graph = helper.make_graph(nodes, "identity_all", inputs, outputs)
+    return save_ready(graph)
+
+
+def flat_model() -> onnx.ModelProto:
+    """FP32 [2, 6] → Y = X * 2, no batch dimension; served with a reshape to [3, 4]."""
+    two = helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["X", "two"], ["Y"])],
+        "flat",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 6])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 6])],
+        [two],
+    )
+    return save_ready(graph)
+
+
+def save_ready(graph: onnx.GraphProto) -> onnx.ModelProto:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = IR_VERSION
+    onnx.checker.check_model(model)
+    return model
+
+
+def write_model(
+    repo: Path,
+    name: str,
+    model: onnx.ModelProto | Path,
+    config: str | None = None,
+    versions: tuple[int, ...] = (1,),
+) -> Path:
+    model_dir = repo / name
+    for v in versions:
+        (model_dir / str(v)).mkdir(parents=True, exist_ok=True)
+        target = model_dir / str(v) / "model.onnx"
+        if isinstance(model, Path):
+            target.write_bytes(model.read_bytes())
+        else:
+            onnx.save(model, str(target))
+    if config is not None:
+        (model_dir / "config.pbtxt").write_text(config)
+    return model_dir
+
+
+FLAT_CONFIG = """
+name: "flat"
+platform: "onnxruntime_onnx"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 3, 4 ] reshape: { shape: [ 2, 6 ] } } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 3, 4 ] reshape: { shape: [ 2, 6 ] } } ]
+"""
+
+
+def build_test_repository(repo: Path) -> Path:
+    """The demo models plus the test-only ones."""
+    write_demo_repository(repo)
+    write_model(repo, "identity_all", identity_all_types_model())
+    write_model(repo, "flat", flat_model(), FLAT_CONFIG)
+    return repo
+
+
+def mlp_model_dir(repo: Path, name: str) -> Path:
+    """A model folder holding the demo MLP as version 1, without config.pbtxt."""
+    return write_model(repo, name, mlp_model())

@@ -1,0 +1,57 @@
+"""Triton's own load generator runs against the agent without errors (HTTP, binary tensors)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from agent.daemon import RunningAgent
+
+
+def perf_analyzer() -> str:
+    path = os.environ.get("PERF_ANALYZER", "")
+    if not path or not Path(path).is_file():
+        pytest.skip(
+            "perf_analyzer is not installed (make perf-analyzer installs it; set PERF_ANALYZER)"
+        )
+    return path
+
+
+@pytest.mark.parametrize("model", ["mlp_classifier", "mixed_add"])
+def test_perf_analyzer_concurrency_4_no_errors(agent: RunningAgent, model: str) -> None:
+    result = subprocess.run(
+        [
+            perf_analyzer(),
+            "-m",
+            model,
+            "-u",
+            f"127.0.0.1:{agent.http_port}",
+            "-i",
+            "http",
+            "--concurrency-range",
+            "4",
+            "--measurement-interval",
+            "1000",
+            "-b",
+            "1",
+            "--input-tensor-format",
+            "binary",
+            "--output-tensor-format",
+            "binary",
+            "--max-trials",
+            "5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    match = re.search(r"Throughput: ([\d.]+) infer/sec", output)
+    assert match is not None, output
+    assert float(match.group(1)) > 0
+    assert "error" not in output.lower(), output
