@@ -31,6 +31,10 @@ class OverloadedError(AgentError):
     """The agent cannot accept more work right now (queue full); the client may retry."""
 
 
+class RequestTimeoutError(AgentError):
+    """The request's queue timeout expired before it ran (timeout_action REJECT)."""
+
+
 class PayloadTooLargeError(AgentError):
     """The request body is over the configured limit."""
 

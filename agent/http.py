@@ -25,6 +25,7 @@ from agent.errors import (
     ModelNotReadyError,
     OverloadedError,
     PayloadTooLargeError,
+    RequestTimeoutError,
 )
 from agent.protocol import HEADER_LENGTH, decode_infer_request, encode_infer_response
 
@@ -42,6 +43,7 @@ STATUS_FOR_ERROR: dict[type[AgentError], int] = {
     ModelLoadError: 500,
     ModelNotReadyError: 503,
     OverloadedError: 503,
+    RequestTimeoutError: 503,
 }
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

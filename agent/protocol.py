@@ -89,7 +89,9 @@ def decode_infer_request(body: bytes, header_length: int | None = None) -> Infer
     if header_length is None:
         header, binary = body, memoryview(b"")
     else:
-        if header_length < 0 or header_length > len(body):
+        if header_length < 0:
+            raise InvalidInputError(f"{HEADER_LENGTH} must not be negative, got {header_length}")
+        if header_length > len(body):
             raise InvalidInputError(
                 f"{HEADER_LENGTH} is {header_length} but the body has only {len(body)} bytes"
             )
@@ -273,17 +275,46 @@ def _tensor_from_json(
                 raise InvalidInputError(f"input '{name}': BOOL data must be true or false")
         elif not isinstance(values, list):
             raise InvalidInputError(f"input '{name}': 'data' must be a list")
-        try:
-            arr = np.asarray(values, dtype=dtype).ravel()
-        except (ValueError, TypeError, OverflowError) as exc:
-            raise InvalidInputError(
-                f"input '{name}': data does not fit {datatype}: {exc}"
-            ) from None
+        arr = _numeric_from_json(values, dtype, datatype, name)
     if arr.size != count:
         raise InvalidInputError(
             f"input '{name}' has {arr.size} elements but shape {list(shape)} needs {count}"
         )
     return arr.reshape(shape)
+
+
+def _numeric_from_json(values: object, dtype: np.dtype, datatype: str, name: str) -> np.ndarray:
+    """Convert JSON numbers, refusing values of the wrong kind instead of casting them."""
+    try:
+        raw = np.asarray(values).ravel()
+    except ValueError as exc:  # ragged nesting
+        raise InvalidInputError(f"input '{name}': data does not fit {datatype}: {exc}") from None
+    if datatype == "BOOL":
+        return raw.astype(np.bool_)
+    if raw.size == 0:
+        return raw.astype(dtype)
+    integral = dtype.kind in "iu"
+    if raw.dtype.kind in "iu" and any(v is True or v is False for v in _flatten(values)):
+        raise InvalidInputError(f"input '{name}': {datatype} data must be numbers, not booleans")
+    # numpy turns integers beyond int64 into floats or objects: check those as Python ints.
+    big_ints = integral and raw.dtype.kind in "fO"
+    if big_ints:
+        flat = list(_flatten(values))
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in flat):
+            raw = np.array(flat, dtype=object)
+        else:
+            big_ints = False
+    if not big_ints and raw.dtype.kind not in ("iu" if integral else "iuf"):
+        kind = "integers" if integral else "numbers"
+        raise InvalidInputError(f"input '{name}': {datatype} data must be {kind}")
+    if integral:
+        info = np.iinfo(dtype)
+        if int(min(raw)) < info.min or int(max(raw)) > info.max:
+            raise InvalidInputError(
+                f"input '{name}': a value is outside the range of {datatype} "
+                f"[{info.min}, {info.max}]"
+            )
+    return raw.astype(dtype)
 
 
 def _flatten(values: object) -> Iterator[object]:

@@ -62,8 +62,8 @@ def _sample(
             raise ModelConfigError(
                 f"model_warmup '{warm_name}': cannot read {path}: {exc}"
             ) from None
-        # Triton repeats one sample's file for every batch row.
-        item = shape[1:] if len(shape) > 1 and shape[0] > 1 else shape
+        # The file holds one batch item (the dims); Triton repeats it for every batch row.
+        item = tuple(spec.dims)
         try:
             one = tensor_from_bytes(raw, dt.kserve, item)
         except InvalidInputError as exc:

@@ -79,7 +79,7 @@ BAD_REQUESTS = {
         with_input(shape=[33, 64], data=[0.5] * 33 * 64),
         "batch-size must be <= 32",
     ),
-    "non-numeric data": (with_input(data=["x"] * 64), "does not fit FP32"),
+    "non-numeric data": (with_input(data=["x"] * 64), "FP32 data must be numbers"),
     "no inputs": ({"inputs": []}, "non-empty 'inputs'"),
 }
 

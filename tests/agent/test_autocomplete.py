@@ -1,0 +1,389 @@
+"""Completing and checking a config against the tensors a model declares."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from agent import datatypes
+from agent.autocomplete import complete_config
+from agent.backends.base import ModelTensor
+from agent.errors import ModelConfigError
+from agent.model_config import parse_model_config
+from agent.proto import model_config_pb2 as mc
+
+
+def tensor(name: str, kserve: str, shape: tuple[int | None, ...]) -> ModelTensor:
+    dt = datatypes.BY_KSERVE[kserve]
+    return ModelTensor(name, dt, dt.onnx, shape)
+
+
+# A model with a dynamic batch dimension: INPUT0 FP32 [?, 4], INPUT1 INT64 [?, 2, ?] → OUTPUT0.
+BATCHING_INPUTS = (tensor("INPUT0", "FP32", (None, 4)), tensor("INPUT1", "INT64", (None, 2, None)))
+BATCHING_OUTPUTS = (tensor("OUTPUT0", "FP32", (None, 3)),)
+
+# A model with a fixed first dimension: X FP32 [2, 6] → Y FP32 [2, 6].
+FIXED_INPUTS = (tensor("X", "FP32", (2, 6)),)
+FIXED_OUTPUTS = (tensor("Y", "FP32", (2, 6)),)
+
+
+def config_of(text: str) -> mc.ModelConfig:
+    return parse_model_config(text, "config.pbtxt")
+
+
+def complete(
+    text: str,
+    inputs: Sequence[ModelTensor] = BATCHING_INPUTS,
+    outputs: Sequence[ModelTensor] = BATCHING_OUTPUTS,
+    *,
+    auto_complete: bool = True,
+    name: str = "m",
+) -> mc.ModelConfig:
+    return complete_config(config_of(text), name, inputs, outputs, auto_complete=auto_complete)
+
+
+# --- auto-complete ------------------------------------------------------------------------------
+
+
+def test_empty_config_is_completed() -> None:
+    config = complete("")
+
+    assert config.name == "m"
+    assert config.platform == "onnxruntime_onnx"
+    assert config.backend == "onnxruntime"
+    assert config.max_batch_size == 4
+    assert [(i.name, i.data_type, list(i.dims)) for i in config.input] == [
+        ("INPUT0", mc.TYPE_FP32, [4]),
+        ("INPUT1", mc.TYPE_INT64, [2, -1]),
+    ]
+    assert [(o.name, o.data_type, list(o.dims)) for o in config.output] == [
+        ("OUTPUT0", mc.TYPE_FP32, [3]),
+    ]
+
+
+def test_completed_defaults_version_policy_and_instance_group() -> None:
+    config = complete("")
+
+    assert config.version_policy.WhichOneof("policy_choice") == "latest"
+    assert config.version_policy.latest.num_versions == 1
+    (group,) = config.instance_group
+    assert group.name == "m_0"
+    assert group.count == 1
+    assert group.kind == mc.ModelInstanceGroup.KIND_CPU
+
+
+def test_instance_group_gaps_are_filled() -> None:
+    config = complete(
+        'instance_group [ { kind: KIND_AUTO }, { name: "gpu" count: 3 kind: KIND_GPU } ]'
+    )
+
+    first, second = config.instance_group
+    assert (first.name, first.count, first.kind) == ("m_0", 1, mc.ModelInstanceGroup.KIND_CPU)
+    assert (second.name, second.count, second.kind) == ("gpu", 3, mc.ModelInstanceGroup.KIND_GPU)
+
+
+def test_config_values_are_kept() -> None:
+    config = complete(
+        'platform: "onnxruntime_onnx" max_batch_size: 16 '
+        "version_policy { all { } } "
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]'
+    )
+
+    assert config.max_batch_size == 16
+    assert config.version_policy.WhichOneof("policy_choice") == "all"
+    assert config.backend == "onnxruntime"
+    assert [i.name for i in config.input] == ["INPUT0", "INPUT1"]
+
+
+def test_completion_does_not_change_the_given_config() -> None:
+    original = config_of("")
+
+    complete_config(original, "m", BATCHING_INPUTS, BATCHING_OUTPUTS, auto_complete=True)
+
+    assert original == mc.ModelConfig()
+
+
+def test_fixed_first_dim_gets_max_batch_size_zero() -> None:
+    config = complete("", FIXED_INPUTS, FIXED_OUTPUTS)
+
+    assert config.max_batch_size == 0
+    assert list(config.input[0].dims) == [2, 6]
+    assert list(config.output[0].dims) == [2, 6]
+
+
+def test_one_fixed_output_disables_batching() -> None:
+    outputs = (tensor("OUTPUT0", "FP32", (1, 3)),)
+
+    config = complete("", BATCHING_INPUTS, outputs)
+
+    assert config.max_batch_size == 0
+    assert list(config.input[0].dims) == [-1, 4]
+
+
+def test_full_rank_dims_keep_max_batch_size_zero() -> None:
+    config = complete('input [ { name: "INPUT0" dims: [ -1, 4 ] } ]')
+
+    assert config.max_batch_size == 0
+    assert list(config.input[0].dims) == [-1, 4]
+    assert list(config.input[1].dims) == [-1, 2, -1]
+    assert config.input[0].data_type == mc.TYPE_FP32
+
+
+def test_declared_outputs_are_a_subset() -> None:
+    outputs = (*BATCHING_OUTPUTS, tensor("OUTPUT1", "INT32", (None,)))
+
+    config = complete('output [ { name: "OUTPUT1" } ]', BATCHING_INPUTS, outputs)
+
+    assert [(o.name, o.data_type, list(o.dims)) for o in config.output] == [
+        ("OUTPUT1", mc.TYPE_INT32, []),
+    ]
+
+
+def test_every_datatype_is_completed() -> None:
+    inputs = [tensor(f"IN_{t.kserve}", t.kserve, (None, 3)) for t in datatypes.BY_KSERVE.values()]
+
+    config = complete("", inputs, BATCHING_OUTPUTS)
+
+    assert [mc.DataType.Name(i.data_type) for i in config.input] == [
+        t.config for t in datatypes.BY_KSERVE.values()
+    ]
+
+
+# --- contradictions -----------------------------------------------------------------------------
+
+
+def test_contradicting_dtype_names_both_types() -> None:
+    with pytest.raises(ModelConfigError) as info:
+        complete('input [ { name: "INPUT0" data_type: TYPE_INT32 } ]')
+
+    message = info.value.message
+    assert "input 'INPUT0'" in message
+    assert "TYPE_INT32" in message
+    assert "TYPE_FP32" in message
+
+
+def test_contradicting_output_dtype() -> None:
+    with pytest.raises(ModelConfigError, match=r"output 'OUTPUT0'.*TYPE_FP16.*TYPE_FP32"):
+        complete('output [ { name: "OUTPUT0" data_type: TYPE_FP16 } ]')
+
+
+@pytest.mark.parametrize(
+    "dims",
+    [
+        "[ 5 ]",  # fixed dimension differs
+        "[ 4, 1 ]",  # rank differs
+        "[ -1, 4 ]",  # batch dimension included while max_batch_size > 0
+    ],
+)
+def test_contradicting_dims(dims: str) -> None:
+    text = f'max_batch_size: 8 input [ {{ name: "INPUT0" dims: {dims} }} ]'
+
+    with pytest.raises(ModelConfigError) as info:
+        complete(text)
+
+    message = info.value.message
+    assert "input 'INPUT0'" in message
+    assert "config dims" in message
+    assert "[?, 4]" in message
+    assert "batch dimension excluded" in message
+
+
+def test_dims_with_wildcards_are_compatible() -> None:
+    config = complete('input [ { name: "INPUT1" dims: [ -1, 7 ] } ]')
+
+    assert list(config.input[0].dims) == [-1, 7]
+
+
+def test_unknown_config_input() -> None:
+    with pytest.raises(ModelConfigError) as info:
+        complete('input [ { name: "IMAGE" data_type: TYPE_FP32 dims: [ 4 ] } ]')
+
+    message = info.value.message
+    assert "config input 'IMAGE' is not an input of the model" in message
+    assert "INPUT0, INPUT1" in message
+
+
+def test_unknown_config_output() -> None:
+    with pytest.raises(ModelConfigError, match="config output 'PROBS' is not an output"):
+        complete('output [ { name: "PROBS" } ]')
+
+
+def test_name_mismatch() -> None:
+    with pytest.raises(ModelConfigError, match=r"config name 'other' does not match .* 'm'"):
+        complete('name: "other"')
+
+
+def test_matching_name_is_fine() -> None:
+    assert complete('name: "m"').name == "m"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'platform: "tensorrt_plan"',
+        'backend: "pytorch"',
+        'platform: "onnxruntime_onnx" backend: "python"',
+    ],
+)
+def test_unsupported_platform(text: str) -> None:
+    with pytest.raises(ModelConfigError, match="is not supported"):
+        complete(text)
+
+
+def test_backend_alone_gets_the_platform() -> None:
+    config = complete('backend: "onnxruntime"')
+
+    assert (config.platform, config.backend) == ("onnxruntime_onnx", "onnxruntime")
+
+
+def test_negative_max_batch_size() -> None:
+    with pytest.raises(ModelConfigError, match="max_batch_size must be >= 0"):
+        complete("max_batch_size: -1")
+
+
+def test_max_batch_size_without_dynamic_batch_dim_is_refused() -> None:
+    with pytest.raises(ModelConfigError) as info:
+        complete("max_batch_size: 8", FIXED_INPUTS, FIXED_OUTPUTS)
+
+    message = info.value.message
+    assert "max_batch_size is 8" in message
+    assert "'X' has no dynamic batch dimension (shape [2, 6])" in message
+
+
+def test_max_batch_size_with_a_scalar_model_tensor_is_refused() -> None:
+    inputs = (tensor("S", "FP32", ()),)
+
+    with pytest.raises(
+        ModelConfigError, match=r"'S' has no dynamic batch dimension \(shape \[\]\)"
+    ):
+        complete("max_batch_size: 2", inputs, BATCHING_OUTPUTS)
+
+
+def test_unsupported_model_type() -> None:
+    inputs = (ModelTensor("C", None, "tensor(complex64)", (None, 2)),)
+
+    with pytest.raises(ModelConfigError, match=r"input 'C'.*tensor\(complex64\) is not supported"):
+        complete("", inputs, BATCHING_OUTPUTS)
+
+
+# --- reshape ------------------------------------------------------------------------------------
+
+
+def test_reshape_checked_against_model_shape() -> None:
+    config = complete(
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 3, 4 ] reshape: { shape: [ 2, 6 ] } } ]',
+        FIXED_INPUTS,
+        FIXED_OUTPUTS,
+    )
+
+    assert list(config.input[0].dims) == [3, 4]
+    assert list(config.input[0].reshape.shape) == [2, 6]
+
+
+def test_reshape_contradicting_model_shape() -> None:
+    text = 'input [ { name: "X" dims: [ 12 ] reshape: { shape: [ 3, 4 ] } } ]'
+
+    with pytest.raises(ModelConfigError) as info:
+        complete(text, FIXED_INPUTS, FIXED_OUTPUTS)
+
+    message = info.value.message
+    assert "config reshape [3, 4]" in message
+    assert "[2, 6]" in message
+
+
+def test_reshape_with_batching_excludes_batch_dim() -> None:
+    inputs = (tensor("X", "FP32", (None, 1, 4)),)
+    outputs = (tensor("Y", "FP32", (None, 4)),)
+
+    config = complete(
+        'input [ { name: "X" dims: [ 4 ] reshape: { shape: [ 1, 4 ] } } ]', inputs, outputs
+    )
+
+    assert config.max_batch_size == 4
+    assert list(config.input[0].dims) == [4]
+
+
+def test_reshape_with_a_different_element_count_than_dims_is_refused() -> None:
+    text = 'input [ { name: "X" dims: [ 3, 4 ] reshape: { shape: [ 2, 5 ] } } ]'
+    inputs = (tensor("X", "FP32", (2, 5)),)
+    outputs = (tensor("Y", "FP32", (2, 5)),)
+
+    with pytest.raises(ModelConfigError, match="reshape"):
+        complete(text, inputs, outputs)
+
+
+# --- strict mode (auto_complete=False) ----------------------------------------------------------
+
+
+STRICT_FULL = """
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }
+input { name: "INPUT1" data_type: TYPE_INT64 dims: [ 2, -1 ] }
+output { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 3 ] }
+"""
+
+
+def test_strict_complete_config_is_accepted() -> None:
+    config = complete(STRICT_FULL, auto_complete=False)
+
+    assert config.max_batch_size == 8
+    assert config.name == "m"
+    assert config.instance_group[0].kind == mc.ModelInstanceGroup.KIND_CPU
+
+
+def test_strict_requires_platform() -> None:
+    with pytest.raises(ModelConfigError, match="must set platform or backend"):
+        complete("", auto_complete=False)
+
+
+def test_strict_refuses_missing_input() -> None:
+    text = STRICT_FULL.replace('input { name: "INPUT1" data_type: TYPE_INT64 dims: [ 2, -1 ] }', "")
+    assert "INPUT1" not in text
+
+    with pytest.raises(
+        ModelConfigError, match=r"config has no input 'INPUT1'.*\(auto-complete is off\)"
+    ):
+        complete(text, auto_complete=False)
+
+
+def test_strict_refuses_missing_outputs() -> None:
+    text = STRICT_FULL.replace('output { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 3 ] }', "")
+    assert "OUTPUT0" not in text
+
+    with pytest.raises(ModelConfigError, match="config has no output 'OUTPUT0'"):
+        complete(text, auto_complete=False)
+
+
+def test_strict_refuses_missing_data_type() -> None:
+    text = STRICT_FULL.replace('name: "INPUT0" data_type: TYPE_FP32', 'name: "INPUT0"')
+
+    with pytest.raises(
+        ModelConfigError,
+        match="input 'INPUT0': config sets no data_type \\(auto-complete is off\\)",
+    ):
+        complete(text, auto_complete=False)
+
+
+def test_strict_refuses_missing_dims() -> None:
+    text = STRICT_FULL.replace("TYPE_FP32 dims: [ 3 ]", "TYPE_FP32")
+
+    with pytest.raises(
+        ModelConfigError, match="output 'OUTPUT0': config sets no dims \\(auto-complete is off\\)"
+    ):
+        complete(text, auto_complete=False)
+
+
+def test_strict_does_not_fill_max_batch_size() -> None:
+    text = STRICT_FULL.replace("max_batch_size: 8", "")
+
+    with pytest.raises(ModelConfigError, match=r"config dims \[4\] do not match .*\[\?, 4\]"):
+        complete(text, auto_complete=False)
+
+
+def test_strict_still_checks_dtype() -> None:
+    text = STRICT_FULL.replace("TYPE_INT64", "TYPE_INT32")
+
+    with pytest.raises(ModelConfigError, match=r"TYPE_INT32.*TYPE_INT64"):
+        complete(text, auto_complete=False)

@@ -1,0 +1,327 @@
+"""The agent's TOML config file and command-line overrides."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.config import AgentConfig, LogConfig, ModelsConfig, ServerConfig, load_config
+from agent.errors import AgentConfigError
+
+
+def write_toml(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "agent.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    path = tmp_path / "models"
+    path.mkdir()
+    return path
+
+
+def repo_toml(tmp_path: Path, extra: str = "") -> Path:
+    """A config file serving tmp_path/models, with `extra` TOML after it."""
+    return write_toml(tmp_path, f'[models]\nrepository = "models"\n{extra}')
+
+
+def test_defaults(tmp_path: Path, repo: Path) -> None:
+    config = load_config(repo_toml(tmp_path), {})
+
+    assert config.server == ServerConfig()
+    assert config.server.host == "127.0.0.1"
+    assert config.server.http_port == 8000
+    assert config.server.max_request_bytes == 64 * 1024 * 1024
+    assert config.models == ModelsConfig(repository=repo)
+    assert config.models.strict_model_config is False
+    assert config.models.exit_on_error is True
+    assert config.models.intra_op_threads == 0
+    assert config.log == LogConfig(level="info")
+
+
+def test_values_are_read(tmp_path: Path, repo: Path) -> None:
+    path = write_toml(
+        tmp_path,
+        f"""
+[server]
+host = "0.0.0.0"
+http_port = 9000
+max_request_bytes = 2048
+
+[models]
+repository = "{repo}"
+strict_model_config = true
+exit_on_error = false
+intra_op_threads = 3
+
+[log]
+level = "debug"
+""",
+    )
+
+    config = load_config(path, {})
+
+    assert config == AgentConfig(
+        server=ServerConfig(host="0.0.0.0", http_port=9000, max_request_bytes=2048),
+        models=ModelsConfig(
+            repository=repo, strict_model_config=True, exit_on_error=False, intra_op_threads=3
+        ),
+        log=LogConfig(level="debug"),
+    )
+
+
+def test_no_file_with_overrides_only(repo: Path) -> None:
+    config = load_config(None, {"models.repository": repo, "server.http_port": 0})
+
+    assert config.models.repository == repo
+    assert config.server.http_port == 0
+
+
+def test_relative_repository_is_resolved_against_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conf_dir = tmp_path / "etc"
+    (conf_dir / "models").mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    path = conf_dir / "agent.toml"
+    path.write_text('[models]\nrepository = "models"\n', encoding="utf-8")
+
+    config = load_config(path, {})
+
+    assert config.models.repository == conf_dir / "models"
+
+
+def test_parent_relative_repository(tmp_path: Path, repo: Path) -> None:
+    conf_dir = tmp_path / "conf"
+    conf_dir.mkdir()
+    path = conf_dir / "agent.toml"
+    path.write_text('[models]\nrepository = "../models"\n', encoding="utf-8")
+
+    config = load_config(path, {})
+
+    assert config.models.repository is not None
+    assert config.models.repository.resolve() == repo.resolve()
+
+
+def test_absolute_repository_is_kept(tmp_path: Path, repo: Path) -> None:
+    other = tmp_path / "sub"
+    other.mkdir()
+    path = other / "agent.toml"
+    path.write_text(f'[models]\nrepository = "{repo}"\n', encoding="utf-8")
+
+    assert load_config(path, {}).models.repository == repo
+
+
+def test_overrides_win_over_the_file(tmp_path: Path, repo: Path) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    path = repo_toml(
+        tmp_path, '[server]\nhttp_port = 9000\nhost = "0.0.0.0"\n[log]\nlevel = "error"\n'
+    )
+    overrides: dict[str, Any] = {
+        "server.http_port": 1234,
+        "models.repository": other,
+        "log.level": "debug",
+        "models.strict_model_config": True,
+    }
+
+    config = load_config(path, overrides)
+
+    assert config.server.http_port == 1234
+    assert config.server.host == "0.0.0.0"
+    assert config.models.repository == other
+    assert config.models.strict_model_config is True
+    assert config.log.level == "debug"
+
+
+def test_none_overrides_leave_the_file_value(tmp_path: Path, repo: Path) -> None:
+    path = repo_toml(tmp_path, "[server]\nhttp_port = 9000\n")
+
+    config = load_config(path, {"server.http_port": None, "models.repository": None})
+
+    assert config.server.http_port == 9000
+    assert config.models.repository == repo
+
+
+def test_false_override_wins(tmp_path: Path, repo: Path) -> None:
+    path = repo_toml(tmp_path, "exit_on_error = true\n")
+
+    config = load_config(path, {"models.exit_on_error": False})
+
+    assert config.models.exit_on_error is False
+
+
+def test_unknown_section(tmp_path: Path, repo: Path) -> None:
+    path = repo_toml(tmp_path, "[grpc]\nport = 8001\n")
+
+    with pytest.raises(AgentConfigError, match=r"unknown config section \[grpc\]"):
+        load_config(path, {})
+
+
+def test_unknown_key_is_named(tmp_path: Path, repo: Path) -> None:
+    path = repo_toml(tmp_path, "[server]\nhttp_prot = 8001\n")
+
+    with pytest.raises(AgentConfigError) as info:
+        load_config(path, {})
+
+    message = str(info.value)
+    assert "unknown config key 'server.http_prot'" in message
+    assert "http_port" in message
+
+
+@pytest.mark.parametrize(
+    ("toml", "key"),
+    [
+        ('[server]\nhttp_port = "8001"\n', "server.http_port"),
+        ("[server]\nhttp_port = 80.5\n", "server.http_port"),
+        ("[server]\nhttp_port = true\n", "server.http_port"),
+        ("[server]\nhost = 127\n", "server.host"),
+        ("[server]\nmax_request_bytes = [1]\n", "server.max_request_bytes"),
+        ('strict_model_config = "yes"\n', "models.strict_model_config"),
+        ("exit_on_error = 1\n", "models.exit_on_error"),
+        ("intra_op_threads = 1.0\n", "models.intra_op_threads"),
+        ("[log]\nlevel = 10\n", "log.level"),
+    ],
+)
+def test_wrong_type_names_the_key(tmp_path: Path, repo: Path, toml: str, key: str) -> None:
+    path = repo_toml(tmp_path, toml)
+
+    with pytest.raises(AgentConfigError, match=rf"config key '{key}' must be"):
+        load_config(path, {})
+
+
+@pytest.mark.parametrize("value", ["5", '""', "[]"])
+def test_repository_must_be_a_path_string(tmp_path: Path, value: str) -> None:
+    path = write_toml(tmp_path, f"[models]\nrepository = {value}\n")
+
+    with pytest.raises(AgentConfigError, match=r"config key 'models\.repository' must be a path"):
+        load_config(path, {})
+
+
+def test_section_must_be_a_table(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, "server = 5\n")
+
+    with pytest.raises(AgentConfigError, match=r"config key 'server' must be a table \[server\]"):
+        load_config(path, {})
+
+
+@pytest.mark.parametrize("port", [-1, 65536, 70000])
+def test_invalid_port(tmp_path: Path, repo: Path, port: int) -> None:
+    path = repo_toml(tmp_path, f"[server]\nhttp_port = {port}\n")
+
+    with pytest.raises(AgentConfigError, match=f"server.http_port must be 0..65535, got {port}"):
+        load_config(path, {})
+
+
+def test_invalid_port_from_override(repo: Path) -> None:
+    with pytest.raises(AgentConfigError, match=r"server\.http_port must be 0\.\.65535"):
+        load_config(None, {"models.repository": repo, "server.http_port": 100000})
+
+
+@pytest.mark.parametrize("port", [0, 65535])
+def test_port_bounds_are_valid(tmp_path: Path, repo: Path, port: int) -> None:
+    path = repo_toml(tmp_path, f"[server]\nhttp_port = {port}\n")
+
+    assert load_config(path, {}).server.http_port == port
+
+
+def test_max_request_bytes_too_small(tmp_path: Path, repo: Path) -> None:
+    path = repo_toml(tmp_path, "[server]\nmax_request_bytes = 1023\n")
+
+    with pytest.raises(AgentConfigError, match="max_request_bytes must be at least 1024, got 1023"):
+        load_config(path, {})
+
+
+def test_invalid_log_level(tmp_path: Path, repo: Path) -> None:
+    path = repo_toml(tmp_path, '[log]\nlevel = "verbose"\n')
+
+    with pytest.raises(AgentConfigError, match=r"log\.level must be one of .*'verbose'"):
+        load_config(path, {})
+
+
+def test_log_level_is_case_insensitive(tmp_path: Path, repo: Path) -> None:
+    path = repo_toml(tmp_path, '[log]\nlevel = "WARNING"\n')
+
+    assert load_config(path, {}).log.level == "WARNING"
+
+
+def test_negative_intra_op_threads(tmp_path: Path, repo: Path) -> None:
+    path = repo_toml(tmp_path, "intra_op_threads = -1\n")
+
+    with pytest.raises(AgentConfigError, match=r"models\.intra_op_threads must be >= 0"):
+        load_config(path, {})
+
+
+def test_missing_repository_without_demo(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, "[server]\nhttp_port = 8000\n")
+
+    with pytest.raises(AgentConfigError, match=r"no model repository.*--demo"):
+        load_config(path, {})
+
+
+def test_no_file_and_no_overrides() -> None:
+    with pytest.raises(AgentConfigError, match="no model repository"):
+        load_config(None, {})
+
+
+def test_demo_without_repository() -> None:
+    config = load_config(None, {"models.demo": True})
+
+    assert config.models.demo is True
+    assert config.models.repository is None
+
+
+def test_demo_and_repository_are_exclusive(tmp_path: Path, repo: Path) -> None:
+    path = repo_toml(tmp_path, "demo = true\n")
+
+    with pytest.raises(
+        AgentConfigError, match=r"models\.repository and models\.demo are exclusive"
+    ):
+        load_config(path, {})
+
+
+def test_demo_flag_with_repository_in_file_is_exclusive(tmp_path: Path, repo: Path) -> None:
+    with pytest.raises(AgentConfigError, match="exclusive"):
+        load_config(repo_toml(tmp_path), {"models.demo": True})
+
+
+def test_repository_that_is_not_a_directory(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, '[models]\nrepository = "nowhere"\n')
+
+    expected = f"models.repository: {tmp_path / 'nowhere'} is not a directory"
+
+    with pytest.raises(AgentConfigError, match=re.escape(expected)):
+        load_config(path, {})
+
+
+def test_bad_toml(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, "[server\nhttp_port = 1\n")
+
+    with pytest.raises(AgentConfigError) as info:
+        load_config(path, {})
+
+    message = str(info.value)
+    assert message.startswith(f"{path}: invalid TOML: ")
+    assert "line 1" in message
+
+
+def test_toml_not_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "agent.toml"
+    path.write_bytes(b'[log]\nlevel = "\xff"\n')
+
+    with pytest.raises(AgentConfigError, match="invalid TOML"):
+        load_config(path, {})
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "absent.toml"
+
+    with pytest.raises(AgentConfigError, match=re.escape(f"cannot read config file {path}")):
+        load_config(path, {})
