@@ -171,12 +171,12 @@ def _complete_one(
             raise ModelConfigError(f"{where}: config sets no dims (auto-complete is off)")
         cfg.dims.extend(-1 if d is None else d for d in model_dims)
         return
-    if has_reshape and -1 not in cfg.dims and -1 not in cfg.reshape.shape:
-        if math.prod(cfg.dims) != math.prod(cfg.reshape.shape):
-            raise ModelConfigError(
-                f"{where}: dims {list(cfg.dims)} and reshape {list(cfg.reshape.shape)} hold "
-                "different numbers of elements"
-            )
+    fixed = has_reshape and -1 not in cfg.dims and -1 not in cfg.reshape.shape
+    if fixed and math.prod(cfg.dims) != math.prod(cfg.reshape.shape):
+        raise ModelConfigError(
+            f"{where}: dims {list(cfg.dims)} and reshape {list(cfg.reshape.shape)} hold "
+            "different numbers of elements"
+        )
     checked = list(cfg.reshape.shape) if has_reshape else list(cfg.dims)
     label = "reshape" if has_reshape else "dims"
     if not _dims_compatible(checked, model_dims):
