@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", dest="server.host", help="bind address (default 127.0.0.1)")
     serve.add_argument("--http-port", type=int, dest="server.http_port", help="default 8000")
     serve.add_argument(
+        "--metrics-port", type=int, dest="server.metrics_port", help="default 8002; -1: off"
+    )
+    serve.add_argument(
         "--max-request-bytes",
         type=int,
         dest="server.max_request_bytes",
@@ -73,6 +76,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="same as --strict-model-config=true",
     )
     serve.add_argument("--intra-op-threads", type=int, dest="models.intra_op_threads")
+    serve.add_argument(
+        "--memory-budget-bytes",
+        type=int,
+        dest="models.memory_budget_bytes",
+        help="memory the models may use (default: cgroup memory.max, else 80%% of RAM)",
+    )
+    serve.add_argument(
+        "--response-cache-bytes",
+        type=int,
+        dest="models.response_cache_bytes",
+        help="agent-wide response cache size (default 64 MiB)",
+    )
     serve.add_argument("--log-level", dest="log.level", help="debug, info, warning, error")
     return parser
 
@@ -87,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CONFIG
     _setup_logging(config)
     try:
-        return asyncio.run(run_agent(config))
+        return _run(run_agent(config))
     except AgentError as exc:
         logging.getLogger("agent").critical("%s", exc.message)
         print(f"edge-agent: error: {exc.message}", file=sys.stderr)
@@ -95,6 +110,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         print(f"edge-agent: error: cannot listen: {exc.strerror}", file=sys.stderr)
         return EXIT_LOAD
+
+
+def _run(main: Coroutine[Any, Any, int]) -> int:
+    """Run on uvloop where it is installed (a faster event loop than asyncio's own)."""
+    try:
+        import uvloop  # noqa: PLC0415 - optional speed-up
+    except ImportError:
+        return asyncio.run(main)
+    if sys.version_info >= (3, 11):
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(main)
+    uvloop.install()
+    return asyncio.run(main)
 
 
 def _setup_logging(config: AgentConfig) -> None:

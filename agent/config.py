@@ -1,7 +1,8 @@
 """The agent's settings: frozen dataclasses read once from TOML, with command-line flags on top.
 
-    [server]  host, http_port, max_request_bytes
-    [models]  repository, demo, strict_model_config, exit_on_error, intra_op_threads
+    [server]  host, http_port, metrics_port, max_request_bytes
+    [models]  repository, demo, strict_model_config, exit_on_error, intra_op_threads,
+              memory_budget_bytes, response_cache_bytes, max_queue_size
     [log]     level
 
 An unknown section or key, or a value of the wrong type, stops start-up with a message that names
@@ -29,6 +30,7 @@ class ServerConfig:
 
     host: str = "127.0.0.1"
     http_port: int = 8000
+    metrics_port: int = 8002  # Prometheus /metrics; -1 turns it off
     max_request_bytes: int = 64 * 1024 * 1024
 
 
@@ -41,6 +43,9 @@ class ModelsConfig:
     strict_model_config: bool = False  # True: no auto-complete from the model file
     exit_on_error: bool = True  # a model that fails to load stops start-up
     intra_op_threads: int = 0  # ONNX Runtime threads per session; 0: cores / instances
+    memory_budget_bytes: int = 0  # 0: the cgroup's memory.max, else 80% of RAM
+    response_cache_bytes: int = 64 * 1024 * 1024  # agent-wide, for models with response_cache
+    max_queue_size: int = 1024  # per model version, when the config sets no max_queue_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +141,10 @@ def _validate(config: AgentConfig) -> None:
     server, models = config.server, config.models
     if not 0 <= server.http_port <= 65535:
         raise AgentConfigError(f"server.http_port must be 0..65535, got {server.http_port}")
+    if not -1 <= server.metrics_port <= 65535:
+        raise AgentConfigError(
+            f"server.metrics_port must be 0..65535 (or -1 for off), got {server.metrics_port}"
+        )
     if server.max_request_bytes < 1024:
         raise AgentConfigError(
             f"server.max_request_bytes must be at least 1024, got {server.max_request_bytes}"
@@ -144,8 +153,11 @@ def _validate(config: AgentConfig) -> None:
         raise AgentConfigError(
             f"log.level must be one of {', '.join(LOG_LEVELS)}, got {config.log.level!r}"
         )
-    if models.intra_op_threads < 0:
-        raise AgentConfigError("models.intra_op_threads must be >= 0")
+    for key in ("intra_op_threads", "memory_budget_bytes", "response_cache_bytes"):
+        if getattr(models, key) < 0:
+            raise AgentConfigError(f"models.{key} must be >= 0")
+    if models.max_queue_size < 1:
+        raise AgentConfigError("models.max_queue_size must be >= 1")
     if models.repository is None and not models.demo:
         raise AgentConfigError(
             "no model repository: pass --model-repository DIR, set models.repository, or use --demo"
