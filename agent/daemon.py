@@ -17,7 +17,13 @@ from agent.dataplane import DataPlane
 from agent.demo import default_demo_dir, write_demo_repository
 from agent.errors import ModelLoadError
 from agent.http import create_app
+from agent.memory import MemoryLedger, detect_budget_bytes, process_rss_bytes
+from agent.metrics import build_registry, create_metrics_app
+from agent.rate_limiter import RateLimiter
 from agent.registry import LoadSettings, ModelRegistry
+from agent.response_cache import ResponseCache
+from agent.scheduler import LimiterGate
+from agent.statistics import StatisticsRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -30,11 +36,15 @@ class RunningAgent:
     dataplane: DataPlane
     runner: web.AppRunner
     http_port: int
+    metrics_runner: web.AppRunner | None = None
+    metrics_port: int | None = None
 
     async def stop(self) -> None:
         """Stop accepting work, let in-flight requests finish, unload models."""
         self.dataplane.set_ready(False)
         await self.runner.cleanup()
+        if self.metrics_runner is not None:
+            await self.metrics_runner.cleanup()
         await asyncio.to_thread(self.registry.close)
         logger.info("agent stopped")
 
@@ -50,34 +60,64 @@ async def start_agent(config: AgentConfig) -> RunningAgent:
     if repo is None:
         repo = await asyncio.to_thread(write_demo_repository, default_demo_dir())
         logger.info("serving the demo repository at %s", repo)
+    budget, source = detect_budget_bytes(config.models.memory_budget_bytes or None)
+    ledger = MemoryLedger(budget)
+    # The budget covers the models; the agent's own start-up memory is counted against it first.
+    ledger.reserve(("edge-agent", "base"), min(process_rss_bytes(), budget // 2))
+    logger.info("memory budget %d MiB (%s)", budget >> 20, source)
+    stats = StatisticsRegistry()
     registry = ModelRegistry(
         repo,
         LoadSettings(
             auto_complete=not config.models.strict_model_config,
             intra_op_threads=config.models.intra_op_threads,
+            max_queue_size=config.models.max_queue_size,
         ),
+        stats=stats,
+        ledger=ledger,
+        gate=LimiterGate(RateLimiter()),
     )
     failures = await asyncio.to_thread(registry.load_all)
     if failures and config.models.exit_on_error:
         await asyncio.to_thread(registry.close)
         detail = "; ".join(f"{name}: {reason}" for name, reason in sorted(failures.items()))
         raise ModelLoadError(f"failed to load {len(failures)} model(s): {detail}")
-    dataplane = DataPlane(registry)
+    cache = ResponseCache(config.models.response_cache_bytes)
+    dataplane = DataPlane(registry, cache)
     app = create_app(dataplane, max_request_bytes=config.server.max_request_bytes)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, config.server.host, config.server.http_port)
+    metrics_runner: web.AppRunner | None = None
     try:
-        await site.start()
+        port = await _listen(runner, config.server.host, config.server.http_port)
+        metrics_port = None
+        if config.server.metrics_port >= 0:
+            metrics_runner = web.AppRunner(
+                create_metrics_app(build_registry(stats, ledger)),
+                access_log=None,
+                handle_signals=False,
+            )
+            metrics_port = await _listen(
+                metrics_runner, config.server.host, config.server.metrics_port
+            )
     except OSError:
         await runner.cleanup()
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
         await asyncio.to_thread(registry.close)
         raise
-    port = int(runner.addresses[0][1])
     dataplane.set_ready(True)
     served = ", ".join(sorted(m.name for m in registry.served_models())) or "none"
+    if metrics_port is not None:
+        logger.info("metrics on http://%s:%d/metrics", config.server.host, metrics_port)
     logger.info("listening on http://%s:%d (models: %s)", config.server.host, port, served)
-    return RunningAgent(registry, dataplane, runner, port)
+    return RunningAgent(registry, dataplane, runner, port, metrics_runner, metrics_port)
+
+
+async def _listen(runner: web.AppRunner, host: str, port: int) -> int:
+    """Start a runner on host:port; returns the bound port (useful with port 0)."""
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return int(runner.addresses[0][1])
 
 
 async def run_agent(config: AgentConfig) -> int:

@@ -6,24 +6,43 @@ and serialize the result. Inference runs on the model's executor, never on the e
 
 from __future__ import annotations
 
-import asyncio
+import time
+from collections.abc import Mapping
 from typing import Any
 
 from agent import __version__
-from agent.errors import ModelNotReadyError
+from agent.errors import (
+    AgentError,
+    BackendError,
+    InvalidInputError,
+    ModelNotFoundError,
+    ModelNotReadyError,
+    OverloadedError,
+    RequestTimeoutError,
+)
 from agent.model_config import config_to_json
 from agent.protocol import InferRequest, InferResponse, OutputTensor
 from agent.registry import ModelRegistry
+from agent.response_cache import ResponseCache, cache_key
+from agent.statistics import FailureReason
 
 SERVER_NAME = "edge-agent"
-EXTENSIONS = ("binary_tensor_data", "model_configuration", "model_repository", "parameters")
+EXTENSIONS = (
+    "binary_tensor_data",
+    "model_configuration",
+    "model_repository",
+    "parameters",
+    "schedule_policy",
+    "statistics",
+)
 
 
 class DataPlane:
     """The agent's request handling, shared by every transport."""
 
-    def __init__(self, registry: ModelRegistry) -> None:
+    def __init__(self, registry: ModelRegistry, cache: ResponseCache | None = None) -> None:
         self._registry = registry
+        self._cache = cache
         self._ready = False
 
     def set_ready(self, ready: bool) -> None:
@@ -51,7 +70,7 @@ class DataPlane:
         """KServe model metadata; -1 marks a dimension of any size."""
         served, _ = self._registry.resolve(name, version)
         sig = served.signature
-        versions = [version] if version else [str(v) for v in sorted(served.backends)]
+        versions = [version] if version else [str(v) for v in sorted(served.versions)]
         return {
             "name": served.name,
             "versions": versions,
@@ -71,24 +90,93 @@ class DataPlane:
             rows = [r for r in rows if r.get("state") == "READY"]
         return rows
 
+    def statistics(self, name: str | None, version: str | None) -> dict[str, Any]:
+        """Triton's statistics extension for all models, one model, or one version.
+
+        Raises:
+            ModelNotFoundError: the model or version is unknown.
+        """
+        if name is not None:
+            served, number = self._registry.resolve(name, version)
+            return self._registry.stats.snapshot(served.name, str(number) if version else None)
+        return self._registry.stats.snapshot()
+
     async def infer(self, name: str, version: str | None, request: InferRequest) -> InferResponse:
-        """Validate a request against the model and run it on the model's executor.
+        """Validate a request, answer from the response cache or queue it on the scheduler.
 
         Raises:
             ModelNotFoundError, ModelNotReadyError: the model or version cannot serve.
             InvalidInputError: the request does not match the model.
+            OverloadedError, RequestTimeoutError: the queue is full or its timeout expired.
             BackendError: the runtime failed.
         """
+        start = time.perf_counter_ns()
         served, number = self._registry.resolve(name, version)
-        valid = served.signature.validate(request)
-        backend = served.backends[number]
-        loop = asyncio.get_running_loop()
-        results = await loop.run_in_executor(
-            served.executor, backend.run, valid.feeds, valid.output_names
-        )
+        loaded = served.versions[number]
+        stats = loaded.stats
+        version_text = str(number)
+        key: bytes | None = None
+        try:
+            valid = served.signature.validate(request)
+            priority, timeout_us = _scheduling_parameters(request.parameters)
+            if self._cache is not None and served.config.response_cache.enable:
+                lookup = time.perf_counter_ns()
+                key = cache_key(served.name, version_text, request.inputs, valid.output_names)
+                hit = self._cache.get(key)
+                if hit is not None:
+                    now = time.perf_counter_ns()
+                    stats.record_cache_hit(
+                        ns=now - lookup, now_ms=_now_ms(), request_ns=now - start
+                    )
+                    return InferResponse(served.name, version_text, hit, request.id)
+                stats.record_cache_miss(ns=time.perf_counter_ns() - lookup)
+            result = await loaded.scheduler.submit(valid, priority=priority, timeout_us=timeout_us)
+        except AgentError as exc:
+            stats.record_failure(
+                request_ns=time.perf_counter_ns() - start,
+                reason=_failure_reason(exc),
+                now_ms=_now_ms(),
+            )
+            raise
         sig = served.signature
         outputs = tuple(
             OutputTensor(out_name, sig.outputs[out_name].datatype, sig.shape_output(out_name, data))
-            for out_name, data in zip(valid.output_names, results, strict=True)
+            for out_name, data in zip(valid.output_names, result.outputs, strict=True)
         )
-        return InferResponse(served.name, str(number), outputs, request.id)
+        stats.record_success(
+            request_ns=time.perf_counter_ns() - start,
+            queue_ns=result.queue_ns,
+            compute_input_ns=result.compute_input_ns,
+            compute_infer_ns=result.compute_infer_ns,
+            compute_output_ns=result.compute_output_ns,
+            now_ms=_now_ms(),
+        )
+        if key is not None and self._cache is not None:
+            self._cache.put(key, outputs, model=served.name, version=version_text)
+        return InferResponse(served.name, version_text, outputs, request.id)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _failure_reason(error: AgentError) -> FailureReason:
+    if isinstance(error, OverloadedError | RequestTimeoutError):
+        return "REJECTED"
+    if isinstance(error, BackendError):
+        return "BACKEND"
+    if isinstance(error, ModelNotReadyError | ModelNotFoundError):
+        return "CANCELED"
+    return "OTHER"
+
+
+def _scheduling_parameters(params: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """The request parameters `priority` and `timeout` (microseconds), as Triton reads them."""
+    priority = params.get("priority")
+    timeout = params.get("timeout")
+    for label, value in (("priority", priority), ("timeout", timeout)):
+        if value is not None and (
+            not isinstance(value, int) or isinstance(value, bool) or value < 0
+        ):
+            raise InvalidInputError(f"parameter '{label}' must be a non-negative integer")
+    return priority, timeout

@@ -93,12 +93,15 @@ def create_app(dataplane: DataPlane, *, max_request_bytes: int) -> web.Applicati
             web.get("/v2/health/live", _live),
             web.get("/v2/health/ready", _ready),
             web.get("/v2", _server_metadata),
+            web.get("/v2/models/stats", _statistics),
             web.get(model, _model_metadata),
             web.get(version, _model_metadata),
             web.get(model + "/ready", _model_ready),
             web.get(version + "/ready", _model_ready),
             web.get(model + "/config", _model_config),
             web.get(version + "/config", _model_config),
+            web.get(model + "/stats", _statistics),
+            web.get(version + "/stats", _statistics),
             web.post(model + "/infer", _infer),
             web.post(version + "/infer", _infer),
             web.post("/v2/repository/index", _repository_index),
@@ -146,6 +149,11 @@ async def _model_ready(request: web.Request) -> web.Response:
 
 async def _model_config(request: web.Request) -> web.Response:
     return _json(_dataplane(request).model_config(*_target(request)))
+
+
+async def _statistics(request: web.Request) -> web.Response:
+    name = request.match_info.get("model")
+    return _json(_dataplane(request).statistics(name, request.match_info.get("version")))
 
 
 async def _repository_index(request: web.Request) -> web.Response:

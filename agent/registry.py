@@ -14,10 +14,13 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from agent import repository
-from agent.autocomplete import complete_config
+import numpy as np
+
+from agent import datatypes, repository
+from agent.autocomplete import DEFAULT_MAX_BATCH_SIZE, complete_config
 from agent.backends.base import Backend
 from agent.backends.onnx import OnnxBackend, default_intra_op_threads
+from agent.batching import BatchingPolicy
 from agent.errors import (
     AgentError,
     ModelConfigError,
@@ -25,9 +28,13 @@ from agent.errors import (
     ModelNotFoundError,
     ModelNotReadyError,
 )
+from agent.memory import Footprint, MemoryLedger, measure_footprint, plan_capacity
 from agent.model_config import load_model_config
 from agent.proto import model_config_pb2 as mc
+from agent.rate_limiter import ResourceNeed
+from agent.scheduler import LimiterGate, ModelScheduler
 from agent.signature import ModelSignature
+from agent.statistics import ModelStatistics, StatisticsRegistry
 from agent.warmup import warmup_requests
 
 logger = logging.getLogger(__name__)
@@ -47,6 +54,8 @@ class LoadSettings:
 
     auto_complete: bool = True
     intra_op_threads: int = 0  # 0: the cores shared between a model's instances
+    max_queue_size: int = 1024  # per version, when the config's queue policy sets none
+    measure_memory: bool = True  # measure each version's footprint and fit it to the budget
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,23 +67,38 @@ class VersionStatus:
 
 
 @dataclass(slots=True)
+class LoadedVersion:
+    """One READY version: its runtime, its scheduler and what it holds of the memory budget."""
+
+    version: int
+    backend: Backend
+    scheduler: ModelScheduler
+    executor: ThreadPoolExecutor  # one worker per instance: N executions in flight
+    stats: ModelStatistics
+    footprint: Footprint | None
+
+    def close(self) -> None:
+        self.scheduler.close()
+        self.executor.shutdown(wait=True)
+        self.backend.close()
+
+
+@dataclass(slots=True)
 class ServedModel:
     """A model with at least one READY version."""
 
     name: str
     config: mc.ModelConfig
     signature: ModelSignature
-    backends: dict[int, Backend]
-    executor: ThreadPoolExecutor  # one worker per instance: N executions in flight
+    versions: dict[int, LoadedVersion]
 
     @property
     def latest_version(self) -> int:
-        return max(self.backends)
+        return max(self.versions)
 
     def close(self) -> None:
-        self.executor.shutdown(wait=True)
-        for backend in self.backends.values():
-            backend.close()
+        for loaded in self.versions.values():
+            loaded.close()
 
 
 @dataclass(slots=True)
@@ -92,11 +116,22 @@ def instance_count(config: mc.ModelConfig) -> int:
 class ModelRegistry:
     """Owns the loaded models of one repository."""
 
-    def __init__(self, repository_path: Path, settings: LoadSettings) -> None:
+    def __init__(
+        self,
+        repository_path: Path,
+        settings: LoadSettings,
+        *,
+        stats: StatisticsRegistry | None = None,
+        ledger: MemoryLedger | None = None,
+        gate: LimiterGate | None = None,
+    ) -> None:
         self._root = repository_path
         self._settings = settings
         self._records: dict[str, _ModelRecord] = {}
         self._lock = threading.Lock()
+        self.stats = stats or StatisticsRegistry()
+        self.ledger = ledger
+        self._gate = gate
 
     @property
     def repository(self) -> Path:
@@ -141,7 +176,7 @@ class ModelRegistry:
             old = self._records.get(name)
             self._records[name] = record
         if old is not None and old is not record and old.served is not None:
-            old.served.close()
+            self._release(old.served)
         return served
 
     def _load(self, name: str, model_dir: Path, record: _ModelRecord) -> ServedModel:
@@ -152,50 +187,136 @@ class ModelRegistry:
                     f"model '{name}': {model_dir}/config.pbtxt is missing and auto-complete is off"
                 )
             config = mc.ModelConfig()
-        wanted = repository.select_versions(
-            config.version_policy, repository.list_versions(model_dir)
-        )
+        available = repository.list_versions(model_dir)
+        wanted = repository.select_versions(config.version_policy, available)
         if not wanted:
             raise ModelLoadError(f"model '{name}': no version folders (1/, 2/, ...) in {model_dir}")
-        instances = instance_count(config)
-        threads = self._settings.intra_op_threads or default_intra_op_threads(instances)
-        backends: dict[int, Backend] = {}
+        loaded: dict[int, LoadedVersion] = {}
         completed: mc.ModelConfig | None = None
         for version in sorted(wanted, reverse=True):  # the newest version completes the config
             record.versions[version] = VersionStatus(ModelState.LOADING)
             try:
-                path = model_dir / str(version) / repository.model_filename(config)
-                backend = OnnxBackend(path, config, threads)
-                checked = complete_config(
-                    completed or config,
+                version_config, item = self._load_version(
                     name,
-                    backend.inputs,
-                    backend.outputs,
-                    auto_complete=self._settings.auto_complete and completed is None,
+                    model_dir,
+                    version,
+                    config if completed is None else completed,
+                    first=completed is None,
                 )
-                completed = completed or checked
-                self._warm_up(completed, model_dir, backend)
             except AgentError as exc:
                 record.versions[version] = VersionStatus(ModelState.UNAVAILABLE, exc.message)
                 logger.error("model %s version %d unavailable: %s", name, version, exc.message)
                 continue
-            backends[version] = backend
+            completed = completed or version_config
+            loaded[version] = item
             record.versions[version] = VersionStatus(ModelState.READY)
-            logger.info(
-                "model %s version %d ready (providers %s)", name, version, backend.providers
-            )
-        if completed is None or not backends:
+        if completed is None or not loaded:
             reasons = "; ".join(
-                f"version {v}: {s.reason}" for v, s in sorted(record.versions.items())
+                f"version {v}: {st.reason}" for v, st in sorted(record.versions.items())
             )
             raise ModelLoadError(f"model '{name}': no version could be loaded ({reasons})")
-        return ServedModel(
-            name=name,
-            config=completed,
-            signature=ModelSignature.from_config(completed),
-            backends=backends,
-            executor=ThreadPoolExecutor(instances, thread_name_prefix=f"infer-{name}"),
+        return ServedModel(name, completed, ModelSignature.from_config(completed), loaded)
+
+    def _load_version(
+        self, name: str, model_dir: Path, version: int, config: mc.ModelConfig, *, first: bool
+    ) -> tuple[mc.ModelConfig, LoadedVersion]:
+        """Load, complete/check, size to the memory budget, warm up and schedule one version."""
+        instances = instance_count(config)
+        threads = self._settings.intra_op_threads or default_intra_op_threads(instances)
+        path = model_dir / str(version) / repository.model_filename(config)
+        auto = self._settings.auto_complete and first
+
+        def load() -> tuple[OnnxBackend, mc.ModelConfig]:
+            backend = OnnxBackend(path, config, threads)
+            try:
+                checked = complete_config(
+                    config, name, backend.inputs, backend.outputs, auto_complete=auto
+                )
+            except AgentError:
+                backend.close()
+                raise
+            return backend, checked
+
+        footprint: Footprint | None = None
+        if self._settings.measure_memory and self.ledger is not None:
+            (backend, completed), footprint = measure_footprint(
+                load, _run_zeros, max_batch=config.max_batch_size or DEFAULT_MAX_BATCH_SIZE
+            )
+        else:
+            backend, completed = load()
+        key = (name, str(version))
+        try:
+            if footprint is not None and self.ledger is not None:
+                completed = self._fit_to_budget(completed, footprint, key)
+            self._warm_up(completed, model_dir, backend)
+        except AgentError:
+            backend.close()
+            if self.ledger is not None:
+                self.ledger.release(key)
+            raise
+        instances = instance_count(completed)
+        executor = ThreadPoolExecutor(instances, thread_name_prefix=f"infer-{name}-{version}")
+        stats = self.stats.get(name, str(version))
+        policy = BatchingPolicy.from_config(completed)
+        scheduler = ModelScheduler(
+            model=name,
+            version=version,
+            backend=backend,
+            policy=policy,
+            instances=instances,
+            executor=executor,
+            stats=stats,
+            gate=self._gate,
+            need=_resource_need(completed, self._gate),
+            max_pending=_queue_bound(policy, self._settings.max_queue_size),
         )
+        logger.info(
+            "model %s version %d ready (providers %s, max batch %d, %d instance(s)%s)",
+            name,
+            version,
+            backend.providers,
+            completed.max_batch_size,
+            instances,
+            f", {footprint.bytes_for(max(1, completed.max_batch_size)) >> 20} MiB"
+            if footprint
+            else "",
+        )
+        return completed, LoadedVersion(version, backend, scheduler, executor, stats, footprint)
+
+    def _fit_to_budget(
+        self, config: mc.ModelConfig, footprint: Footprint, key: tuple[str, str]
+    ) -> mc.ModelConfig:
+        """Lower the batch cap and instance count so the version fits what is left."""
+        assert self.ledger is not None
+        instances = instance_count(config)
+        plan = plan_capacity(
+            footprint,
+            budget_left=self.ledger.left(),
+            max_batch_size=config.max_batch_size,
+            instances=instances,
+            budget_bytes=self.ledger.budget_bytes(),
+        )
+        self.ledger.reserve(key, plan.estimated_bytes)
+        if plan.max_batch_size == config.max_batch_size and plan.instances == instances:
+            return config
+        fitted = mc.ModelConfig()
+        fitted.CopyFrom(config)
+        fitted.max_batch_size = plan.max_batch_size
+        if plan.instances != instances:
+            group = mc.ModelInstanceGroup()
+            group.CopyFrom(fitted.instance_group[0])
+            group.count = plan.instances
+            del fitted.instance_group[:]
+            fitted.instance_group.append(group)
+        if fitted.HasField("dynamic_batching"):
+            kept = [
+                s for s in fitted.dynamic_batching.preferred_batch_size if s <= plan.max_batch_size
+            ]
+            del fitted.dynamic_batching.preferred_batch_size[:]
+            fitted.dynamic_batching.preferred_batch_size.extend(kept)
+        fitted.parameters["edge_agent_memory_plan"].string_value = plan.reason
+        logger.warning("model %s version %s: %s", key[0], key[1], plan.reason)
+        return fitted
 
     def _warm_up(self, config: mc.ModelConfig, model_dir: Path, backend: Backend) -> None:
         signature = ModelSignature.from_config(config)
@@ -226,7 +347,7 @@ class ModelRegistry:
         if not version.isdigit():
             raise ModelNotFoundError(f"model '{name}' has no version '{version}'")
         number = int(version)
-        if served is not None and number in served.backends:
+        if served is not None and number in served.versions:
             return served, number
         status = record.versions.get(number)
         if status is None:
@@ -271,4 +392,47 @@ class ModelRegistry:
             records, self._records = list(self._records.values()), {}
         for record in records:
             if record.served is not None:
-                record.served.close()
+                self._release(record.served)
+
+    def _release(self, served: ServedModel) -> None:
+        served.close()
+        for version in served.versions:
+            if self.ledger is not None:
+                self.ledger.release((served.name, str(version)))
+            self.stats.remove(served.name, str(version))
+
+
+def _run_zeros(loaded: tuple[OnnxBackend, mc.ModelConfig], batch: int) -> None:
+    """Run the model once on zeros at a batch size, to measure its memory."""
+    backend, config = loaded
+    signature = ModelSignature.from_config(config)
+    batch = min(batch, max(1, config.max_batch_size))
+    feeds: dict[str, np.ndarray] = {}
+    for contract in signature.inputs.values():
+        dims = tuple(1 if d < 0 else d for d in contract.dims)
+        shape = (batch, *dims) if signature.batched else dims
+        dt = datatypes.from_kserve(contract.datatype)
+        assert dt is not None
+        if contract.reshape is not None:
+            shape = (batch, *contract.reshape) if signature.batched else contract.reshape
+            shape = tuple(1 if d < 0 else d for d in shape)
+        feeds[contract.name] = (
+            np.full(shape, b"", dtype=np.object_)
+            if dt.kserve == "BYTES"
+            else np.zeros(shape, dt.numpy)
+        )
+    backend.run(feeds, list(signature.outputs))
+
+
+def _resource_need(config: mc.ModelConfig, gate: LimiterGate | None) -> ResourceNeed:
+    """Rate-limiter needs of a model (its first instance group declares them)."""
+    if gate is None or not config.instance_group:
+        return ResourceNeed()
+    need = ResourceNeed.from_group(config.instance_group[0])
+    gate.limiter.declare(need)
+    return need
+
+
+def _queue_bound(policy: BatchingPolicy, default: int) -> int:
+    configured = policy.default_queue_policy.max_queue_size
+    return configured if configured > 0 else default

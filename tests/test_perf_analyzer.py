@@ -42,6 +42,8 @@ def test_perf_analyzer_concurrency_4_no_errors(agent: RunningAgent, model: str) 
             "binary",
             "--output-tensor-format",
             "binary",
+            "--stability-percentage",
+            "100",
             "--max-trials",
             "5",
         ],

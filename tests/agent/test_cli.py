@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
-import selectors
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -23,7 +24,7 @@ LISTENING = re.compile(r"listening on http://[^:]+:(\d+)")
 
 
 def agent_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "agent", "serve", *args]
+    return [sys.executable, "-m", "agent", "serve", "--metrics-port", "0", *args]
 
 
 @contextmanager
@@ -43,14 +44,25 @@ def serving(*args: str) -> Iterator[tuple[subprocess.Popen[str], int]]:
 def wait_listening(proc: subprocess.Popen[str], limit_s: float = 60.0) -> int:
     """Read the agent's log until it says where it listens (bounded wait, no fixed sleep)."""
     assert proc.stderr is not None
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stderr, selectors.EVENT_READ)
+    lines: queue.Queue[str] = queue.Queue()
+
+    def pump() -> None:
+        assert proc.stderr is not None
+        try:
+            for line in proc.stderr:
+                lines.put(line)
+        except (ValueError, OSError):  # the test closed the pipe
+            pass
+        lines.put("")
+
+    threading.Thread(target=pump, daemon=True).start()
     deadline = time.monotonic() + limit_s
     seen = []
     while time.monotonic() < deadline:
-        if not sel.select(timeout=deadline - time.monotonic()):
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
             break
-        line = proc.stderr.readline()
         if not line:
             break
         seen.append(line)

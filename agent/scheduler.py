@@ -1,0 +1,336 @@
+"""Asyncio driver for one model version: queue requests, form batches, run them off the loop.
+
+The batch-forming policy lives in `agent.batching` (pure, fed timestamps). This module only
+drives it: it calls `expire`/`take` when a request arrives, when an execution finishes and when
+the policy's deadline comes (a loop timer), runs each batch on the model's executor (one worker
+per instance), splits the outputs back per request and records statistics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+import numpy as np
+
+from agent.backends.base import Backend
+from agent.batching import BatchFormer, BatchingPolicy
+from agent.errors import (
+    AgentError,
+    BackendError,
+    ModelNotReadyError,
+    OverloadedError,
+    RequestTimeoutError,
+)
+from agent.rate_limiter import RateLimiter, ResourceNeed
+from agent.signature import ValidatedRequest
+from agent.statistics import ModelStatistics
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionResult:
+    """One request's outputs (in its requested order) and where its time went."""
+
+    outputs: list[np.ndarray]
+    queue_ns: int
+    compute_input_ns: int
+    compute_infer_ns: int
+    compute_output_ns: int
+    batch_size: int
+
+
+@dataclass(slots=True)
+class _Job:
+    request: ValidatedRequest
+    future: asyncio.Future[ExecutionResult]
+    enqueued_ns: int
+    seq: int
+
+
+class LimiterGate:
+    """Shares one RateLimiter between schedulers and wakes the one whose waiter was granted."""
+
+    def __init__(self, limiter: RateLimiter) -> None:
+        self.limiter = limiter
+        self._callbacks: dict[str, Callable[[], None]] = {}
+
+    def acquire(self, key: str, need: ResourceNeed, on_grant: Callable[[], None]) -> bool:
+        if self.limiter.try_acquire(key, need):
+            return True
+        self._callbacks[key] = on_grant
+        return False
+
+    def release(self, need: ResourceNeed) -> None:
+        for key in self.limiter.release(need):
+            callback = self._callbacks.pop(key, None)
+            if callback is not None:
+                callback()
+
+
+class ModelScheduler:
+    """Queues and executes the requests of one loaded model version."""
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        version: int,
+        backend: Backend,
+        policy: BatchingPolicy,
+        instances: int,
+        executor: Executor,
+        stats: ModelStatistics | None = None,
+        gate: LimiterGate | None = None,
+        need: ResourceNeed | None = None,
+        max_pending: int = 1024,
+    ) -> None:
+        self.model = model
+        self.version = version
+        self.policy = policy
+        self._backend = backend
+        self._former: BatchFormer[_Job] = BatchFormer(policy)
+        self._free = max(1, instances)
+        self._instances = max(1, instances)
+        self._executor = executor
+        self._stats = stats
+        self._gate = gate
+        self._need = need or ResourceNeed()
+        self._max_pending = max_pending
+        self._seq = itertools.count()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        self._closed = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._holding = 0  # batches taken but waiting for rate-limiter resources
+        # preserve_ordering: results released strictly in arrival order.
+        self._next_release = 0
+        self._done: dict[int, tuple[_Job, ExecutionResult | BaseException]] = {}
+
+    @property
+    def pending(self) -> int:
+        """Requests queued or executing."""
+        return len(self._former) + (self._instances - self._free) + self._holding
+
+    def set_policy(self, policy: BatchingPolicy) -> None:
+        """Change batching parameters live; queued requests move to the new former in order."""
+        old = self._former
+        self.policy = policy
+        self._former = BatchFormer(policy)
+        now = asyncio.get_running_loop().time()
+        for job in old.drain():
+            try:
+                self._former.add(job, job.request.batch_size, now)
+            except AgentError as exc:  # e.g. the new cap is below this request's rows
+                self._finish(job, exc)
+        self._dispatch()
+
+    async def submit(
+        self,
+        request: ValidatedRequest,
+        *,
+        priority: int | None = None,
+        timeout_us: int | None = None,
+    ) -> ExecutionResult:
+        """Queue a validated request and wait for its outputs.
+
+        Raises:
+            OverloadedError: the queue is full (503).
+            InvalidInputError: bad priority or a batch over the cap.
+            RequestTimeoutError: its queue timeout expired with action REJECT.
+            ModelNotReadyError: the version was unloaded before it ran.
+            BackendError: the runtime failed.
+        """
+        if self._closed:
+            raise ModelNotReadyError(f"model '{self.model}' version {self.version} is unloading")
+        if len(self._former) >= self._max_pending:
+            raise OverloadedError(
+                f"model '{self.model}' has {self._max_pending} requests queued; retry later"
+            )
+        loop = asyncio.get_running_loop()
+        job = _Job(request, loop.create_future(), time.perf_counter_ns(), -1)
+        self._former.add(
+            job, request.batch_size, loop.time(), priority=priority, timeout_us=timeout_us
+        )
+        job.seq = next(self._seq)  # only accepted requests take a place in the release order
+        self._idle.clear()
+        if self._stats is not None:
+            self._stats.pending_inc()
+        self._dispatch()
+        try:
+            return await job.future
+        finally:
+            if self._stats is not None:
+                self._stats.pending_dec()
+
+    async def drain(self) -> None:
+        """Wait until nothing is queued or executing."""
+        while self.pending:
+            self._idle.clear()
+            await self._idle.wait()
+
+    def close(self) -> None:
+        """Refuse new work and fail whatever is still queued."""
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+        for job in self._former.drain():
+            self._finish(job, ModelNotReadyError(f"model '{self.model}' was unloaded"))
+        self._check_idle()
+
+    def _dispatch(self) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for job in self._former.expire(now):
+            self._finish(job, RequestTimeoutError("request timeout expired in the queue"))
+        while self._free > 0 and self._holding == 0:
+            batch = self._former.take(now)
+            if batch is None:
+                break
+            self._free -= 1
+            jobs = list(batch.items)
+            if self._gate is not None and self._need.resources:
+                key = f"{self.model}:{self.version}#{jobs[0].seq}"
+                if not self._gate.acquire(key, self._need, functools.partial(self._granted, jobs)):
+                    self._holding += 1
+                    break
+            self._launch(jobs)
+        self._arm_timer(loop)
+        self._check_idle()
+
+    def _granted(self, jobs: list[_Job]) -> None:
+        self._holding -= 1
+        self._launch(jobs)
+        self._dispatch()
+
+    def _launch(self, jobs: list[_Job]) -> None:
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter_ns()
+        future = loop.run_in_executor(self._executor, self._execute, jobs, started)
+        future.add_done_callback(lambda f: self._on_done(jobs, f))
+
+    def _arm_timer(self, loop: asyncio.AbstractEventLoop) -> None:
+        deadline = self._former.deadline()
+        if deadline == self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = deadline
+        if deadline is not None and not self._closed:
+            self._timer = loop.call_at(deadline, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = None
+        self._dispatch()
+
+    def _execute(self, jobs: Sequence[_Job], started_ns: int) -> list[ExecutionResult]:
+        """Run in an executor thread: concatenate, run, split."""
+        results: list[ExecutionResult | None] = [None] * len(jobs)
+        for group in _group_by_shape(jobs):
+            t0 = time.perf_counter_ns()
+            names = _union_outputs(jobs[i].request.output_names for i in group)
+            if len(group) == 1:
+                feeds = jobs[group[0]].request.feeds
+            else:
+                feeds = {
+                    n: np.concatenate([jobs[i].request.feeds[n] for i in group])
+                    for n in jobs[group[0]].request.feeds
+                }
+            t1 = time.perf_counter_ns()
+            outputs = self._backend.run(feeds, names)
+            t2 = time.perf_counter_ns()
+            by_name = dict(zip(names, outputs, strict=True))
+            rows = sum(jobs[i].request.batch_size for i in group)
+            offset = 0
+            split: dict[int, list[np.ndarray]] = {}
+            for i in group:
+                n = jobs[i].request.batch_size
+                if len(group) == 1:
+                    split[i] = [by_name[o] for o in jobs[i].request.output_names]
+                else:
+                    split[i] = [
+                        by_name[o][offset : offset + n] for o in jobs[i].request.output_names
+                    ]
+                offset += n
+            t3 = time.perf_counter_ns()
+            for i in group:
+                results[i] = ExecutionResult(
+                    outputs=split[i],
+                    queue_ns=max(0, started_ns - jobs[i].enqueued_ns),
+                    compute_input_ns=t1 - t0,
+                    compute_infer_ns=t2 - t1,
+                    compute_output_ns=t3 - t2,
+                    batch_size=rows,
+                )
+            if self._stats is not None:
+                self._stats.record_execution(
+                    batch_size=rows,
+                    compute_input_ns=t1 - t0,
+                    compute_infer_ns=t2 - t1,
+                    compute_output_ns=t3 - t2,
+                )
+        return [r for r in results if r is not None]
+
+    def _on_done(self, jobs: list[_Job], future: asyncio.Future[list[ExecutionResult]]) -> None:
+        self._free += 1
+        if self._gate is not None and self._need.resources:
+            self._gate.release(self._need)
+        error = future.exception()
+        if error is None:
+            for job, result in zip(jobs, future.result(), strict=True):
+                self._finish(job, result)
+        else:
+            if not isinstance(error, AgentError):
+                error = BackendError(f"execution failed: {error}")
+            for job in jobs:
+                self._finish(job, error)
+        if not self._closed:
+            self._dispatch()
+        self._check_idle()
+
+    def _finish(self, job: _Job, outcome: ExecutionResult | BaseException) -> None:
+        if not self.policy.preserve_ordering:
+            _settle(job, outcome)
+            return
+        self._done[job.seq] = (job, outcome)
+        while self._next_release in self._done:
+            ready, result = self._done.pop(self._next_release)
+            _settle(ready, result)
+            self._next_release += 1
+
+    def _check_idle(self) -> None:
+        if not self.pending:
+            self._idle.set()
+
+
+def _settle(job: _Job, outcome: ExecutionResult | BaseException) -> None:
+    if job.future.done():  # the client went away
+        return
+    if isinstance(outcome, BaseException):
+        job.future.set_exception(outcome)
+    else:
+        job.future.set_result(outcome)
+
+
+def _group_by_shape(jobs: Sequence[_Job]) -> list[list[int]]:
+    """Requests can share a batch only when every input has the same non-batch shape."""
+    groups: dict[tuple[tuple[str, tuple[int, ...]], ...], list[int]] = {}
+    for i, job in enumerate(jobs):
+        key = tuple((n, a.shape[1:]) for n, a in job.request.feeds.items())
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
+
+
+def _union_outputs(lists: Iterable[Sequence[str]]) -> list[str]:
+    seen: dict[str, None] = {}
+    for names in lists:
+        for n in names:
+            seen[n] = None
+    return list(seen)
