@@ -15,6 +15,7 @@ from agent.config import AgentConfig, load_config
 from agent.daemon import run_agent
 from agent.errors import AgentConfigError, AgentError
 
+SWITCH_INTERVAL_S = 0.0002
 EXIT_CONFIG = 2
 EXIT_LOAD = 1
 
@@ -77,6 +78,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--intra-op-threads", type=int, dest="models.intra_op_threads")
     serve.add_argument(
+        "--model-control-mode",
+        choices=("none", "poll", "explicit"),
+        dest="models.control_mode",
+        help="none: serve what is there at start; poll: watch the repository; explicit: load "
+        "and unload on request (default none)",
+    )
+    serve.add_argument(
+        "--load-model",
+        action="append",
+        dest="models.load_models",
+        metavar="MODEL",
+        help="explicit mode: load this model at start (repeatable; '*' loads all)",
+    )
+    serve.add_argument(
         "--memory-budget-bytes",
         type=int,
         dest="models.memory_budget_bytes",
@@ -95,12 +110,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     overrides: dict[str, Any] = {k: v for k, v in vars(args).items() if "." in k}
+    if overrides.get("models.load_models") is not None:
+        overrides["models.load_models"] = tuple(overrides["models.load_models"])
     try:
         config = load_config(args.config, overrides)
     except AgentConfigError as exc:
         print(f"edge-agent: error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     _setup_logging(config)
+    # Inference threads hand the GIL back and forth with the event loop many thousand times a
+    # second; with the default 5 ms switch interval a waiting thread stalls for up to 5 ms.
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         return _run(run_agent(config))
     except AgentError as exc:

@@ -2,7 +2,8 @@
 
     [server]  host, http_port, metrics_port, max_request_bytes
     [models]  repository, demo, strict_model_config, exit_on_error, intra_op_threads,
-              memory_budget_bytes, response_cache_bytes, max_queue_size
+              memory_budget_bytes, response_cache_bytes, max_queue_size, control_mode,
+              load_models, poll_quiet_ms
     [log]     level
 
 An unknown section or key, or a value of the wrong type, stops start-up with a message that names
@@ -22,6 +23,7 @@ import tomllib
 from agent.errors import AgentConfigError
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+CONTROL_MODES = ("none", "poll", "explicit")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +48,9 @@ class ModelsConfig:
     memory_budget_bytes: int = 0  # 0: the cgroup's memory.max, else 80% of RAM
     response_cache_bytes: int = 64 * 1024 * 1024  # agent-wide, for models with response_cache
     max_queue_size: int = 1024  # per model version, when the config sets no max_queue_size
+    control_mode: str = "none"  # none | poll | explicit (Triton's --model-control-mode)
+    load_models: tuple[str, ...] = ()  # explicit mode: models to load at start ("*": all)
+    poll_quiet_ms: int = 1000  # poll mode: act once a model folder has been quiet this long
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +135,10 @@ def _coerce(key: str, hint: Any, value: Any, base: Path) -> Any:
         if not isinstance(value, str):
             raise AgentConfigError(f"config key '{key}' must be a string, got {value!r}")
         return value
+    if hint == tuple[str, ...]:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise AgentConfigError(f"config key '{key}' must be a list of strings, got {value!r}")
+        return tuple(value)
     # Path | None
     if not isinstance(value, str) or not value:
         raise AgentConfigError(f"config key '{key}' must be a path string, got {value!r}")
@@ -158,6 +167,15 @@ def _validate(config: AgentConfig) -> None:
             raise AgentConfigError(f"models.{key} must be >= 0")
     if models.max_queue_size < 1:
         raise AgentConfigError("models.max_queue_size must be >= 1")
+    if models.control_mode not in CONTROL_MODES:
+        raise AgentConfigError(
+            f"models.control_mode must be one of {', '.join(CONTROL_MODES)}, "
+            f"got {models.control_mode!r}"
+        )
+    if models.load_models and models.control_mode != "explicit":
+        raise AgentConfigError('models.load_models needs models.control_mode = "explicit"')
+    if models.poll_quiet_ms < 10:
+        raise AgentConfigError("models.poll_quiet_ms must be >= 10")
     if models.repository is None and not models.demo:
         raise AgentConfigError(
             "no model repository: pass --model-repository DIR, set models.repository, or use --demo"

@@ -15,10 +15,11 @@ from aiohttp import web
 from agent.config import AgentConfig
 from agent.dataplane import DataPlane
 from agent.demo import default_demo_dir, write_demo_repository
-from agent.errors import ModelLoadError
+from agent.errors import AgentError, ModelLoadError
 from agent.http import create_app
 from agent.memory import MemoryLedger, detect_budget_bytes, process_rss_bytes
 from agent.metrics import build_registry, create_metrics_app
+from agent.model_control import ModelControlMode, ModelManager
 from agent.rate_limiter import RateLimiter
 from agent.registry import LoadSettings, ModelRegistry
 from agent.response_cache import ResponseCache
@@ -77,13 +78,15 @@ async def start_agent(config: AgentConfig) -> RunningAgent:
         ledger=ledger,
         gate=LimiterGate(RateLimiter()),
     )
-    failures = await asyncio.to_thread(registry.load_all)
+    mode = ModelControlMode(config.models.control_mode)
+    failures = await asyncio.to_thread(_initial_load, registry, mode, config.models.load_models)
     if failures and config.models.exit_on_error:
         await asyncio.to_thread(registry.close)
         detail = "; ".join(f"{name}: {reason}" for name, reason in sorted(failures.items()))
         raise ModelLoadError(f"failed to load {len(failures)} model(s): {detail}")
     cache = ResponseCache(config.models.response_cache_bytes)
-    dataplane = DataPlane(registry, cache)
+    manager = ModelManager(registry)
+    dataplane = DataPlane(registry, cache, manager, mode)
     app = create_app(dataplane, max_request_bytes=config.server.max_request_bytes)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     metrics_runner: web.AppRunner | None = None
@@ -111,6 +114,21 @@ async def start_agent(config: AgentConfig) -> RunningAgent:
         logger.info("metrics on http://%s:%d/metrics", config.server.host, metrics_port)
     logger.info("listening on http://%s:%d (models: %s)", config.server.host, port, served)
     return RunningAgent(registry, dataplane, runner, port, metrics_runner, metrics_port)
+
+
+def _initial_load(
+    registry: ModelRegistry, mode: ModelControlMode, names: tuple[str, ...]
+) -> dict[str, str]:
+    """Triton's start-up rule: all models, except in explicit mode only those named."""
+    if mode is not ModelControlMode.EXPLICIT or "*" in names:
+        return registry.load_all()
+    failures: dict[str, str] = {}
+    for name in names:
+        try:
+            registry.load_model(name)
+        except AgentError as exc:
+            failures[name] = exc.message
+    return failures
 
 
 async def _listen(runner: web.AppRunner, host: str, port: int) -> int:

@@ -15,12 +15,14 @@ from agent.errors import (
     AgentError,
     BackendError,
     InvalidInputError,
+    ModelControlError,
     ModelNotFoundError,
     ModelNotReadyError,
     OverloadedError,
     RequestTimeoutError,
 )
-from agent.model_config import config_to_json
+from agent.model_config import config_from_json, config_to_json
+from agent.model_control import ModelControlMode, ModelManager
 from agent.protocol import InferRequest, InferResponse, OutputTensor
 from agent.registry import ModelRegistry
 from agent.response_cache import ResponseCache, cache_key
@@ -40,9 +42,17 @@ EXTENSIONS = (
 class DataPlane:
     """The agent's request handling, shared by every transport."""
 
-    def __init__(self, registry: ModelRegistry, cache: ResponseCache | None = None) -> None:
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        cache: ResponseCache | None = None,
+        manager: ModelManager | None = None,
+        mode: ModelControlMode = ModelControlMode.NONE,
+    ) -> None:
         self._registry = registry
         self._cache = cache
+        self.manager = manager or ModelManager(registry)
+        self.mode = mode
         self._ready = False
 
     def set_ready(self, ready: bool) -> None:
@@ -90,6 +100,35 @@ class DataPlane:
             rows = [r for r in rows if r.get("state") == "READY"]
         return rows
 
+    async def load_model(self, name: str, config: dict[str, Any] | None) -> str:
+        """Explicit load (or reload) of a model, with an optional JSON config override.
+
+        Raises:
+            ModelControlError: the agent is not in explicit model-control mode.
+            ModelConfigError: the override is not a valid config.
+            ModelNotFoundError, ModelLoadError: as `ModelManager.load`.
+        """
+        self._require_explicit("load")
+        override = config_from_json(config) if config is not None else None
+        strategy = await self.manager.load(name, override)
+        if self._cache is not None:
+            self._cache.invalidate(name)
+        return strategy
+
+    async def unload_model(self, name: str) -> None:
+        """Explicit unload; queued requests finish first."""
+        self._require_explicit("unload")
+        await self.manager.unload(name)
+        if self._cache is not None:
+            self._cache.invalidate(name)
+
+    def _require_explicit(self, action: str) -> None:
+        if self.mode is not ModelControlMode.EXPLICIT:
+            raise ModelControlError(
+                f"explicit model {action} is not allowed in model-control mode "
+                f"'{self.mode.value}' (start with --model-control-mode explicit)"
+            )
+
     def statistics(self, name: str | None, version: str | None) -> dict[str, Any]:
         """Triton's statistics extension for all models, one model, or one version.
 
@@ -111,6 +150,7 @@ class DataPlane:
             BackendError: the runtime failed.
         """
         start = time.perf_counter_ns()
+        await self.manager.wait_if_swapping(name)
         served, number = self._registry.resolve(name, version)
         loaded = served.versions[number]
         stats = loaded.stats

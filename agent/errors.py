@@ -51,5 +51,13 @@ class ModelLoadError(AgentError):
     """A model version could not be loaded (missing file, runtime refused it, warm-up failed)."""
 
 
+class MemoryBudgetError(ModelLoadError):
+    """A model version does not fit in what is left of the memory budget."""
+
+
+class ModelControlError(AgentError):
+    """A model-control request is not allowed in the current mode (e.g. load without explicit)."""
+
+
 class AgentConfigError(Exception):
     """The agent's own configuration (TOML file or flags) is invalid; start-up stops."""

@@ -20,6 +20,7 @@ from agent.errors import (
     BackendError,
     InvalidInputError,
     ModelConfigError,
+    ModelControlError,
     ModelLoadError,
     ModelNotFoundError,
     ModelNotReadyError,
@@ -36,6 +37,7 @@ DATAPLANE = web.AppKey("dataplane", DataPlane)
 # The one place where error types become HTTP status codes.
 STATUS_FOR_ERROR: dict[type[AgentError], int] = {
     InvalidInputError: 400,
+    ModelControlError: 400,
     ModelConfigError: 400,
     ModelNotFoundError: 404,
     PayloadTooLargeError: 413,
@@ -105,6 +107,8 @@ def create_app(dataplane: DataPlane, *, max_request_bytes: int) -> web.Applicati
             web.post(model + "/infer", _infer),
             web.post(version + "/infer", _infer),
             web.post("/v2/repository/index", _repository_index),
+            web.post("/v2/repository/models/{model}/load", _load_model),
+            web.post("/v2/repository/models/{model}/unload", _unload_model),
         ]
     )
     return app
@@ -168,6 +172,44 @@ async def _repository_index(request: web.Request) -> web.Response:
             raise InvalidInputError('repository index body must be {"ready": true|false}')
         ready_only = doc.get("ready", False)
     return _json(_dataplane(request).repository_index(ready_only))
+
+
+async def _load_model(request: web.Request) -> web.Response:
+    """Triton's load: an optional body {"parameters": {"config": "<model config JSON>"}}."""
+    doc = await _optional_json(request)
+    params = doc.get("parameters", {})
+    if not isinstance(params, dict):
+        raise InvalidInputError("'parameters' must be an object")
+    config: dict[str, Any] | None = None
+    raw = params.get("config")
+    if raw is not None:
+        try:
+            config = json.loads(raw) if isinstance(raw, str) else raw
+        except ValueError as exc:
+            raise InvalidInputError(f"parameter 'config' is not valid JSON: {exc}") from None
+        if not isinstance(config, dict):
+            raise InvalidInputError("parameter 'config' must be a JSON object")
+    await _dataplane(request).load_model(request.match_info["model"], config)
+    return web.Response(status=200)
+
+
+async def _unload_model(request: web.Request) -> web.Response:
+    await _optional_json(request)
+    await _dataplane(request).unload_model(request.match_info["model"])
+    return web.Response(status=200)
+
+
+async def _optional_json(request: web.Request) -> dict[str, Any]:
+    body = await request.read()
+    if not body.strip():
+        return {}
+    try:
+        doc = json.loads(body)
+    except ValueError as exc:
+        raise InvalidInputError(f"malformed JSON in request: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidInputError("request body must be a JSON object")
+    return doc
 
 
 async def _infer(request: web.Request) -> web.Response:

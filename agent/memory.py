@@ -27,7 +27,7 @@ from typing import TypeAlias, TypeVar
 
 import psutil
 
-from agent.errors import ModelLoadError
+from agent.errors import MemoryBudgetError
 
 logger = logging.getLogger(__name__)
 
@@ -204,7 +204,7 @@ def plan_capacity(
 
     Raises:
         ValueError: max_batch_size below 0 or instances below 1.
-        ModelLoadError: even one instance at batch 1 does not fit.
+        MemoryBudgetError: even one instance at batch 1 does not fit.
 
     Returns:
         The plan.
@@ -214,7 +214,9 @@ def plan_capacity(
     need = footprint.bytes_for(1)
     if need > budget_left:
         of = f" of the {_mib(budget_bytes)} budget" if budget_bytes is not None else ""
-        raise ModelLoadError(f"needs {_mib(need)} at batch 1, {_mib(max(budget_left, 0))} left{of}")
+        raise MemoryBudgetError(
+            f"needs {_mib(need)} at batch 1, {_mib(max(budget_left, 0))} left{of}"
+        )
     top = max(1, max_batch_size)
     batch = next(b for b in range(top, 0, -1) if footprint.bytes_for(b) <= budget_left)
     per_instance = footprint.bytes_for(batch)
@@ -274,14 +276,14 @@ class MemoryLedger:
 
         Raises:
             ValueError: negative bytes.
-            ModelLoadError: the reservation does not fit in what is left.
+            MemoryBudgetError: the reservation does not fit in what is left.
         """
         if nbytes < 0:
             raise ValueError(f"cannot reserve {nbytes} bytes")
         with self._lock:
             left = self._budget - sum(self._reserved.values()) + self._reserved.get(key, 0)
             if nbytes > left:
-                raise ModelLoadError(
+                raise MemoryBudgetError(
                     f"model '{key[0]}' version {key[1]} needs {_mib(nbytes)}, "
                     f"{_mib(left)} left of the {_mib(self._budget)} budget"
                 )

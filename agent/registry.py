@@ -76,6 +76,7 @@ class LoadedVersion:
     executor: ThreadPoolExecutor  # one worker per instance: N executions in flight
     stats: ModelStatistics
     footprint: Footprint | None
+    ledger_key: tuple[str, str]
 
     def close(self) -> None:
         self.scheduler.close()
@@ -113,6 +114,20 @@ def instance_count(config: mc.ModelConfig) -> int:
     return max(1, sum(max(1, g.count) for g in config.instance_group))
 
 
+@dataclass(frozen=True, slots=True)
+class ModelBuild:
+    """A freshly loaded model, not yet served (or why it could not be loaded)."""
+
+    name: str
+    served: ServedModel | None
+    record: _ModelRecord
+    error: AgentError | None
+
+    @property
+    def reason(self) -> str:
+        return self.record.reason
+
+
 class ModelRegistry:
     """Owns the loaded models of one repository."""
 
@@ -132,6 +147,7 @@ class ModelRegistry:
         self.stats = stats or StatisticsRegistry()
         self.ledger = ledger
         self._gate = gate
+        self._generation = 0
 
     @property
     def repository(self) -> Path:
@@ -147,40 +163,112 @@ class ModelRegistry:
                 failures[name] = exc.message
         return failures
 
-    def load_model(self, name: str) -> ServedModel:
-        """Load (or reload) one model's served versions.
+    def load_model(self, name: str, config_override: mc.ModelConfig | None = None) -> ServedModel:
+        """Load (or reload) a model and serve it at once; the old one is closed without draining.
+
+        For start-up and tests; a running agent swaps through `build`, `commit` and `release`.
+
+        Raises:
+            ModelNotFoundError, ModelConfigError, ModelLoadError: see `build`.
+        """
+        build = self.build(name, config_override)
+        old = self.commit(build)
+        if old is not None:
+            self.release(old)
+        if build.served is None:
+            raise build.error or ModelLoadError(build.reason)
+        return build.served
+
+    def build(self, name: str, config_override: mc.ModelConfig | None = None) -> ModelBuild:
+        """Load a model's versions without touching what is served (call from a worker thread).
+
+        Args:
+            name: the model's directory in the repository.
+            config_override: use this config instead of config.pbtxt (explicit load with a config).
+
+        Returns:
+            The build: `served` is None when nothing could be loaded, with the reason and each
+            version's status kept for the repository index.
 
         Raises:
             ModelNotFoundError: no such directory in the repository.
-            ModelConfigError, ModelLoadError: the config is bad or no version could be loaded;
-                the reason is also kept for the repository index.
         """
         model_dir = self._root / name
         if not model_dir.is_dir():
             raise ModelNotFoundError(f"no model '{name}' in repository {self._root}")
         record = _ModelRecord()
         with self._lock:
-            self._records.setdefault(name, record)
+            self._generation += 1
+            generation = self._generation
         try:
-            served = self._load(name, model_dir, record)
+            record.served = self._load(name, model_dir, record, config_override, generation)
         except AgentError as exc:
             record.reason = exc.message
             logger.error("model %s failed to load: %s", name, exc.message)
-            with self._lock:
-                old = self._records.get(name)
-                if old is None or old.served is None:
-                    self._records[name] = record
-            raise
-        record.served = served
+            return ModelBuild(name, None, record, exc)
+        return ModelBuild(name, record.served, record, None)
+
+    def commit(self, build: ModelBuild) -> ServedModel | None:
+        """Make a build what is served (one reference swap); returns the replaced model.
+
+        A failed build leaves the old model serving; its version failures join the index.
+        """
         with self._lock:
-            old = self._records.get(name)
-            self._records[name] = record
-        if old is not None and old is not record and old.served is not None:
-            self._release(old.served)
+            old = self._records.get(build.name)
+            if build.served is None and old is not None and old.served is not None:
+                for version, status in build.record.versions.items():
+                    if version not in old.served.versions:
+                        old.versions[version] = status
+                return None
+            self._records[build.name] = build.record
+        return old.served if old is not None else None
+
+    def unload(self, name: str) -> ServedModel | None:
+        """Stop serving a model; returns it for draining and `release`.
+
+        Raises:
+            ModelNotFoundError: the model is not known.
+        """
+        with self._lock:
+            record = self._records.get(name)
+            if record is None:
+                raise ModelNotFoundError(f"unknown model: '{name}'")
+            served, record.served = record.served, None
+            record.reason = "unloaded"
+            record.versions = {
+                v: VersionStatus(ModelState.UNAVAILABLE, "unloaded") for v in record.versions
+            }
         return served
 
-    def _load(self, name: str, model_dir: Path, record: _ModelRecord) -> ServedModel:
-        config = load_model_config(model_dir)
+    def release(self, served: ServedModel) -> None:
+        """Close a model that is no longer served (after draining) and give back its memory."""
+        served.close()
+        with self._lock:
+            current = self._records.get(served.name)
+            live = set(current.served.versions) if current and current.served else set()
+        for loaded in served.versions.values():
+            if self.ledger is not None:
+                self.ledger.release(loaded.ledger_key)
+            if loaded.version not in live:
+                self.stats.remove(served.name, str(loaded.version))
+
+    def reserved_bytes(self, name: str) -> int:
+        """Memory the served versions of a model hold in the budget (0 if not loaded)."""
+        record = self._records.get(name)
+        if record is None or record.served is None or self.ledger is None:
+            return 0
+        held = self.ledger.reserved()
+        return sum(held.get(v.ledger_key, 0) for v in record.served.versions.values())
+
+    def _load(
+        self,
+        name: str,
+        model_dir: Path,
+        record: _ModelRecord,
+        config_override: mc.ModelConfig | None,
+        generation: int,
+    ) -> ServedModel:
+        config = config_override if config_override is not None else load_model_config(model_dir)
         if config is None:
             if not self._settings.auto_complete:
                 raise ModelConfigError(
@@ -202,6 +290,7 @@ class ModelRegistry:
                     version,
                     config if completed is None else completed,
                     first=completed is None,
+                    generation=generation,
                 )
             except AgentError as exc:
                 record.versions[version] = VersionStatus(ModelState.UNAVAILABLE, exc.message)
@@ -218,7 +307,14 @@ class ModelRegistry:
         return ServedModel(name, completed, ModelSignature.from_config(completed), loaded)
 
     def _load_version(
-        self, name: str, model_dir: Path, version: int, config: mc.ModelConfig, *, first: bool
+        self,
+        name: str,
+        model_dir: Path,
+        version: int,
+        config: mc.ModelConfig,
+        *,
+        first: bool,
+        generation: int,
     ) -> tuple[mc.ModelConfig, LoadedVersion]:
         """Load, complete/check, size to the memory budget, warm up and schedule one version."""
         instances = instance_count(config)
@@ -244,7 +340,8 @@ class ModelRegistry:
             )
         else:
             backend, completed = load()
-        key = (name, str(version))
+        # Old and new builds of one version coexist during a swap: each holds its own share.
+        key = (name, f"{version}@{generation}")
         try:
             if footprint is not None and self.ledger is not None:
                 completed = self._fit_to_budget(completed, footprint, key)
@@ -281,7 +378,9 @@ class ModelRegistry:
             if footprint
             else "",
         )
-        return completed, LoadedVersion(version, backend, scheduler, executor, stats, footprint)
+        return completed, LoadedVersion(
+            version, backend, scheduler, executor, stats, footprint, key
+        )
 
     def _fit_to_budget(
         self, config: mc.ModelConfig, footprint: Footprint, key: tuple[str, str]
@@ -392,14 +491,7 @@ class ModelRegistry:
             records, self._records = list(self._records.values()), {}
         for record in records:
             if record.served is not None:
-                self._release(record.served)
-
-    def _release(self, served: ServedModel) -> None:
-        served.close()
-        for version in served.versions:
-            if self.ledger is not None:
-                self.ledger.release((served.name, str(version)))
-            self.stats.remove(served.name, str(version))
+                self.release(record.served)
 
 
 def _run_zeros(loaded: tuple[OnnxBackend, mc.ModelConfig], batch: int) -> None:
