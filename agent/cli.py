@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import sys
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +18,8 @@ from agent import __version__
 from agent.config import AgentConfig, load_config
 from agent.daemon import run_agent
 from agent.errors import AgentConfigError, AgentError
+from agent.faults import fault
+from model_cache import CacheError, ModelCache, collect
 
 SWITCH_INTERVAL_S = 0.0002
 EXIT_CONFIG = 2
@@ -103,12 +109,47 @@ def build_parser() -> argparse.ArgumentParser:
         dest="models.response_cache_bytes",
         help="agent-wide response cache size (default 64 MiB)",
     )
+    serve.add_argument(
+        "--cache-dir",
+        type=Path,
+        dest="cache.dir",
+        help="model cache root: serve its repository view (versions activated atomically)",
+    )
     serve.add_argument("--log-level", dest="log.level", help="debug, info, warning, error")
+
+    cache = commands.add_parser("cache", help="the local model cache (agent stopped)")
+    cache_commands = cache.add_subparsers(dest="cache_command", required=True)
+    install = cache_commands.add_parser("install", help="add a model version to the cache")
+    install.add_argument("model")
+    install.add_argument("version", type=int)
+    install.add_argument("source", type=Path, help="Triton model folder (config.pbtxt, N/...)")
+    install.add_argument("--cache-dir", type=Path, required=True)
+    install.add_argument("--activate", action="store_true", help="also serve it")
+    listing = cache_commands.add_parser("list", help="cached versions and their states")
+    listing.add_argument("model", nargs="?")
+    listing.add_argument("--cache-dir", type=Path, required=True)
+    gc = cache_commands.add_parser("gc", help="drop old versions and unreferenced files")
+    gc.add_argument("--cache-dir", type=Path, required=True)
+    gc.add_argument("--keep-last", type=int, default=2)
+    gc.add_argument("--disk-budget-bytes", type=int, default=0)
+
+    for verb, text in (("activate", "serve a cached version"), ("rollback", "go back a version")):
+        cmd = commands.add_parser(verb, help=f"{text} on a running agent (hot swap)")
+        cmd.add_argument("model")
+        if verb == "activate":
+            cmd.add_argument("version", type=int)
+        else:
+            cmd.add_argument("--to", type=int, dest="version", help="default: the previous one")
+        cmd.add_argument("--url", default="http://127.0.0.1:8000", help="the agent's HTTP address")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "cache":
+        return cache_command(args)
+    if args.command in ("activate", "rollback"):
+        return swap_command(args)
     overrides: dict[str, Any] = {k: v for k, v in vars(args).items() if "." in k}
     if overrides.get("models.load_models") is not None:
         overrides["models.load_models"] = tuple(overrides["models.load_models"])
@@ -130,6 +171,67 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         print(f"edge-agent: error: cannot listen: {exc.strerror}", file=sys.stderr)
         return EXIT_LOAD
+
+
+def cache_command(args: argparse.Namespace) -> int:
+    """`edge-agent cache ...`: works on the cache directly, so the agent must be stopped."""
+    logging.basicConfig(level="WARNING", format="%(levelname)s %(name)s: %(message)s")
+    try:
+        with ModelCache(args.cache_dir) as cache:
+            if args.cache_command == "install":
+                done = cache.install(args.model, args.version, args.source, fault=fault)
+                if args.activate:
+                    done = cache.activate(args.model, args.version, fault=fault)
+                print(
+                    f"{done.model} version {done.version}: {done.state.value} ({done.digest[:12]})"
+                )
+            elif args.cache_command == "list":
+                for model in [args.model] if args.model else cache.models():
+                    for v in cache.list_versions(model):
+                        reason = f"  {v.reason}" if v.reason else ""
+                        print(f"{v.model}\t{v.version}\t{v.state.value}\t{v.digest[:12]}{reason}")
+            else:
+                report = collect(
+                    cache,
+                    keep_last=args.keep_last,
+                    disk_budget_bytes=args.disk_budget_bytes or None,
+                )
+                print(report)
+    except CacheError as exc:
+        print(f"edge-agent: error: {exc}", file=sys.stderr)
+        return EXIT_LOAD
+    return 0
+
+
+def swap_command(args: argparse.Namespace) -> int:
+    """`edge-agent activate|rollback MODEL`: ask the running agent to swap versions."""
+    model = urllib.parse.quote(args.model, safe="")
+    if args.command == "activate":
+        path = f"/v2/repository/models/{model}/versions/{args.version}/activate"
+        body = b"{}"
+    else:
+        path = f"/v2/repository/models/{model}/rollback"
+        body = json.dumps({"version": args.version} if args.version else {}).encode()
+    if not args.url.startswith(("http://", "https://")):
+        print("edge-agent: error: --url must start with http:// or https://", file=sys.stderr)
+        return EXIT_CONFIG
+    url = args.url.rstrip("/") + path
+    request = urllib.request.Request(url, data=body, method="POST")  # noqa: S310 - scheme checked
+    try:
+        with urllib.request.urlopen(request, timeout=600) as resp:  # noqa: S310 - scheme checked
+            doc = json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        try:
+            message = json.loads(err.read()).get("error", err.reason)
+        except ValueError:
+            message = err.reason
+        print(f"edge-agent: error: {message}", file=sys.stderr)
+        return EXIT_LOAD
+    except OSError as exc:
+        print(f"edge-agent: error: cannot reach the agent at {args.url}: {exc}", file=sys.stderr)
+        return EXIT_LOAD
+    print(f"{doc['model']} now serves version {doc['version']}")
+    return 0
 
 
 def _run(main: Coroutine[Any, Any, int]) -> int:

@@ -4,6 +4,7 @@
     [models]  repository, demo, strict_model_config, exit_on_error, intra_op_threads,
               memory_budget_bytes, response_cache_bytes, max_queue_size, control_mode,
               load_models, poll_quiet_ms
+    [cache]   dir, keep_last, disk_budget_bytes
     [log]     level
 
 An unknown section or key, or a value of the wrong type, stops start-up with a message that names
@@ -54,6 +55,15 @@ class ModelsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """The local model cache (content-addressed store, served through an atomic view)."""
+
+    dir: Path | None = None  # set: serve the cache's repository view unless a repository is given
+    keep_last: int = 2  # retained versions per model besides the active one
+    disk_budget_bytes: int = 0  # 0: no budget
+
+
+@dataclass(frozen=True, slots=True)
 class LogConfig:
     """Logging."""
 
@@ -66,10 +76,16 @@ class AgentConfig:
 
     server: ServerConfig = ServerConfig()
     models: ModelsConfig = ModelsConfig()
+    cache: CacheConfig = CacheConfig()
     log: LogConfig = LogConfig()
 
 
-_SECTIONS: dict[str, type[Any]] = {"server": ServerConfig, "models": ModelsConfig, "log": LogConfig}
+_SECTIONS: dict[str, type[Any]] = {
+    "server": ServerConfig,
+    "models": ModelsConfig,
+    "cache": CacheConfig,
+    "log": LogConfig,
+}
 
 
 def load_config(path: Path | None, overrides: Mapping[str, Any]) -> AgentConfig:
@@ -176,10 +192,17 @@ def _validate(config: AgentConfig) -> None:
         raise AgentConfigError('models.load_models needs models.control_mode = "explicit"')
     if models.poll_quiet_ms < 10:
         raise AgentConfigError("models.poll_quiet_ms must be >= 10")
-    if models.repository is None and not models.demo:
+    if models.repository is None and not models.demo and config.cache.dir is None:
         raise AgentConfigError(
-            "no model repository: pass --model-repository DIR, set models.repository, or use --demo"
+            "no model repository: pass --model-repository DIR, --cache-dir DIR, set "
+            "models.repository, or use --demo"
         )
+    if models.repository is not None and config.cache.dir is not None:
+        raise AgentConfigError(
+            "models.repository and cache.dir are exclusive: the cache serves its own repository"
+        )
+    if config.cache.keep_last < 0 or config.cache.disk_budget_bytes < 0:
+        raise AgentConfigError("cache.keep_last and cache.disk_budget_bytes must be >= 0")
     if models.repository is not None and models.demo:
         raise AgentConfigError("models.repository and models.demo are exclusive: choose one")
     if models.repository is not None and not models.repository.is_dir():

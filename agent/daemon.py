@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from agent.cache_control import CachedVersions, CacheEvents
 from agent.config import AgentConfig
 from agent.dataplane import DataPlane
 from agent.demo import default_demo_dir, write_demo_repository
@@ -19,12 +20,13 @@ from agent.errors import AgentError, ModelLoadError
 from agent.http import create_app
 from agent.memory import MemoryLedger, detect_budget_bytes, process_rss_bytes
 from agent.metrics import build_registry, create_metrics_app
-from agent.model_control import ModelControlMode, ModelManager
+from agent.model_control import LogEvents, ModelControlMode, ModelManager
 from agent.rate_limiter import RateLimiter
 from agent.registry import LoadSettings, ModelRegistry
 from agent.response_cache import ResponseCache
 from agent.scheduler import LimiterGate
 from agent.statistics import StatisticsRegistry
+from model_cache import CacheError, ModelCache
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +41,7 @@ class RunningAgent:
     http_port: int
     metrics_runner: web.AppRunner | None = None
     metrics_port: int | None = None
+    model_cache: ModelCache | None = None
 
     async def stop(self) -> None:
         """Stop accepting work, let in-flight requests finish, unload models."""
@@ -47,6 +50,8 @@ class RunningAgent:
         if self.metrics_runner is not None:
             await self.metrics_runner.cleanup()
         await asyncio.to_thread(self.registry.close)
+        if self.model_cache is not None:
+            self.model_cache.close()
         logger.info("agent stopped")
 
 
@@ -58,7 +63,11 @@ async def start_agent(config: AgentConfig) -> RunningAgent:
         OSError: the HTTP port cannot be bound.
     """
     repo = config.models.repository
-    if repo is None:
+    model_cache: ModelCache | None = None
+    if config.cache.dir is not None:
+        model_cache = await asyncio.to_thread(_open_cache, config)
+        repo = model_cache.repository_path
+    elif repo is None:
         repo = await asyncio.to_thread(write_demo_repository, default_demo_dir())
         logger.info("serving the demo repository at %s", repo)
     budget, source = detect_budget_bytes(config.models.memory_budget_bytes or None)
@@ -82,11 +91,15 @@ async def start_agent(config: AgentConfig) -> RunningAgent:
     failures = await asyncio.to_thread(_initial_load, registry, mode, config.models.load_models)
     if failures and config.models.exit_on_error:
         await asyncio.to_thread(registry.close)
+        if model_cache is not None:
+            model_cache.close()
         detail = "; ".join(f"{name}: {reason}" for name, reason in sorted(failures.items()))
         raise ModelLoadError(f"failed to load {len(failures)} model(s): {detail}")
     cache = ResponseCache(config.models.response_cache_bytes)
-    manager = ModelManager(registry)
-    dataplane = DataPlane(registry, cache, manager, mode)
+    events = CacheEvents(model_cache) if model_cache is not None else LogEvents()
+    manager = ModelManager(registry, events)
+    versions = CachedVersions(model_cache, manager) if model_cache is not None else None
+    dataplane = DataPlane(registry, cache, manager, mode, versions)
     app = create_app(dataplane, max_request_bytes=config.server.max_request_bytes)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     metrics_runner: web.AppRunner | None = None
@@ -107,13 +120,31 @@ async def start_agent(config: AgentConfig) -> RunningAgent:
         if metrics_runner is not None:
             await metrics_runner.cleanup()
         await asyncio.to_thread(registry.close)
+        if model_cache is not None:
+            model_cache.close()
         raise
     dataplane.set_ready(True)
     served = ", ".join(sorted(m.name for m in registry.served_models())) or "none"
     if metrics_port is not None:
         logger.info("metrics on http://%s:%d/metrics", config.server.host, metrics_port)
     logger.info("listening on http://%s:%d (models: %s)", config.server.host, port, served)
-    return RunningAgent(registry, dataplane, runner, port, metrics_runner, metrics_port)
+    return RunningAgent(
+        registry, dataplane, runner, port, metrics_runner, metrics_port, model_cache
+    )
+
+
+def _open_cache(config: AgentConfig) -> ModelCache:
+    """Open (and recover) the model cache; raises ModelLoadError when it cannot be used."""
+    assert config.cache.dir is not None
+    try:
+        cache = ModelCache(
+            config.cache.dir, disk_budget_bytes=config.cache.disk_budget_bytes or None
+        )
+    except CacheError as exc:
+        raise ModelLoadError(f"model cache {config.cache.dir}: {exc}") from None
+    report = cache.last_recovery
+    logger.info("model cache %s opened (recovery: %s)", config.cache.dir, report)
+    return cache
 
 
 def _initial_load(

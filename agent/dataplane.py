@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from agent import __version__
+from agent.cache_control import CachedVersions
 from agent.errors import (
     AgentError,
     BackendError,
@@ -48,11 +49,13 @@ class DataPlane:
         cache: ResponseCache | None = None,
         manager: ModelManager | None = None,
         mode: ModelControlMode = ModelControlMode.NONE,
+        versions: CachedVersions | None = None,
     ) -> None:
         self._registry = registry
         self._cache = cache
         self.manager = manager or ModelManager(registry)
         self.mode = mode
+        self.versions = versions
         self._ready = False
 
     def set_ready(self, ready: bool) -> None:
@@ -121,6 +124,31 @@ class DataPlane:
         await self.manager.unload(name)
         if self._cache is not None:
             self._cache.invalidate(name)
+
+    async def activate_version(self, name: str, version: int) -> str:
+        """Hot-swap a model to a version the cache holds; returns the strategy used."""
+        strategy = await self._cached().activate(name, version)
+        if self._cache is not None:
+            self._cache.invalidate(name)
+        return strategy
+
+    async def rollback(self, name: str, to_version: int | None) -> int:
+        """Go back to a retained version (by default the previous one); returns it."""
+        version = await self._cached().rollback(name, to_version)
+        if self._cache is not None:
+            self._cache.invalidate(name)
+        return version
+
+    def cached_versions(self, name: str) -> list[dict[str, Any]]:
+        return self._cached().versions(name)
+
+    def _cached(self) -> CachedVersions:
+        if self.versions is None:
+            raise ModelControlError(
+                "the agent serves a plain repository: versions are activated and rolled back "
+                "only with a model cache (--cache-dir)"
+            )
+        return self.versions
 
     def _require_explicit(self, action: str) -> None:
         if self.mode is not ModelControlMode.EXPLICIT:

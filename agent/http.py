@@ -109,6 +109,9 @@ def create_app(dataplane: DataPlane, *, max_request_bytes: int) -> web.Applicati
             web.post("/v2/repository/index", _repository_index),
             web.post("/v2/repository/models/{model}/load", _load_model),
             web.post("/v2/repository/models/{model}/unload", _unload_model),
+            web.get("/v2/repository/models/{model}/versions", _cached_versions),
+            web.post("/v2/repository/models/{model}/versions/{version}/activate", _activate),
+            web.post("/v2/repository/models/{model}/rollback", _rollback),
         ]
     )
     return app
@@ -197,6 +200,32 @@ async def _unload_model(request: web.Request) -> web.Response:
     await _optional_json(request)
     await _dataplane(request).unload_model(request.match_info["model"])
     return web.Response(status=200)
+
+
+async def _cached_versions(request: web.Request) -> web.Response:
+    return _json(_dataplane(request).cached_versions(request.match_info["model"]))
+
+
+async def _activate(request: web.Request) -> web.Response:
+    await _optional_json(request)
+    version = _version_number(request.match_info["version"])
+    strategy = await _dataplane(request).activate_version(request.match_info["model"], version)
+    return _json({"model": request.match_info["model"], "version": version, "strategy": strategy})
+
+
+async def _rollback(request: web.Request) -> web.Response:
+    """Body {"version": N} picks the version; without it, the one served before."""
+    doc = await _optional_json(request)
+    raw = doc.get("version")
+    version = None if raw is None else _version_number(str(raw))
+    done = await _dataplane(request).rollback(request.match_info["model"], version)
+    return _json({"model": request.match_info["model"], "version": done})
+
+
+def _version_number(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise InvalidInputError(f"version must be a positive integer, got {text!r}")
+    return int(text)
 
 
 async def _optional_json(request: web.Request) -> dict[str, Any]:

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Protocol
 
 from agent.errors import AgentError, MemoryBudgetError, OverloadedError
+from agent.faults import fault
 from agent.proto import model_config_pb2 as mc
 from agent.registry import ModelBuild, ModelRegistry, ServedModel
 
@@ -89,8 +91,23 @@ class ModelManager:
         finally:
             gate.waiting -= 1
 
-    async def load(self, name: str, config: mc.ModelConfig | None = None) -> str:
+    async def load(
+        self,
+        name: str,
+        config: mc.ModelConfig | None = None,
+        *,
+        source: Path | None = None,
+        before_switch: Callable[[], None] | None = None,
+    ) -> str:
         """Load a model, or swap it for what the repository (or `config`) now says.
+
+        Args:
+            name: the model.
+            config: a config to use instead of the model's config.pbtxt.
+            source: load from this model folder instead of the repository's.
+            before_switch: runs (in a worker thread) once the new build is ready and before
+                routing switches, e.g. to activate the version in the cache; if it raises, the
+                old model keeps serving.
 
         Returns:
             The strategy used: "load", "load-then-switch" or "drain-first".
@@ -101,7 +118,7 @@ class ModelManager:
         """
         lock = self._locks.setdefault(name, asyncio.Lock())
         async with lock:
-            return await self._load(name, config)
+            return await self._load(name, _Plan(config, source, before_switch))
 
     async def unload(self, name: str) -> None:
         """Stop serving a model; queued and running requests finish first.
@@ -117,20 +134,30 @@ class ModelManager:
                 await asyncio.to_thread(self._registry.release, old)
             self._events.record(name, None, "model_unloaded", {})
 
-    async def _load(self, name: str, config: mc.ModelConfig | None) -> str:
+    async def _load(self, name: str, plan: _Plan) -> str:
         held = self._registry.reserved_bytes(name)
         ledger = self._registry.ledger
         if held and ledger is not None and ledger.left() < held:
-            return await self._drain_first(name, config, held, ledger.left())
-        build = await asyncio.to_thread(self._registry.build, name, config)
+            return await self._drain_first(name, plan, held, ledger.left())
+        build = await asyncio.to_thread(self._registry.build, name, plan.config, plan.source)
         if build.served is None and isinstance(build.error, MemoryBudgetError) and held:
             logger.info("model %s: new build does not fit beside the old one", name)
-            return await self._drain_first(name, config, held, ledger.left() if ledger else 0)
+            return await self._drain_first(name, plan, held, ledger.left() if ledger else 0)
         strategy = "load-then-switch" if held else "load"
-        await self._switch(build, strategy)
+        await self._switch(build, strategy, plan)
         return strategy
 
-    async def _switch(self, build: ModelBuild, strategy: str) -> None:
+    async def _switch(self, build: ModelBuild, strategy: str, plan: _Plan) -> None:
+        if build.served is not None and plan.before_switch is not None:
+            try:
+                await asyncio.to_thread(plan.before_switch)
+            except AgentError as exc:
+                await asyncio.to_thread(self._registry.release, build.served)
+                self._events.record(
+                    build.name, None, "swap_failed", {"reason": exc.message, "strategy": strategy}
+                )
+                raise
+        fault("swap-built")
         old = self._registry.commit(build)
         if build.served is None:
             self._events.record(
@@ -140,6 +167,7 @@ class ModelManager:
                 {"reason": build.reason, "strategy": strategy},
             )
             raise build.error or AgentError(build.reason)
+        fault("swap-switched")
         versions = sorted(build.served.versions)
         logger.info("model %s now serves versions %s (strategy %s)", build.name, versions, strategy)
         self._events.record(
@@ -151,10 +179,9 @@ class ModelManager:
         if old is not None:
             await _drain(old)
             await asyncio.to_thread(self._registry.release, old)
+            fault("swap-old-released")
 
-    async def _drain_first(
-        self, name: str, config: mc.ModelConfig | None, held: int, left: int
-    ) -> str:
+    async def _drain_first(self, name: str, plan: _Plan, held: int, left: int) -> str:
         logger.warning(
             "model %s: swap strategy drain-first (old holds %d MiB, %d MiB left of the budget)",
             name,
@@ -169,19 +196,26 @@ class ModelManager:
                 restore = _pinned(old)
                 await _drain(old)
                 await asyncio.to_thread(self._registry.release, old)
-            build = await asyncio.to_thread(self._registry.build, name, config)
-            if build.served is None and restore is not None:
-                self._events.record(
-                    name, None, "swap_failed", {"reason": build.reason, "strategy": "drain-first"}
-                )
-                again = await asyncio.to_thread(self._registry.build, name, restore)
-                self._registry.commit(again)
-                raise build.error or AgentError(build.reason)
-            await self._switch(build, "drain-first")
+            fault("swap-old-released")
+            build = await asyncio.to_thread(self._registry.build, name, plan.config, plan.source)
+            try:
+                await self._switch(build, "drain-first", plan)
+            except AgentError:
+                if restore is not None:
+                    again = await asyncio.to_thread(self._registry.build, name, restore)
+                    self._registry.commit(again)
+                raise
         finally:
             del self._gates[name]
             gate.opened.set()
         return "drain-first"
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    config: mc.ModelConfig | None
+    source: Path | None
+    before_switch: Callable[[], None] | None
 
 
 def _pinned(served: ServedModel) -> mc.ModelConfig:

@@ -179,12 +179,19 @@ class ModelRegistry:
             raise build.error or ModelLoadError(build.reason)
         return build.served
 
-    def build(self, name: str, config_override: mc.ModelConfig | None = None) -> ModelBuild:
+    def build(
+        self,
+        name: str,
+        config_override: mc.ModelConfig | None = None,
+        model_dir: Path | None = None,
+    ) -> ModelBuild:
         """Load a model's versions without touching what is served (call from a worker thread).
 
         Args:
             name: the model's directory in the repository.
             config_override: use this config instead of config.pbtxt (explicit load with a config).
+            model_dir: load from this Triton model folder instead of the repository's (a cached
+                version about to be activated).
 
         Returns:
             The build: `served` is None when nothing could be loaded, with the reason and each
@@ -193,7 +200,7 @@ class ModelRegistry:
         Raises:
             ModelNotFoundError: no such directory in the repository.
         """
-        model_dir = self._root / name
+        model_dir = model_dir or self._root / name
         if not model_dir.is_dir():
             raise ModelNotFoundError(f"no model '{name}' in repository {self._root}")
         record = _ModelRecord()
