@@ -201,6 +201,11 @@ def _validate(config: AgentConfig) -> None:
         raise AgentConfigError(
             "models.repository and cache.dir are exclusive: the cache serves its own repository"
         )
+    if models.control_mode == "poll" and config.cache.dir is not None:
+        raise AgentConfigError(
+            'models.control_mode = "poll" watches a plain repository; the cache changes its '
+            "view itself (activate/rollback)"
+        )
     if config.cache.keep_last < 0 or config.cache.disk_budget_bytes < 0:
         raise AgentConfigError("cache.keep_last and cache.disk_budget_bytes must be >= 0")
     if models.repository is not None and models.demo:

@@ -6,6 +6,8 @@ Shutdown order: stop being ready, close the listener and finish in-flight reques
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import signal
 from dataclasses import dataclass
@@ -16,13 +18,14 @@ from agent.cache_control import CachedVersions, CacheEvents
 from agent.config import AgentConfig
 from agent.dataplane import DataPlane
 from agent.demo import default_demo_dir, write_demo_repository
-from agent.errors import AgentError, ModelLoadError
+from agent.errors import AgentError, ModelLoadError, ModelNotFoundError
 from agent.http import create_app
 from agent.memory import MemoryLedger, detect_budget_bytes, process_rss_bytes
 from agent.metrics import build_registry, create_metrics_app
 from agent.model_control import LogEvents, ModelControlMode, ModelManager
 from agent.rate_limiter import RateLimiter
 from agent.registry import LoadSettings, ModelRegistry
+from agent.repository_watch import RepositoryWatcher
 from agent.response_cache import ResponseCache
 from agent.scheduler import LimiterGate
 from agent.statistics import StatisticsRegistry
@@ -42,10 +45,13 @@ class RunningAgent:
     metrics_runner: web.AppRunner | None = None
     metrics_port: int | None = None
     model_cache: ModelCache | None = None
+    watcher: RepositoryWatcher | None = None
 
     async def stop(self) -> None:
         """Stop accepting work, let in-flight requests finish, unload models."""
         self.dataplane.set_ready(False)
+        if self.watcher is not None:
+            await self.watcher.stop()
         await self.runner.cleanup()
         if self.metrics_runner is not None:
             await self.metrics_runner.cleanup()
@@ -88,16 +94,28 @@ async def start_agent(config: AgentConfig) -> RunningAgent:
         gate=LimiterGate(RateLimiter()),
     )
     mode = ModelControlMode(config.models.control_mode)
+    events = CacheEvents(model_cache) if model_cache is not None else LogEvents()
+    manager = ModelManager(registry, events)
+    watcher: RepositoryWatcher | None = None
+    if mode is ModelControlMode.POLL:
+        # Started before the initial load so that no change in between is missed.
+        watcher = RepositoryWatcher(
+            repo,
+            functools.partial(_reload, manager),
+            on_removed=functools.partial(_unload_if_known, manager),
+            quiet_s=config.models.poll_quiet_ms / 1000,
+        )
+        await watcher.start()
     failures = await asyncio.to_thread(_initial_load, registry, mode, config.models.load_models)
     if failures and config.models.exit_on_error:
+        if watcher is not None:
+            await watcher.stop()
         await asyncio.to_thread(registry.close)
         if model_cache is not None:
             model_cache.close()
         detail = "; ".join(f"{name}: {reason}" for name, reason in sorted(failures.items()))
         raise ModelLoadError(f"failed to load {len(failures)} model(s): {detail}")
     cache = ResponseCache(config.models.response_cache_bytes)
-    events = CacheEvents(model_cache) if model_cache is not None else LogEvents()
-    manager = ModelManager(registry, events)
     versions = CachedVersions(model_cache, manager) if model_cache is not None else None
     dataplane = DataPlane(registry, cache, manager, mode, versions)
     app = create_app(dataplane, max_request_bytes=config.server.max_request_bytes)
@@ -116,6 +134,8 @@ async def start_agent(config: AgentConfig) -> RunningAgent:
                 metrics_runner, config.server.host, config.server.metrics_port
             )
     except OSError:
+        if watcher is not None:
+            await watcher.stop()
         await runner.cleanup()
         if metrics_runner is not None:
             await metrics_runner.cleanup()
@@ -129,8 +149,19 @@ async def start_agent(config: AgentConfig) -> RunningAgent:
         logger.info("metrics on http://%s:%d/metrics", config.server.host, metrics_port)
     logger.info("listening on http://%s:%d (models: %s)", config.server.host, port, served)
     return RunningAgent(
-        registry, dataplane, runner, port, metrics_runner, metrics_port, model_cache
+        registry, dataplane, runner, port, metrics_runner, metrics_port, model_cache, watcher
     )
+
+
+async def _reload(manager: ModelManager, name: str) -> None:
+    """Poll mode: a model folder changed and is complete."""
+    await manager.load(name)
+
+
+async def _unload_if_known(manager: ModelManager, name: str) -> None:
+    """Poll mode: a model folder was removed."""
+    with contextlib.suppress(ModelNotFoundError):
+        await manager.unload(name)
 
 
 def _open_cache(config: AgentConfig) -> ModelCache:

@@ -148,6 +148,8 @@ class ModelManager:
         return strategy
 
     async def _switch(self, build: ModelBuild, strategy: str, plan: _Plan) -> None:
+        if build.served is not None:
+            fault("swap-built")
         if build.served is not None and plan.before_switch is not None:
             try:
                 await asyncio.to_thread(plan.before_switch)
@@ -157,7 +159,6 @@ class ModelManager:
                     build.name, None, "swap_failed", {"reason": exc.message, "strategy": strategy}
                 )
                 raise
-        fault("swap-built")
         old = self._registry.commit(build)
         if build.served is None:
             self._events.record(

@@ -54,7 +54,8 @@ def load(port: int, model: str, config: dict[str, Any] | None = None) -> int:
         f"http://127.0.0.1:{port}/v2/repository/models/{model}/load", data=body, method="POST"
     )
     with urllib.request.urlopen(req, timeout=120) as resp:
-        return resp.status
+        status: int = resp.status
+    return status
 
 
 def expected_outputs() -> dict[str, str]:

@@ -1,0 +1,516 @@
+"""`python -m bench`: raw ONNX Runtime vs. the agent without and with dynamic batching.
+
+Steps, all in a temporary folder that is removed afterwards:
+  1. generate the models (bench.models; nothing is downloaded);
+  2. raw ONNX Runtime in this process at each batch size (the limit);
+  3. for each model and each repository ("nobatch", "dynbatch"): start the agent as a child
+     process, run perf_analyzer at each concurrency, sample the agent's RSS;
+  4. print one table (and a memory table); --out also writes them as markdown.
+`--soak SECONDS` instead runs the MLP at concurrency 16 for that long and tracks RSS.
+Progress goes to stderr, the report to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+from bench.models import MAX_BATCH, MODELS, MODES, BenchModel, write_model_files, write_repository
+from bench.perf import (
+    WINDOWS,
+    LoadResult,
+    find_perf_analyzer,
+    perf_analyzer_version,
+    run_perf_analyzer,
+)
+from bench.procs import MB, AgentProcess, BenchError, RssSampler
+from bench.raw import RawResult, make_session, measure_raw
+from bench.report import (
+    fmt_latencies,
+    fmt_mb,
+    fmt_percent,
+    fmt_rate,
+    load_average,
+    machine_lines,
+    markdown_table,
+    usable_cores,
+)
+
+DEFAULT_CONCURRENCY = (1, 4, 16, 32)
+RAW_BATCHES = (1, 4, 8, 16, 32)
+SPREAD_FLAG = 0.10  # perf_analyzer's default stability criterion
+SOAK_CONCURRENCY = 16
+IDLE_SETTLE_S = 1.0
+AGENT_START_S = 4.0  # rough start-up cost per agent, for the estimate
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    models: tuple[BenchModel, ...]
+    concurrency: tuple[int, ...]
+    raw_batches: tuple[int, ...]
+    interval_ms: int
+    raw_seconds: float
+    raw_min_calls: int
+    threads: int
+    perf_analyzer: str | None
+    quick: bool
+
+
+@dataclass(slots=True)
+class AgentRun:
+    """One agent (model x repository mode) under perf_analyzer."""
+
+    results: dict[int, LoadResult | str] = field(default_factory=dict)  # str: the error
+    idle_rss: int = 0
+    peak_rss: int = 0
+    after_rss: int = 0
+    error: str = ""
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _model_list(text: str) -> tuple[BenchModel, ...]:
+    keys = [k.strip() for k in text.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in MODELS]
+    if unknown or not keys:
+        raise argparse.ArgumentTypeError(
+            f"unknown model(s) {', '.join(unknown) or text!r}; choose from {', '.join(MODELS)}"
+        )
+    return tuple(MODELS[k] for k in dict.fromkeys(keys))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="short windows and budgets: a ~2 minute smoke run"
+    )
+    parser.add_argument(
+        "--models",
+        type=_model_list,
+        default=tuple(MODELS.values()),
+        help=f"comma-separated, from {','.join(MODELS)} (default: all)",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=_int_list,
+        default=DEFAULT_CONCURRENCY,
+        help="perf_analyzer concurrencies (default 1,4,16,32)",
+    )
+    parser.add_argument(
+        "--measurement-interval",
+        type=int,
+        metavar="MS",
+        help=f"perf_analyzer window; {WINDOWS} windows per point (default 8000, --quick 1200)",
+    )
+    parser.add_argument(
+        "--raw-seconds",
+        type=float,
+        metavar="S",
+        help="raw ONNX Runtime time per batch size (default 4, --quick 0.5)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=usable_cores(),
+        help="ONNX Runtime intra-op threads, raw and agent (default: usable cores)",
+    )
+    parser.add_argument(
+        "--perf-analyzer",
+        metavar="PATH",
+        help="default: $PERF_ANALYZER, .venv-perf/bin/perf_analyzer, or PATH",
+    )
+    parser.add_argument("--out", type=Path, metavar="FILE", help="also write the report here")
+    parser.add_argument(
+        "--soak",
+        type=float,
+        metavar="SECONDS",
+        help=f"only the soak test: MLP at concurrency {SOAK_CONCURRENCY} for SECONDS (>= 30), "
+        "agent RSS sampled every 10 s",
+    )
+    return parser
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    quick = bool(args.quick)
+    concurrency: tuple[int, ...] = args.concurrency
+    # The raw column at concurrency c is the batch of c rows (capped), so measure those too.
+    batches = sorted({*RAW_BATCHES, *(min(c, MAX_BATCH) for c in concurrency)})
+    return Settings(
+        models=args.models,
+        concurrency=concurrency,
+        raw_batches=tuple(batches),
+        interval_ms=args.measurement_interval or (1200 if quick else 8000),
+        raw_seconds=args.raw_seconds if args.raw_seconds is not None else (0.5 if quick else 4.0),
+        raw_min_calls=3 if quick else 10,
+        threads=max(1, args.threads),
+        perf_analyzer=find_perf_analyzer(args.perf_analyzer),
+        quick=quick,
+    )
+
+
+def interval_for(model: BenchModel, s: Settings) -> int:
+    """The perf_analyzer window for a model: the setting, but never below the model's floor."""
+    return max(s.interval_ms, model.min_interval_ms)
+
+
+def estimate_seconds(s: Settings) -> float:
+    """Observed on 2 cores: a point takes about 1.2 x its windows plus 0.5 s."""
+    raw = len(s.models) * len(s.raw_batches) * (1.1 * s.raw_seconds + 0.3)
+    if s.perf_analyzer is None:
+        return raw
+    agent = 0.0
+    for model in s.models:
+        point = 1.2 * WINDOWS * interval_for(model, s) / 1000 + 0.5
+        agent += len(MODES) * (len(s.concurrency) * point + AGENT_START_S)
+    return raw + agent
+
+
+# --- the suite --------------------------------------------------------------------------------
+
+
+def run_raw(model: BenchModel, path: Path, s: Settings) -> dict[int, RawResult]:
+    session = make_session(path, s.threads)
+    results: dict[int, RawResult] = {}
+    for batch in s.raw_batches:
+        r = measure_raw(session, model, batch, s.raw_seconds, s.raw_min_calls)
+        results[batch] = r
+        log(
+            f"[{model.key}] raw ORT batch {batch}: {fmt_rate(r.throughput)} inf/s, "
+            f"p50/p95/p99 {fmt_latencies(r.p50_us, r.p95_us, r.p99_us)} µs ({r.calls} calls)"
+        )
+    return results
+
+
+def run_agent(model: BenchModel, mode: str, repo: Path, workdir: Path, s: Settings) -> AgentRun:
+    assert s.perf_analyzer is not None
+    run = AgentRun()
+    tag = f"[{model.key}/{mode}]"
+    try:
+        with AgentProcess(repo, s.threads) as agent:
+            log(f"{tag} agent pid {agent.pid} listening on {agent.url}")
+            time.sleep(IDLE_SETTLE_S)
+            run.idle_rss = agent.rss_bytes()
+            with RssSampler(agent.pid) as sampler:
+                for c in s.concurrency:
+                    if not agent.alive():
+                        run.results[c] = "the agent exited"
+                        continue
+                    point_start = time.monotonic()
+                    try:
+                        r = run_perf_analyzer(
+                            s.perf_analyzer,
+                            model.served_name,
+                            agent.url,
+                            c,
+                            interval_for(model, s),
+                            workdir,
+                        )
+                    except BenchError as exc:
+                        agent_error = agent.last_error()
+                        message = str(exc) + (f"\nagent log: {agent_error}" if agent_error else "")
+                        run.results[c] = message
+                        log(f"{tag} c={c}: FAILED: {message}")
+                        continue
+                    run.results[c] = r
+                    log(
+                        f"{tag} c={c}: {fmt_rate(r.throughput)} inf/s, p50/p95/p99 "
+                        f"{fmt_latencies(r.p50_us, r.p95_us, r.p99_us)} µs, "
+                        f"window spread {r.spread:.0%} ({time.monotonic() - point_start:.1f} s)"
+                    )
+            run.peak_rss = sampler.peak
+            if agent.alive():
+                run.after_rss = agent.rss_bytes()
+            else:
+                tail = "\n".join(agent.stderr_tail().splitlines()[-5:])
+                run.error = f"the agent exited during the run:\n{tail}"
+    except BenchError as exc:
+        run.error = str(exc)
+        log(f"{tag} FAILED: {exc}")
+    return run
+
+
+def run_suite(root: Path, s: Settings) -> str:
+    load_at_start = load_average()
+    log(f"generating {', '.join(m.key for m in s.models)} into {root}")
+    paths = write_model_files(root, list(s.models))
+    raw: dict[str, dict[int, RawResult]] = {}
+    agents: dict[tuple[str, str], AgentRun] = {}
+    for model in s.models:
+        raw[model.key] = run_raw(model, paths[model.key], s)
+        if s.perf_analyzer is None:
+            continue
+        for mode in MODES:
+            repo = write_repository(root, model, mode, paths[model.key])
+            agents[model.key, mode] = run_agent(model, mode, repo, root, s)
+    return render_suite(s, raw, agents, load_at_start)
+
+
+# --- rendering --------------------------------------------------------------------------------
+
+
+def _load_cells(run: AgentRun | None, c: int) -> tuple[str, str]:
+    if run is None:
+        return "n/a", "n/a"
+    result = run.results.get(c)
+    if isinstance(result, LoadResult):
+        flag = "*" if result.spread > SPREAD_FLAG else ""
+        return (
+            fmt_rate(result.throughput) + flag,
+            fmt_latencies(result.p50_us, result.p95_us, result.p99_us),
+        )
+    return "failed", "failed"
+
+
+def render_suite(
+    s: Settings,
+    raw: dict[str, dict[int, RawResult]],
+    agents: dict[tuple[str, str], AgentRun],
+    load_at_start: float,
+) -> str:
+    pa = perf_analyzer_version(s.perf_analyzer) if s.perf_analyzer else "perf_analyzer missing"
+    headers = [
+        "model",
+        "conc",
+        "raw ORT inf/s",
+        "raw p50/p95/p99 µs",
+        "agent inf/s",
+        "agent p50/p95/p99 µs",
+        "agent+dynbatch inf/s",
+        "dynbatch p50/p95/p99 µs",
+        "dynbatch / raw best",
+    ]
+    right = [False, True, True, True, True, True, True, True, True]
+    rows: list[list[str]] = []
+    best_lines: list[str] = []
+    for model in s.models:
+        model_raw = raw[model.key]
+        best = max(model_raw.values(), key=lambda r: r.throughput)
+        best_lines.append(
+            f"- raw ORT best batched throughput, {model.key}: {fmt_rate(best.throughput)} inf/s "
+            f"at batch {best.batch}"
+        )
+        for c in s.concurrency:
+            r = model_raw[min(c, MAX_BATCH)]
+            nob = _load_cells(agents.get((model.key, "nobatch")), c)
+            dyn_run = agents.get((model.key, "dynbatch"))
+            dyn = _load_cells(dyn_run, c)
+            dyn_result = dyn_run.results.get(c) if dyn_run else None
+            ratio = (
+                fmt_percent(dyn_result.throughput / best.throughput)
+                if isinstance(dyn_result, LoadResult)
+                else "n/a"
+            )
+            rows.append(
+                [
+                    model.key,
+                    str(c),
+                    fmt_rate(r.throughput),
+                    fmt_latencies(r.p50_us, r.p95_us, r.p99_us),
+                    *nob,
+                    *dyn,
+                    ratio,
+                ]
+            )
+    title = "## edge-agent benchmark" + (" (--quick)" if s.quick else "")
+    parts = [
+        title,
+        "",
+        *machine_lines(pa, load_at_start),
+        "",
+        markdown_table(headers, rows, right),
+        "",
+    ]
+    notes = [
+        *best_lines,
+        f"- raw ORT: ONNX Runtime in-process, CPU, intra_op_num_threads={s.threads}, sequential; "
+        "at concurrency c the batch is min(c, 32) rows per session.run, latency is per call, "
+        f"{s.raw_seconds:g} s per batch size.",
+        "- agent: `python -m agent serve` child process; perf_analyzer over HTTP with binary "
+        f"tensors, batch 1 per request, c requests in flight, {WINDOWS} windows of "
+        f"{s.interval_ms} ms merged"
+        + "".join(
+            f" ({m.key}: {interval_for(m, s)} ms)"
+            for m in s.models
+            if interval_for(m, s) != s.interval_ms
+        )
+        + "; perf_analyzer runs on the same cores. "
+        f"`*`: throughput varied more than {SPREAD_FLAG:.0%} between windows.",
+        "- repositories: max_batch_size 32, one CPU instance; dynbatch adds "
+        + "; ".join(
+            f"{m.key}: preferred_batch_size {list(m.preferred_batch_sizes)}, "
+            f"max_queue_delay_microseconds {m.max_queue_delay_us}"
+            for m in s.models
+        )
+        + ".",
+    ]
+    if s.perf_analyzer is None:
+        notes.append(
+            "- perf_analyzer was not found (make perf-analyzer; or set PERF_ANALYZER): "
+            "agent columns skipped."
+        )
+    parts += [*notes, ""]
+    if agents:
+        mem_rows = []
+        for (key, mode), run in agents.items():
+            mem_rows.append(
+                [
+                    key,
+                    mode,
+                    fmt_mb(run.idle_rss) if run.idle_rss else "n/a",
+                    fmt_mb(run.peak_rss) if run.peak_rss else "n/a",
+                    fmt_mb(run.after_rss) if run.after_rss else "n/a",
+                ]
+            )
+        parts += [
+            "Agent memory (RSS, MB): idle after loading, peak under load (sampled every 0.1 s), "
+            "after the load.",
+            "",
+            markdown_table(
+                ["model", "repository", "idle", "peak under load", "after load"],
+                mem_rows,
+                [False, False, True, True, True],
+            ),
+            "",
+        ]
+        errors = [
+            f"- {key}/{mode}: {run.error or ''}".rstrip()
+            + "".join(f"\n  c={c}: {err}" for c, err in run.results.items() if isinstance(err, str))
+            for (key, mode), run in agents.items()
+            if run.error or any(isinstance(v, str) for v in run.results.values())
+        ]
+        if errors:
+            parts += ["Errors:", "", *errors, ""]
+    return "\n".join(parts)
+
+
+# --- soak ---------------------------------------------------------------------------------------
+
+
+def run_soak(root: Path, s: Settings, seconds: float) -> str:
+    if s.perf_analyzer is None:
+        raise BenchError(
+            "the soak test needs perf_analyzer (make perf-analyzer; or set PERF_ANALYZER)"
+        )
+    load_at_start = load_average()
+    model = MODELS["mlp"]
+    mode = "dynbatch"
+    paths = write_model_files(root, [model])
+    repo = write_repository(root, model, mode, paths[model.key])
+    interval_ms = max(1000, int(seconds * 1000 / WINDOWS))
+
+    def progress(elapsed: float, rss: int) -> None:
+        log(f"[soak] t={elapsed:4.0f} s  RSS {rss / MB:.1f} MB")
+
+    with AgentProcess(repo, s.threads) as agent:
+        log(
+            f"[soak] agent pid {agent.pid} on {agent.url}; {model.key}/{mode}, "
+            f"concurrency {SOAK_CONCURRENCY}, {seconds:g} s"
+        )
+        time.sleep(IDLE_SETTLE_S)
+        idle = agent.rss_bytes()
+        with RssSampler(
+            agent.pid, interval_s=1.0, series_every_s=10.0, on_record=progress
+        ) as sampler:
+            result = run_perf_analyzer(
+                s.perf_analyzer, model.served_name, agent.url, SOAK_CONCURRENCY, interval_ms, root
+            )
+        if not agent.alive():
+            raise BenchError("the agent exited during the soak:\n" + agent.stderr_tail())
+    series = sampler.samples
+    under_load = [rss for t, rss in series if t >= 5.0] or [rss for _, rss in series]
+    start, end = under_load[0], under_load[-1]
+    pa = perf_analyzer_version(s.perf_analyzer)
+    table = markdown_table(
+        ["", "RSS MB"],
+        [
+            ["idle after loading", fmt_mb(idle)],
+            ["start of load (first 10 s sample)", fmt_mb(start)],
+            ["end of load", fmt_mb(end)],
+            ["max (sampled every 1 s)", fmt_mb(sampler.peak)],
+            ["end - start", f"{(end - start) / MB:+.1f}"],
+        ],
+        [False, True],
+    )
+    windows = ", ".join(fmt_rate(v) for v in result.window_throughputs)
+    return "\n".join(
+        [
+            f"## edge-agent soak: {model.key}/{mode} at concurrency {SOAK_CONCURRENCY}, "
+            f"{seconds:g} s",
+            "",
+            *machine_lines(pa, load_at_start),
+            f"- load: {fmt_rate(result.throughput)} inf/s overall (per third: {windows}), "
+            f"p50/p95/p99 {fmt_latencies(result.p50_us, result.p95_us, result.p99_us)} µs",
+            "",
+            table,
+            "",
+            "RSS every 10 s (MB): " + ", ".join(f"{t:.0f}s {rss / MB:.1f}" for t, rss in series),
+            "",
+        ]
+    )
+
+
+# --- entry point --------------------------------------------------------------------------------
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM unwinds like Ctrl-C, so every `finally` stops its child and removes its files."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.soak is not None and args.soak < 30:
+        parser.error("--soak needs at least 30 seconds")
+    s = settings_from(args)
+    if s.perf_analyzer is None:
+        log("perf_analyzer not found (make perf-analyzer, or set PERF_ANALYZER): raw ORT only")
+    expected = 1.25 * args.soak + 10 if args.soak is not None else estimate_seconds(s)
+    log(f"expected run time: about {expected / 60:.1f} min")
+    started = time.monotonic()
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        with tempfile.TemporaryDirectory(prefix="edge-agent-bench-") as tmp:
+            root = Path(tmp)
+            report = run_soak(root, s, args.soak) if args.soak is not None else run_suite(root, s)
+    except KeyboardInterrupt:
+        log("interrupted: child processes stopped, temporary files removed")
+        return 130
+    except BenchError as exc:
+        log(f"bench: error: {exc}")
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    log(f"done in {(time.monotonic() - started) / 60:.1f} min")
+    print(report, flush=True)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(report, encoding="utf-8")
+        log(f"wrote {args.out}")
+    return 0
