@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import re
 import signal
 import subprocess
@@ -41,35 +40,55 @@ def serving(*args: str) -> Iterator[tuple[subprocess.Popen[str], int]]:
         proc.stderr.close()
 
 
-def wait_listening(proc: subprocess.Popen[str], limit_s: float = 60.0) -> int:
-    """Read the agent's log until it says where it listens (bounded wait, no fixed sleep)."""
-    assert proc.stderr is not None
-    lines: queue.Queue[str] = queue.Queue()
+class AgentLog:
+    """Collects an agent process's stderr lines in a thread, so waiting never blocks on a pipe."""
 
-    def pump() -> None:
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.lines: list[str] = []
+        self._new = threading.Condition()
+        self._closed = False
+        threading.Thread(target=self._pump, args=(proc,), daemon=True).start()
+
+    def _pump(self, proc: subprocess.Popen[str]) -> None:
         assert proc.stderr is not None
         try:
             for line in proc.stderr:
-                lines.put(line)
+                with self._new:
+                    self.lines.append(line)
+                    self._new.notify_all()
         except (ValueError, OSError):  # the test closed the pipe
             pass
-        lines.put("")
+        with self._new:
+            self._closed = True
+            self._new.notify_all()
 
-    threading.Thread(target=pump, daemon=True).start()
-    deadline = time.monotonic() + limit_s
-    seen = []
-    while time.monotonic() < deadline:
-        try:
-            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
-        except queue.Empty:
-            break
-        if not line:
-            break
-        seen.append(line)
-        match = LISTENING.search(line)
-        if match:
-            return int(match.group(1))
-    raise AssertionError("agent did not start listening:\n" + "".join(seen))
+    def wait_for(self, pattern: re.Pattern[str], limit_s: float = 60.0) -> re.Match[str]:
+        """The first line matching `pattern` (bounded wait)."""
+        deadline = time.monotonic() + limit_s
+        seen = 0
+        with self._new:
+            while True:
+                for line in self.lines[seen:]:
+                    match = pattern.search(line)
+                    if match:
+                        return match
+                seen = len(self.lines)
+                left = deadline - time.monotonic()
+                if self._closed or left <= 0:
+                    raise AssertionError(
+                        f"no line matching {pattern.pattern!r}:\n" + "".join(self.lines)
+                    )
+                self._new.wait(timeout=left)
+
+
+LOGS: dict[int, AgentLog] = {}
+METRICS = re.compile(r"metrics on http://[^:]+:(\d+)/metrics")
+
+
+def wait_listening(proc: subprocess.Popen[str], limit_s: float = 60.0) -> int:
+    """Read the agent's log until it says where it listens (bounded wait, no fixed sleep)."""
+    log = LOGS.setdefault(proc.pid, AgentLog(proc))
+    return int(log.wait_for(LISTENING, limit_s).group(1))
 
 
 def get(port: int, path: str) -> tuple[int, bytes]:

@@ -1,0 +1,241 @@
+"""Model control modes (poll, explicit) and the memory-aware swap."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from agent.config import AgentConfig, ModelsConfig, ServerConfig
+from agent.demo import mlp_model
+from tests.agent.test_cli import LOGS, METRICS, wait_listening
+from tests.models import save_ready, write_model
+from tests.server import running_agent
+
+CONFIG = """
+name: "m"
+platform: "onnxruntime_onnx"
+max_batch_size: 4
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 64 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 10 ] } ]
+"""
+
+
+def infer(port: int, model: str = "m") -> tuple[int, dict[str, Any]]:
+    doc = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 64], "data": [0.1] * 64}]}
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v2/models/{model}/infer",
+        data=json.dumps(doc).encode(),
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def post(port: int, path: str, body: dict[str, Any] | None = None) -> tuple[int, bytes]:
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}", data=json.dumps(body or {}).encode(), method="POST"
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def test_poll_mode_serves_a_slowly_copied_version_only_once_complete(tmp_path: Path) -> None:
+    repo = tmp_path / "models"
+    write_model(repo, "m", mlp_model(seed=1), CONFIG, (1,))
+    config = AgentConfig(
+        server=ServerConfig(http_port=0, metrics_port=-1),
+        models=ModelsConfig(repository=repo, control_mode="poll", poll_quiet_ms=150),
+    )
+    payload = mlp_model(seed=2).SerializeToString()
+    with running_agent(config) as agent:
+        port = agent.http_port
+        assert infer(port)[1]["model_version"] == "1"
+        (repo / "m" / "2").mkdir()
+        target = repo / "m" / "2" / "model.onnx"
+        third = len(payload) // 3
+        with target.open("wb") as f:
+            for start in (0, third, 2 * third):
+                f.write(payload[start : start + third] if start < 2 * third else payload[start:])
+                f.flush()
+                os.fsync(f.fileno())
+                # Driving the copy slowly: longer than the quiet period between chunks.
+                time.sleep(0.4)
+                status, doc = infer(port)
+                assert status == 200
+                if start < 2 * third:
+                    assert doc["model_version"] == "1"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and infer(port)[1]["model_version"] != "2":
+            time.sleep(0.05)
+        assert infer(port)[1]["model_version"] == "2"
+        rows = agent.dataplane.repository_index()
+        assert [r["version"] for r in rows if r.get("state") == "READY"] == ["2"]
+
+
+def test_load_and_unload_need_explicit_mode(tmp_path: Path) -> None:
+    repo = tmp_path / "models"
+    write_model(repo, "m", mlp_model(), CONFIG)
+    config = AgentConfig(
+        server=ServerConfig(http_port=0, metrics_port=-1), models=ModelsConfig(repository=repo)
+    )
+    with running_agent(config) as agent:
+        status, raw = post(agent.http_port, "/v2/repository/models/m/unload")
+        assert status == 400
+        assert "explicit" in json.loads(raw)["error"]
+        assert infer(agent.http_port)[0] == 200
+
+
+def test_explicit_mode_loads_only_what_it_is_told(tmp_path: Path) -> None:
+    repo = tmp_path / "models"
+    write_model(repo, "m", mlp_model(), CONFIG)
+    write_model(repo, "other", mlp_model(), CONFIG.replace('"m"', '"other"'))
+    config = AgentConfig(
+        server=ServerConfig(http_port=0, metrics_port=-1),
+        models=ModelsConfig(repository=repo, control_mode="explicit", load_models=("m",)),
+    )
+    with running_agent(config) as agent:
+        port = agent.http_port
+        assert infer(port)[0] == 200
+        assert infer(port, "other")[0] == 404
+        assert post(port, "/v2/repository/models/other/load")[0] == 200
+        assert infer(port, "other")[0] == 200
+        assert post(port, "/v2/repository/models/other/unload")[0] == 200
+        status, doc = infer(port, "other")
+        assert status == 503
+        assert "unloaded" in doc["error"]
+        bad = {"parameters": {"config": "{not json"}}
+        assert post(port, "/v2/repository/models/m/load", bad)[0] == 400
+        override = {"parameters": {"config": json.dumps({"name": "m", "max_batch_size": 2})}}
+        assert post(port, "/v2/repository/models/m/load", override)[0] == 200
+        assert agent.dataplane.model_config("m", None)["max_batch_size"] == 2
+        assert post(port, "/v2/repository/models/nope/load")[0] == 404
+
+
+def big_mlp(seed: int) -> onnx.ModelProto:
+    """About 64 MiB of weights, so its footprint stands out of the process's noise."""
+    rng = np.random.default_rng(seed)
+    w1 = (rng.standard_normal((64, 4096)) * 0.01).astype(np.float32)
+    w2 = (rng.standard_normal((4096, 4096)) * 0.01).astype(np.float32)
+    w3 = (rng.standard_normal((4096, 10)) * 0.01).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["INPUT0", "W1"], ["H1"]),
+        helper.make_node("Relu", ["H1"], ["R1"]),
+        helper.make_node("MatMul", ["R1", "W2"], ["H2"]),
+        helper.make_node("MatMul", ["H2", "W3"], ["OUTPUT0"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "big",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", 64])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", 10])],
+        [numpy_helper.from_array(w, n) for w, n in ((w1, "W1"), (w2, "W2"), (w3, "W3"))],
+    )
+    return save_ready(graph)
+
+
+def run_agent_process(repo: Path, *extra: str) -> tuple[subprocess.Popen[str], int]:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "agent",
+            "serve",
+            "--model-repository",
+            str(repo),
+            "--http-port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--model-control-mode",
+            "explicit",
+            "--load-model",
+            "m",
+            "--log-level",
+            "info",
+            *extra,
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    return proc, wait_listening(proc)
+
+
+def used_bytes(port_line: str) -> float:
+    for line in port_line.splitlines():
+        if line.startswith("edge_agent_memory_used_bytes"):
+            return float(line.split()[-1])
+    raise AssertionError("no edge_agent_memory_used_bytes in /metrics")
+
+
+def test_memory_aware_swap_drains_first_when_both_do_not_fit(tmp_path: Path) -> None:
+    repo = tmp_path / "models"
+    write_model(
+        repo,
+        "m",
+        big_mlp(1),
+        CONFIG.replace("max_batch_size: 4", "max_batch_size: 1")
+        + "version_policy: { specific { versions: [ 1 ] } }\n",
+        (1,),
+    )
+    write_model(repo, "m", big_mlp(2), None, (2,))
+    # First run: how much the agent plus one version holds in the budget.
+    proc, port = run_agent_process(repo)
+    try:
+        metrics_port = _metrics_port(proc)
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics") as resp:
+            one_version = used_bytes(resp.read().decode())
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    # Second run: a budget with room for one version and a half, not two.
+    budget = int(one_version * 1.35)
+    proc, port = run_agent_process(repo, "--memory-budget-bytes", str(budget))
+    try:
+        client = subprocess.Popen(
+            [sys.executable, "-m", "tests.load_client", f"127.0.0.1:{port}", "m", "100"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert client.stdout is not None
+        assert client.stdout.readline().strip() == "started"
+        override = {"name": "m", "version_policy": {"specific": {"versions": [2]}}}
+        try:
+            status, raw = post(
+                port,
+                "/v2/repository/models/m/load",
+                {"parameters": {"config": json.dumps(override)}},
+            )
+        finally:
+            out, _ = client.communicate(timeout=60)
+        assert status == 200, raw
+        report = json.loads(out.strip().splitlines()[-1])
+        assert report["errors"] == []
+        assert set(report["statuses"]) == {"200"}
+        assert infer(port)[1]["model_version"] == "2"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log = LOGS[proc.pid].lines
+    assert any("swap strategy drain-first" in line for line in log), "".join(log[-20:])
+
+
+def _metrics_port(proc: subprocess.Popen[str]) -> int:
+    return int(LOGS[proc.pid].wait_for(METRICS).group(1))
