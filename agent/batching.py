@@ -358,13 +358,23 @@ class BatchFormer(Generic[T]):
         Returns:
             Monotonic seconds, or None when nothing is queued or set aside.
         """
-        times = [entry.expires for entry in self._rejected if entry.expires is not None]
-        for level in self._levels.values():
-            times.extend(entry.expires for entry in level.queue if entry.expires is not None)
+        expiry = self.expiry_deadline()
+        times = [] if expiry is None else [expiry]
         oldest = self._oldest()
         if oldest is not None:
             batching = self._policy.dynamic_batching
             times.append(oldest + self._policy.max_queue_delay_us * _US if batching else oldest)
+        return min(times, default=None)
+
+    def expiry_deadline(self) -> float | None:
+        """The earliest queue timeout among queued (or already expired) requests, if any.
+
+        Returns:
+            Monotonic seconds, or None when no queued request has a timeout.
+        """
+        times = [entry.expires for entry in self._rejected if entry.expires is not None]
+        for level in self._levels.values():
+            times.extend(entry.expires for entry in level.queue if entry.expires is not None)
         return min(times, default=None)
 
     def _level_of(self, priority: int | None) -> int:

@@ -92,6 +92,9 @@ def create_app(dataplane: DataPlane, *, max_request_bytes: int) -> web.Applicati
     version = "/v2/models/{model}/versions/{version}"
     app.add_routes(
         [
+            # Inference first: the router tries routes in order, and this is the hot path.
+            web.post(model + "/infer", _infer),
+            web.post(version + "/infer", _infer),
             web.get("/v2/health/live", _live),
             web.get("/v2/health/ready", _ready),
             web.get("/v2", _server_metadata),
@@ -104,8 +107,6 @@ def create_app(dataplane: DataPlane, *, max_request_bytes: int) -> web.Applicati
             web.get(version + "/config", _model_config),
             web.get(model + "/stats", _statistics),
             web.get(version + "/stats", _statistics),
-            web.post(model + "/infer", _infer),
-            web.post(version + "/infer", _infer),
             web.post("/v2/repository/index", _repository_index),
             web.post("/v2/repository/models/{model}/load", _load_model),
             web.post("/v2/repository/models/{model}/unload", _unload_model),

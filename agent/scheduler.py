@@ -215,7 +215,10 @@ class ModelScheduler:
         future.add_done_callback(lambda f: self._on_done(jobs, f))
 
     def _arm_timer(self, loop: asyncio.AbstractEventLoop) -> None:
-        deadline = self._former.deadline()
+        # With every instance busy, the next dispatch comes from a finishing execution; a timer
+        # for a batch that is already due would only spin. Queue timeouts are still checked then.
+        idle = self._free > 0 and self._holding == 0
+        deadline = self._former.deadline() if idle else self._former.expiry_deadline()
         if deadline == self._timer_at:
             return
         if self._timer is not None:
@@ -233,9 +236,14 @@ class ModelScheduler:
     def _execute(self, jobs: Sequence[_Job], started_ns: int) -> list[ExecutionResult]:
         """Run in an executor thread: concatenate, run, split."""
         results: list[ExecutionResult | None] = [None] * len(jobs)
-        for group in _group_by_shape(jobs):
+        groups = [[0]] if len(jobs) == 1 else _group_by_shape(jobs)
+        for group in groups:
             t0 = time.perf_counter_ns()
-            names = _union_outputs(jobs[i].request.output_names for i in group)
+            names = (
+                list(jobs[group[0]].request.output_names)
+                if len(group) == 1
+                else _union_outputs(jobs[i].request.output_names for i in group)
+            )
             if len(group) == 1:
                 feeds = jobs[group[0]].request.feeds
             else:

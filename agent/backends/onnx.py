@@ -109,6 +109,9 @@ class OnnxBackend:
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # Idle intra-op threads would otherwise spin, taking a core from the event loop that
+        # parses the next requests (measured: 1.9 cores for 1,600 inferences/s on 2 cores).
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         try:
             self._session = ort.InferenceSession(str(path), options, providers=choice.providers)
         except Exception as exc:  # noqa: BLE001 - onnxruntime raises untyped errors for bad models
