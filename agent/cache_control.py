@@ -25,6 +25,7 @@ from model_cache import (
     ModelCache,
     VersionNotFoundError,
     VersionState,
+    collect,
 )
 
 logger = logging.getLogger(__name__)
@@ -47,11 +48,24 @@ class CacheEvents:
 
 
 class CachedVersions:
-    """Activation and rollback of cached versions on a running agent."""
+    """Activation and rollback of cached versions on a running agent.
 
-    def __init__(self, cache: ModelCache, manager: ModelManager) -> None:
+    After each swap, old versions are collected: the active one plus `keep_last` retained per
+    model stay, and least recently used ones go first while the cache is over its disk budget.
+    """
+
+    def __init__(
+        self,
+        cache: ModelCache,
+        manager: ModelManager,
+        *,
+        keep_last: int = 2,
+        disk_budget_bytes: int | None = None,
+    ) -> None:
         self.cache = cache
         self._manager = manager
+        self._keep_last = keep_last
+        self._disk_budget = disk_budget_bytes
 
     async def activate(self, model: str, version: int) -> str:
         """Serve a cached version of a model (hot swap). Returns the swap strategy used.
@@ -61,11 +75,13 @@ class CachedVersions:
             ModelLoadError: it failed verification, loading or warm-up; the old one still serves.
         """
         target = await asyncio.to_thread(self._get, model, version)
-        return await self._manager.load(
+        strategy = await self._manager.load(
             model,
             source=target.path,
             before_switch=lambda: self._commit(model, version, rollback=False),
         )
+        await asyncio.to_thread(self.collect)
+        return strategy
 
     async def rollback(self, model: str, to_version: int | None = None) -> int:
         """Re-activate a retained version (by default the one served before). Returns it.
@@ -83,7 +99,20 @@ class CachedVersions:
             source=target.path,
             before_switch=lambda: self._commit(model, version, rollback=True),
         )
+        await asyncio.to_thread(self.collect)
         return version
+
+    def collect(self) -> None:
+        """Drop old versions and unreferenced blobs; what is served is never evicted."""
+        served = {(m, v.version) for m, v in self.cache.served().items()}
+        try:
+            report = collect(
+                self.cache, self._keep_last, self._disk_budget, protected=frozenset(served)
+            )
+        except CacheError as exc:
+            logger.error("cache garbage collection failed: %s", exc)
+            return
+        logger.info("cache garbage collection: %s", report)
 
     def versions(self, model: str) -> list[dict[str, Any]]:
         """The cached versions of a model with their states (for the HTTP API and the CLI)."""

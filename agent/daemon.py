@@ -116,7 +116,16 @@ async def start_agent(config: AgentConfig) -> RunningAgent:
         detail = "; ".join(f"{name}: {reason}" for name, reason in sorted(failures.items()))
         raise ModelLoadError(f"failed to load {len(failures)} model(s): {detail}")
     cache = ResponseCache(config.models.response_cache_bytes)
-    versions = CachedVersions(model_cache, manager) if model_cache is not None else None
+    versions = (
+        CachedVersions(
+            model_cache,
+            manager,
+            keep_last=config.cache.keep_last,
+            disk_budget_bytes=config.cache.disk_budget_bytes or None,
+        )
+        if model_cache is not None
+        else None
+    )
     dataplane = DataPlane(registry, cache, manager, mode, versions)
     app = create_app(dataplane, max_request_bytes=config.server.max_request_bytes)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)

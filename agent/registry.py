@@ -305,7 +305,7 @@ class ModelRegistry:
                 continue
             completed = completed or version_config
             loaded[version] = item
-            record.versions[version] = VersionStatus(ModelState.READY)
+            record.versions[version] = VersionStatus(ModelState.READY, _provider_note(item))
         if completed is None or not loaded:
             reasons = "; ".join(
                 f"version {v}: {st.reason}" for v, st in sorted(record.versions.items())
@@ -345,6 +345,7 @@ class ModelRegistry:
             (backend, completed), footprint = measure_footprint(
                 load, _run_zeros, max_batch=config.max_batch_size or DEFAULT_MAX_BATCH_SIZE
             )
+            _run_zeros((backend, completed), 1, shrink=True)
         else:
             backend, completed = load()
         # Old and new builds of one version coexist during a swap: each holds its own share.
@@ -501,7 +502,9 @@ class ModelRegistry:
                 self.release(record.served)
 
 
-def _run_zeros(loaded: tuple[OnnxBackend, mc.ModelConfig], batch: int) -> None:
+def _run_zeros(
+    loaded: tuple[OnnxBackend, mc.ModelConfig], batch: int, *, shrink: bool = False
+) -> None:
     """Run the model once on zeros at a batch size, to measure its memory."""
     backend, config = loaded
     signature = ModelSignature.from_config(config)
@@ -520,7 +523,7 @@ def _run_zeros(loaded: tuple[OnnxBackend, mc.ModelConfig], batch: int) -> None:
             if dt.kserve == "BYTES"
             else np.zeros(shape, dt.numpy)
         )
-    backend.run(feeds, list(signature.outputs))
+    backend.run(feeds, list(signature.outputs), shrink_memory=shrink)
 
 
 def _resource_need(config: mc.ModelConfig, gate: LimiterGate | None) -> ResourceNeed:
@@ -535,3 +538,12 @@ def _resource_need(config: mc.ModelConfig, gate: LimiterGate | None) -> Resource
 def _queue_bound(policy: BatchingPolicy, default: int) -> int:
     configured = policy.default_queue_policy.max_queue_size
     return configured if configured > 0 else default
+
+
+def _provider_note(loaded: LoadedVersion) -> str:
+    """For the index: accelerators the config asked for that this onnxruntime lacks."""
+    missing = getattr(loaded.backend, "missing_providers", ())
+    if not missing:
+        return ""
+    used = ", ".join(getattr(loaded.backend, "providers", ()))
+    return f"requested execution providers not available: {', '.join(missing)}; running on {used}"

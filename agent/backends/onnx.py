@@ -134,14 +134,28 @@ class OnnxBackend:
     def outputs(self) -> Sequence[ModelTensor]:
         return self._outputs
 
-    def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
-        """Run one batch. Raises BackendError when ONNX Runtime fails on valid-looking input."""
+    def run(
+        self,
+        feeds: Mapping[str, np.ndarray],
+        output_names: Sequence[str],
+        *,
+        shrink_memory: bool = False,
+    ) -> list[np.ndarray]:
+        """Run one batch. Raises BackendError when ONNX Runtime fails on valid-looking input.
+
+        `shrink_memory` hands the arena's unused chunks back to the system after the run (used
+        once after measuring the footprint at max batch, so idle memory does not stay at peak).
+        """
         if self._string_inputs:
             feeds = {
                 k: (_bytes_to_str(v) if k in self._string_inputs else v) for k, v in feeds.items()
             }
         try:
-            results = self._session.run(list(output_names), dict(feeds))
+            options = None
+            if shrink_memory:
+                options = ort.RunOptions()
+                options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+            results = self._session.run(list(output_names), dict(feeds), options)
         except Exception as exc:  # noqa: BLE001 - onnxruntime has no public error types
             raise BackendError(f"onnxruntime failed: {exc}") from None
         out = [np.asarray(r) for r in results]
