@@ -114,6 +114,8 @@ class AgentProcess:
             "127.0.0.1",
             "--http-port",
             "0",
+            "--metrics-port",
+            "-1",
             "--intra-op-threads",
             str(self.intra_op_threads),
         ]
