@@ -20,6 +20,9 @@ from agent.daemon import run_agent
 from agent.errors import AgentConfigError, AgentError
 from agent.faults import fault
 from model_cache import CacheError, ModelCache, collect
+from sync.cli import SYNC_COMMANDS
+from sync.cli import add_commands as add_sync_commands
+from sync.cli import run as run_sync
 
 SWITCH_INTERVAL_S = 0.0002
 EXIT_CONFIG = 2
@@ -133,6 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("--keep-last", type=int, default=2)
     gc.add_argument("--disk-budget-bytes", type=int, default=0)
 
+    add_sync_commands(commands)
+
     for verb, text in (("activate", "serve a cached version"), ("rollback", "go back a version")):
         cmd = commands.add_parser(verb, help=f"{text} on a running agent (hot swap)")
         cmd.add_argument("model")
@@ -146,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in SYNC_COMMANDS:
+        return run_sync(args)
     if args.command == "cache":
         return cache_command(args)
     if args.command in ("activate", "rollback"):

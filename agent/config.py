@@ -5,6 +5,7 @@
               memory_budget_bytes, response_cache_bytes, max_queue_size, control_mode,
               load_models, poll_quiet_ms
     [cache]   dir, keep_last, disk_budget_bytes
+    [sync]    source, trusted_root, desired, interval_s, jitter_s, ... (see sync/config.py)
     [log]     level
 
 An unknown section or key, or a value of the wrong type, stops start-up with a message that names
@@ -14,14 +15,21 @@ the key. Relative paths in the file are relative to the file's own folder.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_type_hints
 
-import tomllib
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 from agent.errors import AgentConfigError
+from sync.config import SyncConfig
+from sync.config import validate as validate_sync
+from sync.errors import SyncConfigError
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 CONTROL_MODES = ("none", "poll", "explicit")
@@ -77,6 +85,7 @@ class AgentConfig:
     server: ServerConfig = ServerConfig()
     models: ModelsConfig = ModelsConfig()
     cache: CacheConfig = CacheConfig()
+    sync: SyncConfig = dataclasses.field(default_factory=SyncConfig)
     log: LogConfig = LogConfig()
 
 
@@ -84,6 +93,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "server": ServerConfig,
     "models": ModelsConfig,
     "cache": CacheConfig,
+    "sync": SyncConfig,
     "log": LogConfig,
 }
 
@@ -208,6 +218,10 @@ def _validate(config: AgentConfig) -> None:
         )
     if config.cache.keep_last < 0 or config.cache.disk_budget_bytes < 0:
         raise AgentConfigError("cache.keep_last and cache.disk_budget_bytes must be >= 0")
+    try:
+        validate_sync(config.sync, config.cache.dir)
+    except SyncConfigError as exc:
+        raise AgentConfigError(exc.message) from None
     if models.repository is not None and models.demo:
         raise AgentConfigError("models.repository and models.demo are exclusive: choose one")
     if models.repository is not None and not models.repository.is_dir():

@@ -30,6 +30,8 @@ from agent.response_cache import ResponseCache
 from agent.scheduler import LimiterGate
 from agent.statistics import StatisticsRegistry
 from model_cache import CacheError, ModelCache
+from sync.errors import SyncError
+from sync.periodic import build_client, run_periodic
 
 logger = logging.getLogger(__name__)
 
@@ -46,10 +48,16 @@ class RunningAgent:
     metrics_port: int | None = None
     model_cache: ModelCache | None = None
     watcher: RepositoryWatcher | None = None
+    sync_stop: asyncio.Event | None = None
+    sync_task: asyncio.Task[None] | None = None
 
     async def stop(self) -> None:
         """Stop accepting work, let in-flight requests finish, unload models."""
         self.dataplane.set_ready(False)
+        if self.sync_stop is not None:
+            self.sync_stop.set()
+        if self.sync_task is not None:
+            await self.sync_task  # finish the cycle in progress; never cut an install short
         if self.watcher is not None:
             await self.watcher.stop()
         await self.runner.cleanup()
@@ -127,6 +135,16 @@ async def start_agent(config: AgentConfig) -> RunningAgent:
         else None
     )
     dataplane = DataPlane(registry, cache, manager, mode, versions)
+    sync_stop = asyncio.Event()
+    sync_task: asyncio.Task[None] | None = None
+    if config.sync.enabled and versions is not None and model_cache is not None:
+        try:
+            client = build_client(config.sync, model_cache)
+        except SyncError as exc:
+            raise ModelLoadError(f"sync: {exc.message}") from None
+        sync_task = asyncio.create_task(
+            run_periodic(config.sync, model_cache, versions.activate, sync_stop, client=client)
+        )
     app = create_app(dataplane, max_request_bytes=config.server.max_request_bytes)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     metrics_runner: web.AppRunner | None = None
@@ -158,7 +176,16 @@ async def start_agent(config: AgentConfig) -> RunningAgent:
         logger.info("metrics on http://%s:%d/metrics", config.server.host, metrics_port)
     logger.info("listening on http://%s:%d (models: %s)", config.server.host, port, served)
     return RunningAgent(
-        registry, dataplane, runner, port, metrics_runner, metrics_port, model_cache, watcher
+        registry,
+        dataplane,
+        runner,
+        port,
+        metrics_runner,
+        metrics_port,
+        model_cache,
+        watcher,
+        sync_stop,
+        sync_task,
     )
 
 

@@ -1,0 +1,67 @@
+"""Signed model versions from object storage: publisher, device sync, periodic loop.
+
+python-tuf makes every trust decision (signatures, thresholds, expiry, rollback, target hashes);
+this package adds transport, our own rules about what a model version is, and orchestration.
+
+    store.py      the `ObjectStore` seam: file://, http(s):// (and s3.py: s3:// over boto3)
+    fetcher.py    python-tuf `FetcherInterface` over a store; resumable, capped target downloads
+    keys.py       key files (0600), root metadata, key rotation and thresholds
+    publish.py    `Publisher`: add a model version to the signed repository
+    policy.py     pure rules: valid signed versions, desired state, what to fetch and serve
+    client.py     `SyncClient.sync_once`: refresh → download → verify → cache.install
+    periodic.py   the daemon's loop: interval with jitter, exponential backoff
+    config.py     `SyncConfig` (the agent's `[sync]` section)
+    cli.py        `edge-agent keys init|rotate`, `publish`, `sync --once`
+    errors.py     `SyncError` tree
+"""
+
+from sync.client import Progress, SyncClient, SyncReport, activate_in_cache
+from sync.errors import (
+    DiskFullError,
+    DownloadError,
+    InstallError,
+    KeyFileError,
+    MetadataError,
+    NotFoundError,
+    PublishError,
+    SyncConfigError,
+    SyncError,
+    TargetError,
+    UnsafeTargetError,
+    VerificationError,
+)
+from sync.keys import Expiry, RoleSpec, init_keys, rotate_keys
+from sync.policy import Desired, Kind, parse_desired
+from sync.publish import Publisher, PublishReport
+from sync.store import ObjectStore, S3Settings, open_store
+
+__all__ = [
+    "DiskFullError",
+    "DownloadError",
+    "Desired",
+    "Expiry",
+    "InstallError",
+    "KeyFileError",
+    "Kind",
+    "MetadataError",
+    "NotFoundError",
+    "ObjectStore",
+    "Progress",
+    "PublishError",
+    "PublishReport",
+    "Publisher",
+    "RoleSpec",
+    "S3Settings",
+    "SyncClient",
+    "SyncConfigError",
+    "SyncError",
+    "SyncReport",
+    "TargetError",
+    "UnsafeTargetError",
+    "VerificationError",
+    "activate_in_cache",
+    "init_keys",
+    "open_store",
+    "parse_desired",
+    "rotate_keys",
+]

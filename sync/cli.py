@@ -1,0 +1,231 @@
+"""Command line: `edge-agent keys init|rotate`, `edge-agent publish`, `edge-agent sync --once`.
+
+Wired into `agent/cli.py` with two calls: `add_commands(subparsers)` while building the parser
+and `run(args)` when `args.command in SYNC_COMMANDS`. Thin: parse, call the package, print.
+Key material is never printed; only key ids and paths are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from model_cache import CacheError, ModelCache
+from sync.client import Progress, SyncClient, activate_in_cache
+from sync.config import SyncConfig, load_file, validate
+from sync.errors import SyncConfigError, SyncError
+from sync.keys import ROLES, RoleSpec, init_keys, rotate_keys
+from sync.policy import parse_desired
+from sync.publish import Publisher
+from sync.store import S3Settings, open_store
+
+SYNC_COMMANDS = frozenset({"keys", "publish", "sync"})
+EXIT_ERROR = 1
+EXIT_CONFIG = 2
+
+
+def add_commands(subparsers: Any) -> None:  # argparse's _SubParsersAction is private
+    """Add `keys`, `publish` and `sync` to the agent's sub-command parser.
+
+    Args:
+        subparsers: What `ArgumentParser.add_subparsers(dest="command")` returned.
+    """
+    keys = subparsers.add_parser("keys", help="signing keys of a model repository (publisher)")
+    keys_commands = keys.add_subparsers(dest="keys_command", required=True)
+    init = keys_commands.add_parser("init", help="create keys and root metadata")
+    init.add_argument("--repo", type=Path, required=True, help="repository folder to create")
+    for role in ROLES:
+        init.add_argument(f"--{role}-keys", type=int, default=1, metavar="N")
+        init.add_argument(f"--{role}-threshold", type=int, default=1, metavar="N")
+    rotate = keys_commands.add_parser("rotate", help="add/remove keys of a role (new root)")
+    rotate.add_argument("--repo", type=Path, required=True)
+    rotate.add_argument("--role", choices=ROLES, required=True)
+    rotate.add_argument("--add", type=int, default=1, help="new keys to create (default 1)")
+    rotate.add_argument("--remove", action="append", default=[], metavar="KEYID")
+    rotate.add_argument("--threshold", type=int)
+
+    publish = subparsers.add_parser("publish", help="sign and upload a model version")
+    publish.add_argument("--repo", type=Path, required=True, help="folder made by keys init")
+    publish.add_argument("--store", required=True, help="s3://bucket/prefix or file:///folder")
+    publish.add_argument("--create-bucket", action="store_true", help="s3: create it if missing")
+    _s3_flags(publish)
+    publish.add_argument("model", nargs="?", help="omit all three to re-sign (new expiry)")
+    publish.add_argument("version", nargs="?", type=int)
+    publish.add_argument("source", nargs="?", type=Path, help="Triton model folder")
+
+    sync = subparsers.add_parser("sync", help="fetch signed model versions into the cache")
+    sync.add_argument("--once", action="store_true", required=True, help="one cycle, then exit")
+    sync.add_argument("--config", type=Path, help="agent TOML file ([sync], [cache] dir)")
+    sync.add_argument("--source", help="s3://, http(s):// or file:/// repository URL")
+    sync.add_argument("--trusted-root", type=Path, help="the root.json shipped to the device")
+    sync.add_argument("--cache-dir", type=Path)
+    sync.add_argument("--desired", action="append", metavar="MODEL=POLICY")
+    sync.add_argument("--no-activate", action="store_true", help="install, do not serve")
+    _s3_flags(sync)
+
+
+def _s3_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--s3-endpoint", help="e.g. http://127.0.0.1:5000 (default: AWS)")
+    parser.add_argument("--s3-region")
+
+
+def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Run a `keys`, `publish` or `sync` command.
+
+    Args:
+        args: Parsed arguments (`args.command` in `SYNC_COMMANDS`).
+        out: Where results go (default stdout).
+        err: Where errors and the progress bar go (default stderr).
+
+    Returns:
+        The exit code: 0, 1 (an operation failed) or 2 (bad configuration).
+    """
+    out = out or sys.stdout
+    err = err or sys.stderr
+    logging.basicConfig(level="WARNING", format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "keys":
+            return _keys(args, out)
+        if args.command == "publish":
+            return _publish(args, out)
+        return _sync(args, out, err)
+    except SyncConfigError as exc:
+        print(f"edge-agent: error: {exc.message}", file=err)
+        return EXIT_CONFIG
+    except (SyncError, CacheError) as exc:
+        print(f"edge-agent: error: {exc}", file=err)
+        return EXIT_ERROR
+
+
+def _keys(args: argparse.Namespace, out: TextIO) -> int:
+    if args.keys_command == "init":
+        specs = {
+            r: RoleSpec(getattr(args, f"{r}_keys"), getattr(args, f"{r}_threshold")) for r in ROLES
+        }
+        md = init_keys(args.repo, specs)
+    else:
+        md = rotate_keys(
+            args.repo, args.role, add=args.add, remove=tuple(args.remove), threshold=args.threshold
+        )
+    root = md.signed
+    print(f"root version {root.version} in {args.repo / 'metadata' / 'root.json'}", file=out)
+    for role in ROLES:
+        ids = ", ".join(k[:12] for k in root.roles[role].keyids)
+        print(f"  {role}: threshold {root.roles[role].threshold} of [{ids}]", file=out)
+    print("private keys are in", args.repo / "keys", "(mode 0600): keep them offline", file=out)
+    return 0
+
+
+def _publish(args: argparse.Namespace, out: TextIO) -> int:
+    given = [a is not None for a in (args.model, args.version, args.source)]
+    if any(given) and not all(given):
+        raise SyncConfigError("publish needs MODEL VERSION SOURCE (or none of them to re-sign)")
+    store = open_store(args.store, S3Settings(args.s3_endpoint or "", args.s3_region or ""))
+    if args.create_bucket:
+        ensure = getattr(store, "ensure_bucket", None)
+        if ensure is None:
+            raise SyncConfigError("--create-bucket is for s3:// stores")
+        ensure()
+    publisher = Publisher(args.repo, store)
+    if args.model is None:
+        report = publisher.resign()
+        print(f"re-signed: targets v{report.targets_version}", end="", file=out)
+    else:
+        report = publisher.publish(args.model, args.version, args.source)
+        state = "already published" if report.unchanged else "published"
+        print(
+            f"{args.model} version {args.version}: {state} ({report.files} files, "
+            f"{report.bytes} bytes), targets v{report.targets_version}",
+            end="",
+            file=out,
+        )
+    print(f", snapshot v{report.snapshot_version}, timestamp v{report.timestamp_version}", file=out)
+    return 0
+
+
+def _sync(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    config, cache_dir = load_file(args.config) if args.config else (SyncConfig(), None)
+    changes = {
+        "source": args.source,
+        "trusted_root": args.trusted_root,
+        "desired": tuple(args.desired) if args.desired else None,
+        "s3_endpoint": args.s3_endpoint,
+        "s3_region": args.s3_region,
+    }
+    config = SyncConfig(
+        **{**_as_dict(config), **{k: v for k, v in changes.items() if v is not None}}
+    )
+    cache_dir = args.cache_dir or cache_dir
+    if not config.enabled:
+        raise SyncConfigError("no repository: pass --source URL or set sync.source")
+    validate(config, cache_dir)
+    assert config.trusted_root is not None
+    assert cache_dir is not None
+    bar = ProgressBar(err)
+    with ModelCache(cache_dir) as cache:
+        client = SyncClient(
+            open_store(config.source, config.s3),
+            cache,
+            config.trusted_root.read_bytes(),
+            config.work_dir or cache.root / "sync",
+            parse_desired(config.desired),
+            max_parallel=config.max_parallel,
+            max_version_bytes=config.max_version_bytes,
+            progress=bar.update,
+        )
+        report = client.sync_once()
+        bar.finish()
+        failures = [] if args.no_activate else activate_in_cache(cache, report.activate)
+    for model, version in report.installed:
+        print(f"installed {model} version {version}", file=out)
+    if not args.no_activate:
+        for model, version in report.activate:
+            print(f"serving {model} version {version}", file=out)
+    for message in [f"{m}: {r}" for m, r in report.errors] + failures:
+        print(f"edge-agent: error: {message}", file=err)
+    if not (report.installed or report.activate or report.errors):
+        print("up to date", file=out)
+    return EXIT_ERROR if report.errors or failures else 0
+
+
+def _as_dict(config: SyncConfig) -> dict[str, Any]:
+    return {name: getattr(config, name) for name in SyncConfig.__dataclass_fields__}
+
+
+class ProgressBar:
+    """A one-line download bar on a terminal (at most 10 redraws a second)."""
+
+    def __init__(self, stream: TextIO, width: int = 30) -> None:
+        self._stream = stream
+        self._width = width
+        self._start = time.monotonic()
+        self._last = 0.0
+        self._shown = False
+
+    def update(self, progress: Progress) -> None:
+        """Redraw for `progress` (called from download threads)."""
+        now = time.monotonic()
+        if now - self._last < 0.1 and progress.done_bytes < progress.total_bytes:
+            return
+        self._last = now
+        total = max(progress.total_bytes, 1)
+        filled = self._width * progress.done_bytes // total
+        rate = progress.done_bytes / max(now - self._start, 1e-6) / 2**20
+        self._stream.write(
+            f"\r[{'#' * filled}{'.' * (self._width - filled)}] "
+            f"{100 * progress.done_bytes // total:3d}% "
+            f"{progress.done_bytes / 2**20:.1f}/{progress.total_bytes / 2**20:.1f} MiB "
+            f"{rate:.1f} MiB/s"
+        )
+        self._stream.flush()
+        self._shown = True
+
+    def finish(self) -> None:
+        """End the bar's line, if one was drawn."""
+        if self._shown:
+            self._stream.write("\n")
+            self._stream.flush()

@@ -1,0 +1,351 @@
+"""Device sync: refresh TUF metadata, download verified targets, install them into the cache.
+
+    client = SyncClient(store, cache, trusted_root=Path("root.json").read_bytes(),
+                        work_dir=cache.root / "sync", desired=parse_desired(["*=latest"]))
+    report = client.sync_once()          # SyncError when metadata cannot be trusted or fetched
+    for model, version in report.activate:
+        await cached_versions.activate(model, version)   # the agent's hot swap
+
+One cycle, in order (nothing is installed before everything it depends on is verified):
+    1. python-tuf's `Updater.refresh()` from the trusted root shipped to the device: root chain,
+       timestamp, snapshot, targets (signatures, thresholds, expiry, rollback: all python-tuf).
+    2. The verified target set is checked against our rules and planned (`sync/policy.py`).
+    3. Each file of each version to fetch is streamed into `WORK/downloads/SHA256.part`
+       (`Downloader`: capped at its signed length, resumed with range requests), a few at a time,
+       then python-tuf's `TargetFile.verify_length_and_hashes` accepts or refuses it.
+    4. A version whose files all verified is assembled as a Triton folder of hard links under
+       `WORK/staging/` and handed to `ModelCache.install`, which hashes and stores it durably.
+    5. The versions to serve are returned; activation (the hot swap) is the caller's.
+
+Invariants:
+    * A failure in steps 1-2 ends the cycle with nothing downloaded; in steps 3-4 it fails that
+      version only (recorded in `SyncReport.errors`), and the cache's active versions are never
+      touched by this module.
+    * Downloads and staging live in `work_dir`, never inside the cache's own folders; staging is
+      removed after every install attempt, and part files survive only to be resumed.
+    * Only top-level targets are used (no delegations); the listing read from the metadata
+      folder is only a list of names, each looked up again in the Updater's verified set.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tuf.api import exceptions as tuf_exceptions
+from tuf.api.metadata import Metadata, Root, TargetFile, Targets
+from tuf.ngclient import Updater, UpdaterConfig
+
+from model_cache import CacheError, CacheFullError, ModelCache, VersionState
+from model_cache.atomic import ensure_dir, remove_tree, temp_name
+from sync.errors import (
+    DiskFullError,
+    DownloadError,
+    InstallError,
+    MetadataError,
+    SyncError,
+    TargetError,
+    VerificationError,
+)
+from sync.fetcher import Downloader, StoreFetcher
+from sync.policy import CachedVersion, Desired, SignedVersion, group_targets, plan
+from sync.publish import METADATA_PREFIX, TARGETS_PREFIX
+from sync.store import ObjectStore
+
+logger = logging.getLogger(__name__)
+
+_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """Bytes of target files downloaded so far in this cycle, out of those needed."""
+
+    done_bytes: int
+    total_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class SyncReport:
+    """The outcome of one cycle."""
+
+    installed: tuple[tuple[str, int], ...] = ()
+    activate: tuple[tuple[str, int], ...] = ()
+    errors: tuple[tuple[str, str], ...] = ()  # (model, reason): that model was not updated
+    downloaded_bytes: int = 0
+    resumed_bytes: int = 0
+    transient: bool = False  # a download failed in transport: worth retrying sooner
+
+
+@dataclass(slots=True)
+class _Tally:
+    total: int
+    report: Callable[[Progress], None]
+    done: int = 0
+    resumed: int = 0
+    transient: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, count: int) -> None:
+        with self.lock:
+            self.done += count
+            done = self.done
+        self.report(Progress(done, self.total))
+
+
+class SyncClient:
+    """Keeps the cache in line with the signed repository and the desired state.
+
+    Args:
+        store: Where the repository lives.
+        cache: The model cache to install into.
+        trusted_root: Root metadata bytes shipped with the device (the trust anchor).
+        work_dir: Folder for TUF metadata, part files and staging (e.g. `CACHE/sync`).
+        desired: Per-model version policy (`policy.parse_desired`).
+        max_parallel: Target files downloaded at once.
+        max_version_bytes: Refuse versions whose signed files add up to more.
+        downloader: Streams target files (injected to simulate faults).
+        progress: Called with byte counts while downloading (from worker threads).
+        updater_config: python-tuf's limits (metadata size caps, root rotations).
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        cache: ModelCache,
+        trusted_root: bytes,
+        work_dir: Path,
+        desired: Mapping[str, Desired],
+        *,
+        max_parallel: int = 3,
+        max_version_bytes: int = 8 * 1024**3,
+        downloader: Downloader | None = None,
+        progress: Callable[[Progress], None] = lambda _p: None,
+        updater_config: UpdaterConfig | None = None,
+    ) -> None:
+        self._store = store
+        self._cache = cache
+        self._root = trusted_root
+        self._work = work_dir
+        self._desired = dict(desired)
+        self._parallel = max(1, max_parallel)
+        self._max_version = max_version_bytes
+        self._downloader = downloader or Downloader(store)
+        self._progress = progress
+        self._tuf_config = updater_config or UpdaterConfig()
+        self._consistent = True  # from the verified root, at each refresh
+
+    def sync_once(self) -> SyncReport:
+        """Run one cycle (see the module docstring).
+
+        Raises:
+            MetadataError: Metadata failed verification (signatures, threshold, expiry,
+                rollback); nothing was downloaded.
+            UnsafeTargetError: Signed targets break the rules of `sync/policy.py`.
+            DownloadError: Metadata could not be fetched (store unreachable).
+            SyncError: The work folder cannot be written.
+
+        Returns:
+            Installed versions, versions to activate, and per-model refusals.
+        """
+        targets = self._refresh()
+        signed = group_targets(targets)
+        cached = {m: self._cached(m) for m in self._cache.models()}
+        todo = plan(signed, self._desired, cached)
+        errors = list(todo.errors)
+        fetch: list[SignedVersion] = []
+        for item in todo.fetch:
+            if item.total_bytes > self._max_version:
+                errors.append(
+                    (
+                        item.model,
+                        f"version {item.version} is {item.total_bytes} bytes, "
+                        f"over the {self._max_version}-byte cap",
+                    )
+                )
+            else:
+                fetch.append(item)
+        files, tally = self._download(fetch, errors)
+        installed: list[tuple[str, int]] = []
+        for item in fetch:
+            if all(f.target.hashes["sha256"] in files for f in item.files):
+                try:
+                    self._install(item, files)
+                    installed.append((item.model, item.version))
+                except SyncError as exc:
+                    logger.error(
+                        "install of %s version %d failed: %s", item.model, item.version, exc
+                    )
+                    errors.append((item.model, exc.message))
+        for path in files.values():
+            path.unlink(missing_ok=True)
+        usable = {(m, c.version) for m in self._cache.models() for c in self._cached(m)}
+        activate = tuple(pair for pair in todo.activate if pair in usable)
+        for model, reason in errors:
+            logger.warning("sync: %s: %s", model, reason)
+        return SyncReport(
+            tuple(installed), activate, tuple(errors), tally.done, tally.resumed, tally.transient
+        )
+
+    def _refresh(self) -> dict[str, TargetFile]:
+        meta_dir = self._work / "metadata"
+        try:
+            ensure_dir(meta_dir)
+            updater = Updater(
+                str(meta_dir),
+                self._store.url + METADATA_PREFIX,
+                fetcher=StoreFetcher(self._store),
+                config=self._tuf_config,
+                bootstrap=self._root,
+            )
+            updater.refresh()
+            listing = Metadata[Targets].from_bytes((meta_dir / "targets.json").read_bytes())
+            root = Metadata[Root].from_bytes((meta_dir / "root.json").read_bytes())
+            self._consistent = bool(root.signed.consistent_snapshot)
+            targets: dict[str, TargetFile] = {}
+            for path in listing.signed.targets:
+                info = updater.get_targetinfo(path)
+                if info is None:
+                    raise MetadataError(
+                        f"target {path!r} is not in the verified targets", path=path
+                    )
+                targets[path] = info
+        except tuf_exceptions.RepositoryError as exc:
+            raise MetadataError(
+                f"repository metadata refused: {type(exc).__name__}: {exc}"
+            ) from None
+        except tuf_exceptions.DownloadError as exc:
+            cause = exc.__cause__ or exc
+            raise DownloadError(f"cannot fetch metadata from {self._store.url}: {cause}") from None
+        except OSError as exc:
+            raise SyncError(f"cannot write TUF metadata in {meta_dir}: {exc}") from None
+        except ValueError as exc:
+            raise MetadataError(f"malformed metadata: {exc}") from None
+        return targets
+
+    def _cached(self, model: str) -> list[CachedVersion]:
+        return [
+            CachedVersion(v.version, v.digest, v.state is VersionState.ACTIVE)
+            for v in self._cache.list_versions(model)
+            if v.state in (VersionState.READY, VersionState.ACTIVE, VersionState.RETIRED)
+        ]
+
+    def _key(self, info: TargetFile) -> str:
+        path = info.get_prefixed_paths()[0] if self._consistent else info.path
+        return TARGETS_PREFIX + path
+
+    def _download(
+        self, fetch: list[SignedVersion], errors: list[tuple[str, str]]
+    ) -> tuple[dict[str, Path], _Tally]:
+        """Download and verify every distinct file; returns sha256 → verified file."""
+        downloads = self._work / "downloads"
+        unique: dict[str, tuple[TargetFile, str]] = {}
+        for item in fetch:
+            for f in item.files:
+                unique.setdefault(f.target.hashes["sha256"], (f.target, item.model))
+        tally = _Tally(sum(t.length for t, _m in unique.values()), self._progress)
+        if not unique:
+            return {}, tally
+        try:
+            ensure_dir(downloads)
+        except OSError as exc:
+            raise SyncError(f"cannot create {downloads}: {exc.strerror}") from None
+        done: dict[str, Path] = {}
+        with ThreadPoolExecutor(self._parallel, thread_name_prefix="sync-download") as pool:
+            futures = {
+                sha: pool.submit(self._fetch_one, info, downloads, tally)
+                for sha, (info, _m) in unique.items()
+            }
+            for sha, future in futures.items():
+                try:
+                    done[sha] = future.result()
+                except SyncError as exc:
+                    tally.transient |= isinstance(exc, DownloadError)
+                    model = unique[sha][1]
+                    logger.error("download of %s failed: %s", unique[sha][0].path, exc.message)
+                    errors.append((model, exc.message))
+        return done, tally
+
+    def _fetch_one(self, info: TargetFile, downloads: Path, tally: _Tally) -> Path:
+        sha = info.hashes["sha256"]
+        final = downloads / sha
+        part = downloads / f"{sha}.part"
+        try:
+            if final.exists():
+                os.replace(final, part)  # re-verified below like any other download
+            resumed = self._downloader.download(self._key(info), part, info.length, tally.add)
+            with tally.lock:
+                tally.resumed += resumed
+            with part.open("rb") as handle:
+                info.verify_length_and_hashes(handle)  # python-tuf decides
+            os.replace(part, final)
+        except tuf_exceptions.LengthOrHashMismatchError as exc:
+            part.unlink(missing_ok=True)
+            raise TargetError(f"{info.path}: refused: {exc}", path=info.path) from None
+        except VerificationError:
+            part.unlink(missing_ok=True)
+            raise
+        except OSError as exc:
+            if exc.errno in _NO_SPACE:
+                part.unlink(missing_ok=True)
+                raise DiskFullError(
+                    f"no space left for {info.path} in {downloads}", path=info.path
+                ) from None
+            raise SyncError(f"cannot write {part}: {exc}", path=info.path) from None
+        return final
+
+    def _install(self, item: SignedVersion, files: Mapping[str, Path]) -> None:
+        staging = self._work / "staging" / temp_name(f"{item.model}-{item.version}")
+        try:
+            try:
+                for f in item.files:
+                    dest = staging / f.rel
+                    ensure_dir(dest.parent)
+                    os.link(files[f.target.hashes["sha256"]], dest)
+            except OSError as exc:
+                kind = DiskFullError if exc.errno in _NO_SPACE else InstallError
+                raise kind(
+                    f"cannot stage {item.model} version {item.version}: {exc.strerror}",
+                    model=item.model,
+                    version=item.version,
+                ) from None
+            try:
+                done = self._cache.install(item.model, item.version, staging)
+            except CacheFullError as exc:
+                raise DiskFullError(exc.message, model=item.model, version=item.version) from None
+            except CacheError as exc:
+                raise InstallError(exc.message, model=item.model, version=item.version) from None
+        finally:
+            remove_tree(staging)
+        if done.digest != item.manifest_digest:
+            raise VerificationError(
+                f"{item.model} version {item.version}: installed content differs from the signed",
+                model=item.model,
+                version=item.version,
+            )
+        logger.info("installed %s version %d sha256:%s", item.model, item.version, done.digest)
+
+
+def activate_in_cache(cache: ModelCache, pairs: tuple[tuple[str, int], ...]) -> list[str]:
+    """Activate versions directly in a cache no agent is serving (`edge-agent sync --once`).
+
+    Args:
+        cache: The cache (the agent must be stopped: it holds the cache while it runs).
+        pairs: (model, version) pairs from `SyncReport.activate`.
+
+    Returns:
+        One error message per pair that could not be activated.
+    """
+    failures = []
+    for model, version in pairs:
+        try:
+            cache.activate(model, version)
+        except CacheError as exc:
+            failures.append(f"{model} version {version}: {exc.message}")
+    return failures

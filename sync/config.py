@@ -1,0 +1,145 @@
+"""`SyncConfig`: the agent's `[sync]` section, read once at start-up and passed explicitly.
+
+    [sync]
+    source = "s3://fleet-models/prod"        # "" (default): no sync
+    trusted_root = "root.json"                # shipped with the device; relative to the file
+    desired = ["*=latest", "resnet=3"]        # per model: latest | N | N,M,...
+    interval_s = 300
+    jitter_s = 30
+    s3_endpoint = "http://127.0.0.1:5000"     # "" : AWS; credentials from the environment
+    s3_region = ""
+
+Field types are those `agent/config.py` knows (str, int, tuple[str, ...], Path | None), so the
+agent's loader reads this section like its own. `validate` checks what the types cannot.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+
+from sync.errors import SyncConfigError
+from sync.policy import parse_desired
+from sync.store import S3Settings
+
+
+@dataclass(frozen=True, slots=True)
+class SyncConfig:
+    """Where signed model versions come from, which ones to hold, and how often to look."""
+
+    source: str = ""  # s3://bucket/prefix, https://host/path, file:///folder; "": sync off
+    trusted_root: Path | None = None  # the root.json shipped with the device
+    desired: tuple[str, ...] = ("*=latest",)  # MODEL=latest | MODEL=N | MODEL=N,M; * = any
+    interval_s: int = 300  # between successful cycles
+    jitter_s: int = 30  # up to this much is added, so a fleet does not sync in lockstep
+    max_backoff_s: int = 1800  # longest wait after repeated failures
+    s3_endpoint: str = ""  # e.g. http://127.0.0.1:5000 (moto_server, MinIO); "": AWS
+    s3_region: str = ""  # "": AWS_DEFAULT_REGION / ~/.aws/config
+    max_parallel: int = 3  # target files downloaded at once
+    max_version_bytes: int = 8 * 1024**3  # refuse bigger versions before downloading
+    work_dir: Path | None = None  # metadata, part files, staging; default CACHE_DIR/sync
+
+    @property
+    def enabled(self) -> bool:
+        """Whether a source is configured."""
+        return bool(self.source)
+
+    @property
+    def s3(self) -> S3Settings:
+        """S3 endpoint and region settings."""
+        return S3Settings(endpoint_url=self.s3_endpoint, region=self.s3_region)
+
+
+def validate(config: SyncConfig, cache_dir: Path | None) -> None:
+    """Check a config beyond its types (call at start-up: bad config fails at boot).
+
+    Args:
+        config: The `[sync]` section.
+        cache_dir: The agent's `cache.dir` (sync installs into the cache).
+
+    Raises:
+        SyncConfigError: What is wrong, naming the key.
+    """
+    if not config.enabled:
+        return
+    if cache_dir is None:
+        raise SyncConfigError("sync.source needs cache.dir: versions are installed into the cache")
+    if config.trusted_root is None or not config.trusted_root.is_file():
+        raise SyncConfigError(
+            f"sync.trusted_root must name the repository's root.json, got {config.trusted_root}"
+        )
+    if not config.source.startswith(("s3://", "https://", "http://", "file:///")):
+        raise SyncConfigError(
+            f"sync.source must be s3://, http(s):// or file:///, got {config.source!r}"
+        )
+    if config.interval_s < 1 or config.jitter_s < 0 or config.max_backoff_s < 1:
+        raise SyncConfigError("sync.interval_s and max_backoff_s must be >= 1, jitter_s >= 0")
+    if not 1 <= config.max_parallel <= 32:
+        raise SyncConfigError("sync.max_parallel must be 1..32")
+    if config.max_version_bytes < 1:
+        raise SyncConfigError("sync.max_version_bytes must be >= 1")
+    parse_desired(config.desired)
+
+
+def load_file(path: Path) -> tuple[SyncConfig, Path | None]:
+    """Read `[sync]` and `cache.dir` from an agent config file (for `edge-agent sync --once`).
+
+    Args:
+        path: The agent's TOML file; relative paths in it are relative to its folder.
+
+    Raises:
+        SyncConfigError: Unreadable file, bad TOML, an unknown key or a wrong type.
+
+    Returns:
+        The sync section and the cache folder (None when not set).
+    """
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SyncConfigError(f"cannot read {path}: {exc.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise SyncConfigError(f"{path}: invalid TOML: {exc}") from None
+    raw_sync = doc.get("sync", {})
+    raw_cache = doc.get("cache", {})
+    if not isinstance(raw_sync, dict) or not isinstance(raw_cache, dict):
+        raise SyncConfigError(f"{path}: [sync] and [cache] must be tables")
+    defaults = SyncConfig()
+    values: dict[str, Any] = {}
+    for item in fields(SyncConfig):
+        if item.name not in raw_sync:
+            continue
+        value = raw_sync[item.name]
+        default = getattr(defaults, item.name)
+        if item.name in ("trusted_root", "work_dir"):
+            value = _path(f"sync.{item.name}", value, path.parent)
+        elif isinstance(default, tuple):
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise SyncConfigError(f"sync.{item.name} must be a list of strings")
+            value = tuple(value)
+        elif type(value) is not type(default):
+            raise SyncConfigError(
+                f"sync.{item.name} must be {type(default).__name__}, got {value!r}"
+            )
+        values[item.name] = value
+    unknown = set(raw_sync) - {f.name for f in fields(SyncConfig)}
+    if unknown:
+        raise SyncConfigError(f"unknown config key(s) in [sync]: {', '.join(sorted(unknown))}")
+    cache_dir = raw_cache.get("dir")
+    return SyncConfig(**values), (
+        _path("cache.dir", cache_dir, path.parent) if cache_dir is not None else None
+    )
+
+
+def _path(key: str, value: object, base: Path) -> Path:
+    if not isinstance(value, str) or not value:
+        raise SyncConfigError(f"{key} must be a path string, got {value!r}")
+    found = Path(value).expanduser()
+    return found if found.is_absolute() else base / found

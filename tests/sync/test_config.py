@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sync.config import SyncConfig, load_file, validate
+from sync.errors import SyncConfigError
+
+
+def test_defaults_are_off() -> None:
+    assert not SyncConfig().enabled
+    validate(SyncConfig(), None)
+
+
+def test_load_file_resolves_paths(tmp_path: Path) -> None:
+    (tmp_path / "root.json").write_text("{}")
+    path = tmp_path / "a.toml"
+    path.write_text(
+        '[sync]\nsource = "s3://b/p"\ntrusted_root = "root.json"\ninterval_s = 60\n'
+        'desired = ["m=2"]\n[cache]\ndir = "c"\n'
+    )
+    config, cache_dir = load_file(path)
+    assert config.trusted_root == tmp_path / "root.json"
+    assert config.desired == ("m=2",)
+    assert cache_dir == tmp_path / "c"
+    validate(config, cache_dir)
+
+
+@pytest.mark.parametrize(
+    ("body", "match"),
+    [
+        ("[sync]\nbogus = 1\n", "unknown"),
+        ('[sync]\ninterval_s = "5"\n', "must be int"),
+        ("[sync]\ndesired = [1]\n", "list of strings"),
+        ("[sync\n", "invalid TOML"),
+    ],
+)
+def test_load_file_refuses(tmp_path: Path, body: str, match: str) -> None:
+    path = tmp_path / "a.toml"
+    path.write_text(body)
+    with pytest.raises(SyncConfigError, match=match):
+        load_file(path)
+
+
+def test_validate_refuses(tmp_path: Path) -> None:
+    root = tmp_path / "root.json"
+    root.write_text("{}")
+    good = SyncConfig(source="s3://b/p", trusted_root=root)
+    validate(good, tmp_path)
+    with pytest.raises(SyncConfigError, match=r"cache\.dir"):
+        validate(good, None)
+    bad = {"source": "ftp://x", "interval_s": 0, "max_parallel": 0, "desired": ("x",)}
+    for key, value in bad.items():
+        fields = {"source": "s3://b/p", "trusted_root": root, key: value}
+        with pytest.raises(SyncConfigError):
+            validate(SyncConfig(**fields), tmp_path)  # type: ignore[arg-type]
