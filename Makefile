@@ -43,7 +43,10 @@ bench: $(BIN)/.installed perf-analyzer
 # Regenerate the Python code for the ModelConfig schema after editing the .proto.
 proto: $(BIN)/.installed
 	$(BIN)/python -m grpc_tools.protoc -I agent/proto --python_out=agent/proto \
-	  --pyi_out=agent/proto agent/proto/model_config.proto
+	  --pyi_out=agent/proto --grpc_python_out=agent/proto \
+	  agent/proto/model_config.proto agent/proto/grpc_service.proto
+	rm -f agent/proto/model_config_pb2_grpc.py
+	$(BIN)/python agent/proto/fix_generated.py agent/proto/*_pb2.py agent/proto/*_pb2_grpc.py
 
 clean:
 	rm -rf $(VENV) $(PERF_VENV) .mypy_cache .ruff_cache .pytest_cache
