@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", dest="server.host", help="bind address (default 127.0.0.1)")
     serve.add_argument("--http-port", type=int, dest="server.http_port", help="default 8000")
     serve.add_argument(
+        "--grpc-port", type=int, dest="server.grpc_port", help="default 8001; -1: off"
+    )
+    serve.add_argument(
         "--metrics-port", type=int, dest="server.metrics_port", help="default 8002; -1: off"
     )
     serve.add_argument(

@@ -1,6 +1,6 @@
 """The agent's settings: frozen dataclasses read once from TOML, with command-line flags on top.
 
-    [server]  host, http_port, metrics_port, max_request_bytes
+    [server]  host, http_port, grpc_port, metrics_port, max_request_bytes
     [models]  repository, demo, strict_model_config, exit_on_error, intra_op_threads,
               memory_budget_bytes, response_cache_bytes, max_queue_size, control_mode,
               load_models, poll_quiet_ms
@@ -41,6 +41,7 @@ class ServerConfig:
 
     host: str = "127.0.0.1"
     http_port: int = 8000
+    grpc_port: int = 8001  # KServe v2 gRPC; -1 turns it off
     metrics_port: int = 8002  # Prometheus /metrics; -1 turns it off
     max_request_bytes: int = 64 * 1024 * 1024
 
@@ -176,6 +177,10 @@ def _validate(config: AgentConfig) -> None:
     server, models = config.server, config.models
     if not 0 <= server.http_port <= 65535:
         raise AgentConfigError(f"server.http_port must be 0..65535, got {server.http_port}")
+    if not -1 <= server.grpc_port <= 65535:
+        raise AgentConfigError(
+            f"server.grpc_port must be 0..65535 (or -1 for off), got {server.grpc_port}"
+        )
     if not -1 <= server.metrics_port <= 65535:
         raise AgentConfigError(
             f"server.metrics_port must be 0..65535 (or -1 for off), got {server.metrics_port}"

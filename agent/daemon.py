@@ -12,6 +12,7 @@ import logging
 import signal
 from dataclasses import dataclass
 
+import grpc
 from aiohttp import web
 
 from agent.cache_control import CachedVersions, CacheEvents
@@ -19,6 +20,7 @@ from agent.config import AgentConfig
 from agent.dataplane import DataPlane
 from agent.demo import default_demo_dir, write_demo_repository
 from agent.errors import AgentError, ModelLoadError, ModelNotFoundError
+from agent.grpc_server import start_grpc_server
 from agent.http import create_app
 from agent.memory import MemoryLedger, detect_budget_bytes, process_rss_bytes
 from agent.metrics import build_registry, create_metrics_app
@@ -50,6 +52,8 @@ class RunningAgent:
     watcher: RepositoryWatcher | None = None
     sync_stop: asyncio.Event | None = None
     sync_task: asyncio.Task[None] | None = None
+    grpc_server: grpc.aio.Server | None = None
+    grpc_port: int | None = None
 
     async def stop(self) -> None:
         """Stop accepting work, let in-flight requests finish, unload models."""
@@ -60,6 +64,8 @@ class RunningAgent:
             await self.sync_task  # finish the cycle in progress; never cut an install short
         if self.watcher is not None:
             await self.watcher.stop()
+        if self.grpc_server is not None:
+            await self.grpc_server.stop(grace=30)  # in-flight calls finish within the bound
         await self.runner.cleanup()
         if self.metrics_runner is not None:
             await self.metrics_runner.cleanup()
@@ -148,8 +154,17 @@ async def start_agent(config: AgentConfig) -> RunningAgent:
     app = create_app(dataplane, max_request_bytes=config.server.max_request_bytes)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     metrics_runner: web.AppRunner | None = None
+    grpc_server: grpc.aio.Server | None = None
+    grpc_port: int | None = None
     try:
         port = await _listen(runner, config.server.host, config.server.http_port)
+        if config.server.grpc_port >= 0:
+            grpc_server, grpc_port = await start_grpc_server(
+                dataplane,
+                config.server.host,
+                config.server.grpc_port,
+                max_message_bytes=config.server.max_request_bytes,
+            )
         metrics_port = None
         if config.server.metrics_port >= 0:
             metrics_runner = web.AppRunner(
@@ -163,6 +178,8 @@ async def start_agent(config: AgentConfig) -> RunningAgent:
     except OSError:
         if watcher is not None:
             await watcher.stop()
+        if grpc_server is not None:
+            await grpc_server.stop(None)
         await runner.cleanup()
         if metrics_runner is not None:
             await metrics_runner.cleanup()
@@ -174,6 +191,8 @@ async def start_agent(config: AgentConfig) -> RunningAgent:
     served = ", ".join(sorted(m.name for m in registry.served_models())) or "none"
     if metrics_port is not None:
         logger.info("metrics on http://%s:%d/metrics", config.server.host, metrics_port)
+    if grpc_port is not None:
+        logger.info("gRPC on %s:%d", config.server.host, grpc_port)
     logger.info("listening on http://%s:%d (models: %s)", config.server.host, port, served)
     return RunningAgent(
         registry,
@@ -186,6 +205,8 @@ async def start_agent(config: AgentConfig) -> RunningAgent:
         watcher,
         sync_stop,
         sync_task,
+        grpc_server,
+        grpc_port,
     )
 
 

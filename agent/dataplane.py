@@ -24,6 +24,7 @@ from agent.errors import (
 )
 from agent.model_config import config_from_json, config_to_json
 from agent.model_control import ModelControlMode, ModelManager
+from agent.proto import model_config_pb2 as mc
 from agent.protocol import InferRequest, InferResponse, OutputTensor
 from agent.registry import ModelRegistry
 from agent.response_cache import ResponseCache, cache_key
@@ -96,6 +97,11 @@ class DataPlane:
         """The completed config in Triton's JSON form."""
         served, _ = self._registry.resolve(name, version)
         return config_to_json(served.config)
+
+    def model_config_message(self, name: str, version: str | None) -> mc.ModelConfig:
+        """The completed config as the protobuf message (for gRPC)."""
+        served, _ = self._registry.resolve(name, version)
+        return served.config
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         rows = self._registry.index()

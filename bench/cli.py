@@ -187,7 +187,7 @@ def estimate_seconds(s: Settings) -> float:
     agent = 0.0
     for model in s.models:
         point = 1.2 * WINDOWS * interval_for(model, s) / 1000 + 0.5
-        agent += len(MODES) * (len(s.concurrency) * point + AGENT_START_S)
+        agent += (len(MODES) + 1) * (len(s.concurrency) * point + AGENT_START_S)
     return raw + agent
 
 
@@ -207,10 +207,12 @@ def run_raw(model: BenchModel, path: Path, s: Settings) -> dict[int, RawResult]:
     return results
 
 
-def run_agent(model: BenchModel, mode: str, repo: Path, workdir: Path, s: Settings) -> AgentRun:
+def run_agent(
+    model: BenchModel, mode: str, repo: Path, workdir: Path, s: Settings, protocol: str = "http"
+) -> AgentRun:
     assert s.perf_analyzer is not None
     run = AgentRun()
-    tag = f"[{model.key}/{mode}]"
+    tag = f"[{model.key}/{mode}/{protocol}]"
     try:
         with AgentProcess(repo, s.threads) as agent:
             log(f"{tag} agent pid {agent.pid} listening on {agent.url}")
@@ -226,10 +228,11 @@ def run_agent(model: BenchModel, mode: str, repo: Path, workdir: Path, s: Settin
                         r = run_perf_analyzer(
                             s.perf_analyzer,
                             model.served_name,
-                            agent.url,
+                            agent.grpc_url if protocol == "grpc" else agent.url,
                             c,
                             interval_for(model, s),
                             workdir,
+                            protocol,
                         )
                     except BenchError as exc:
                         agent_error = agent.last_error()
@@ -268,6 +271,8 @@ def run_suite(root: Path, s: Settings) -> str:
         for mode in MODES:
             repo = write_repository(root, model, mode, paths[model.key])
             agents[model.key, mode] = run_agent(model, mode, repo, root, s)
+        # The same dynamic-batching repository over gRPC, next to the HTTP run.
+        agents[model.key, "grpc"] = run_agent(model, "dynbatch", repo, root, s, "grpc")
     return render_suite(s, raw, agents, load_at_start)
 
 
@@ -304,8 +309,10 @@ def render_suite(
         "agent+dynbatch inf/s",
         "dynbatch p50/p95/p99 µs",
         "dynbatch / raw best",
+        "dynbatch gRPC inf/s",
+        "gRPC p50/p95/p99 µs",
     ]
-    right = [False, True, True, True, True, True, True, True, True]
+    right = [False, True, True, True, True, True, True, True, True, True, True]
     rows: list[list[str]] = []
     best_lines: list[str] = []
     for model in s.models:
@@ -335,6 +342,7 @@ def render_suite(
                     *nob,
                     *dyn,
                     ratio,
+                    *_load_cells(agents.get((model.key, "grpc")), c),
                 ]
             )
     title = "## edge-agent benchmark" + (" (--quick)" if s.quick else "")

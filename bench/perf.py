@@ -74,8 +74,20 @@ def perf_analyzer_version(binary: str) -> str:
 
 
 def perf_analyzer_command(
-    binary: str, model: str, url: str, concurrency: int, interval_ms: int, csv_path: Path
+    binary: str,
+    model: str,
+    url: str,
+    concurrency: int,
+    interval_ms: int,
+    csv_path: Path,
+    protocol: str = "http",
 ) -> list[str]:
+    # HTTP with Triton's binary tensor extension; gRPC always carries raw tensor bytes.
+    formats = (
+        ["--input-tensor-format", "binary", "--output-tensor-format", "binary"]
+        if protocol == "http"
+        else []
+    )
     return [
         binary,
         "-m",
@@ -83,11 +95,8 @@ def perf_analyzer_command(
         "-u",
         url,
         "-i",
-        "http",
-        "--input-tensor-format",
-        "binary",
-        "--output-tensor-format",
-        "binary",
+        protocol,
+        *formats,
         "--concurrency-range",
         str(concurrency),
         "--measurement-interval",
@@ -112,11 +121,14 @@ def run_perf_analyzer(
     concurrency: int,
     interval_ms: int,
     workdir: Path,
+    protocol: str = "http",
 ) -> LoadResult:
     """One perf_analyzer run; raises BenchError with its output's tail when it fails."""
-    csv_path = workdir / f"perf-{model}-c{concurrency}-{os.getpid()}.csv"
+    csv_path = workdir / f"perf-{model}-{protocol}-c{concurrency}-{os.getpid()}.csv"
     csv_path.unlink(missing_ok=True)
-    command = perf_analyzer_command(binary, model, url, concurrency, interval_ms, csv_path)
+    command = perf_analyzer_command(
+        binary, model, url, concurrency, interval_ms, csv_path, protocol
+    )
     # A window takes about 1.25 x its interval in practice; 1.5 x leaves room on a loaded host.
     timeout_s = 1.5 * WINDOWS * interval_ms / 1000 + STARTUP_ALLOWANCE_S
     proc = subprocess.Popen(

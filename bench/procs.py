@@ -21,6 +21,7 @@ import psutil
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 _LISTENING = re.compile(r"listening on http://([^\s:]+):(\d+)")
+_GRPC = re.compile(r"gRPC on ([^\s:]+):(\d+)")
 MB = 1024 * 1024
 
 
@@ -61,6 +62,7 @@ class AgentProcess:
         self.intra_op_threads = intra_op_threads
         self.start_timeout_s = start_timeout_s
         self.port = 0
+        self.grpc_port = 0  # the gRPC line comes before "listening on"
         self._proc: subprocess.Popen[str] | None = None
         self._tail: collections.deque[str] = collections.deque(maxlen=40)
         self._listening = threading.Event()
@@ -75,6 +77,10 @@ class AgentProcess:
     @property
     def url(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
 
     def stderr_tail(self) -> str:
         return "\n".join(self._tail)
@@ -114,6 +120,8 @@ class AgentProcess:
             "127.0.0.1",
             "--http-port",
             "0",
+            "--grpc-port",
+            "0",
             "--metrics-port",
             "-1",
             "--intra-op-threads",
@@ -150,6 +158,9 @@ class AgentProcess:
             return
         for line in proc.stderr:
             self._tail.append(line.rstrip())
+            grpc_match = _GRPC.search(line)
+            if grpc_match:
+                self.grpc_port = int(grpc_match.group(2))
             if not self._listening.is_set():
                 match = _LISTENING.search(line)
                 if match:

@@ -19,7 +19,7 @@ def model_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def agent(model_repo: Path) -> Iterator[RunningAgent]:
     config = AgentConfig(
-        server=ServerConfig(http_port=0, metrics_port=0, max_request_bytes=1 << 20),
+        server=ServerConfig(http_port=0, grpc_port=0, metrics_port=0, max_request_bytes=1 << 20),
         models=ModelsConfig(repository=model_repo, intra_op_threads=1),
     )
     with running_agent(config) as running:

@@ -85,6 +85,8 @@ def start_agent(
             str(cache),
             "--http-port",
             "0",
+            "--grpc-port",
+            "-1",
             "--metrics-port",
             "-1",
         ],

@@ -39,7 +39,7 @@ def swap_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningAgen
     write_model(repo, "swap", mlp_model(seed=1), CONFIG, versions=(1,))
     write_model(repo, "swap", mlp_model(seed=2), None, versions=(2,))
     config = AgentConfig(
-        server=ServerConfig(http_port=0, metrics_port=-1),
+        server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1),
         models=ModelsConfig(
             repository=repo, control_mode="explicit", load_models=("swap",), intra_op_threads=1
         ),

@@ -62,7 +62,7 @@ def test_poll_mode_serves_a_slowly_copied_version_only_once_complete(tmp_path: P
     repo = tmp_path / "models"
     write_model(repo, "m", mlp_model(seed=1), CONFIG, (1,))
     config = AgentConfig(
-        server=ServerConfig(http_port=0, metrics_port=-1),
+        server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1),
         models=ModelsConfig(repository=repo, control_mode="poll", poll_quiet_ms=150),
     )
     payload = mlp_model(seed=2).SerializeToString()
@@ -95,7 +95,7 @@ def test_load_and_unload_need_explicit_mode(tmp_path: Path) -> None:
     repo = tmp_path / "models"
     write_model(repo, "m", mlp_model(), CONFIG)
     config = AgentConfig(
-        server=ServerConfig(http_port=0, metrics_port=-1), models=ModelsConfig(repository=repo)
+        server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1), models=ModelsConfig(repository=repo)
     )
     with running_agent(config) as agent:
         status, raw = post(agent.http_port, "/v2/repository/models/m/unload")
@@ -109,7 +109,7 @@ def test_explicit_mode_loads_only_what_it_is_told(tmp_path: Path) -> None:
     write_model(repo, "m", mlp_model(), CONFIG)
     write_model(repo, "other", mlp_model(), CONFIG.replace('"m"', '"other"'))
     config = AgentConfig(
-        server=ServerConfig(http_port=0, metrics_port=-1),
+        server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1),
         models=ModelsConfig(repository=repo, control_mode="explicit", load_models=("m",)),
     )
     with running_agent(config) as agent:
@@ -163,6 +163,8 @@ def run_agent_process(repo: Path, *extra: str) -> tuple[subprocess.Popen[str], i
             str(repo),
             "--http-port",
             "0",
+            "--grpc-port",
+            "-1",
             "--metrics-port",
             "0",
             "--model-control-mode",
@@ -253,7 +255,7 @@ def test_missing_gpu_provider_on_cpu_machine_is_reported_not_fatal(tmp_path: Pat
     )
     write_model(repo, "m", mlp_model(), CONFIG + accel)
     config = AgentConfig(
-        server=ServerConfig(http_port=0, metrics_port=-1), models=ModelsConfig(repository=repo)
+        server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1), models=ModelsConfig(repository=repo)
     )
     with running_agent(config) as agent:
         assert infer(agent.http_port)[0] == 200

@@ -54,7 +54,7 @@ def sched_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningAge
     for name, extra in CONFIGS.items():
         write_model(repo, name, model, f'name: "{name}"\n{MLP_IO}\n{extra}\n')
     config = AgentConfig(
-        server=ServerConfig(http_port=0, metrics_port=0),
+        server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=0),
         models=ModelsConfig(repository=repo, intra_op_threads=1),
     )
     with running_agent(config) as agent:
@@ -237,7 +237,7 @@ def test_model_too_big_for_the_memory_budget_is_refused(tmp_path: Path) -> None:
     repo = tmp_path / "models"
     write_model(repo, "mlp", mlp_model(), f'name: "mlp"\n{MLP_IO}\nmax_batch_size: 8\n')
     config = AgentConfig(
-        server=ServerConfig(http_port=0, metrics_port=-1),
+        server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1),
         models=ModelsConfig(repository=repo, exit_on_error=False, memory_budget_bytes=1),
     )
     with running_agent(config) as agent:

@@ -75,7 +75,7 @@ def test_agent_syncs_and_swaps_published_versions(tmp_path: Path, s3_endpoint: s
         == 0
     )
     config = AgentConfig(
-        server=ServerConfig(http_port=0, metrics_port=-1),
+        server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1),
         models=ModelsConfig(exit_on_error=False),
         cache=CacheConfig(dir=tmp_path / "cache"),
         sync=SyncConfig(
