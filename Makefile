@@ -4,7 +4,7 @@ VENV ?= .venv
 PERF_VENV ?= .venv-perf
 BIN := $(VENV)/bin
 
-.PHONY: run test lint typecheck unit perf-analyzer bench proto clean
+.PHONY: run test lint typecheck unit perf-analyzer systemd-tools lint-ansible bench proto clean
 
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
@@ -19,7 +19,7 @@ $(BIN)/.installed: pyproject.toml
 run: $(BIN)/.installed
 	$(BIN)/edge-agent serve --demo
 
-test: $(BIN)/.installed perf-analyzer lint typecheck unit
+test: $(BIN)/.installed perf-analyzer systemd-tools lint lint-ansible typecheck unit
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
@@ -36,6 +36,18 @@ unit: $(BIN)/.installed
 perf-analyzer:
 	@[ -x $(PERF_VENV)/bin/perf_analyzer ] || bash bench/install-perf-analyzer.sh $(PERF_VENV) \
 	  || echo "perf_analyzer could not be installed; tests that need it will skip"
+
+# systemd-analyze / systemd-sysusers for tests/deploy (Debian's "systemd" package; no running
+# systemd needed).
+systemd-tools:
+	@command -v systemd-analyze >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      --no-install-recommends systemd >/dev/null; \
+	  else echo "systemd-analyze missing (sudo apt-get install systemd); tests/deploy unit checks will skip"; fi; }
+
+lint-ansible: $(BIN)/.installed
+	cd deploy/ansible && PATH=$(CURDIR)/$(BIN):$$PATH $(CURDIR)/$(BIN)/ansible-lint --offline --profile production
 
 bench: $(BIN)/.installed perf-analyzer
 	PERF_ANALYZER=$(CURDIR)/$(PERF_VENV)/bin/perf_analyzer $(BIN)/python -m bench

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import logging
+import os
 import sys
 import urllib.error
 import urllib.parse
@@ -15,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from agent import __version__
-from agent.config import AgentConfig, load_config
+from agent.config import AgentConfig
+from agent.config_tools import check_command, load_with_env, show_command
 from agent.daemon import run_agent
 from agent.errors import AgentConfigError, AgentError
 from agent.faults import fault
@@ -139,6 +142,15 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("--keep-last", type=int, default=2)
     gc.add_argument("--disk-budget-bytes", type=int, default=0)
 
+    config_parser = commands.add_parser("config", help="check or show the agent's config")
+    config_commands = config_parser.add_subparsers(dest="config_command", required=True)
+    check = config_commands.add_parser("check", help="validate a config file without starting")
+    check.add_argument("file", type=Path)
+    show = config_commands.add_parser(
+        "show", help="print the effective config (file + EDGE_AGENT_* variables), secrets masked"
+    )
+    show.add_argument("--config", type=Path, help="default: /etc/edge-agent/agent.toml if present")
+
     add_sync_commands(commands)
 
     for verb, text in (("activate", "serve a cached version"), ("rollback", "go back a version")):
@@ -160,11 +172,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cache_command(args)
     if args.command in ("activate", "rollback"):
         return swap_command(args)
+    if args.command == "config":
+        if args.config_command == "check":
+            return check_command(args.file)
+        return show_command(args.config, os.environ)
     overrides: dict[str, Any] = {k: v for k, v in vars(args).items() if "." in k}
     if overrides.get("models.load_models") is not None:
         overrides["models.load_models"] = tuple(overrides["models.load_models"])
     try:
-        config = load_config(args.config, overrides)
+        # Precedence: flags, then EDGE_AGENT_<SECTION>_<KEY> variables, then the file.
+        config = load_with_env(args.config, overrides, os.environ)
     except AgentConfigError as exc:
         print(f"edge-agent: error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
@@ -173,7 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # second; with the default 5 ms switch interval a waiting thread stalls for up to 5 ms.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
-        return _run(run_agent(config))
+        reload_config = functools.partial(load_with_env, args.config, overrides, os.environ)
+        return _run(run_agent(config, reload_config))
     except AgentError as exc:
         logging.getLogger("agent").critical("%s", exc.message)
         print(f"edge-agent: error: {exc.message}", file=sys.stderr)

@@ -10,6 +10,7 @@ import contextlib
 import functools
 import logging
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -27,15 +28,19 @@ from agent.metrics import build_registry, create_metrics_app
 from agent.model_control import LogEvents, ModelControlMode, ModelManager
 from agent.rate_limiter import RateLimiter
 from agent.registry import LoadSettings, ModelRegistry
+from agent.reload import Reloader
 from agent.repository_watch import RepositoryWatcher
 from agent.response_cache import ResponseCache
 from agent.scheduler import LimiterGate
 from agent.statistics import StatisticsRegistry
+from agent.systemd_notify import Notifier, StatusLogHandler, WatchdogPinger, install_stall_hook
 from model_cache import CacheError, ModelCache
 from sync.errors import SyncError
 from sync.periodic import build_client, run_periodic
 
 logger = logging.getLogger(__name__)
+
+DRAIN_TIMEOUT_S = 30.0  # SIGTERM: bound on in-flight requests (unit: TimeoutStopSec=45s)
 
 
 @dataclass(slots=True)
@@ -152,7 +157,9 @@ async def start_agent(config: AgentConfig) -> RunningAgent:
             run_periodic(config.sync, model_cache, versions.activate, sync_stop, client=client)
         )
     app = create_app(dataplane, max_request_bytes=config.server.max_request_bytes)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    runner = web.AppRunner(
+        app, access_log=None, handle_signals=False, shutdown_timeout=DRAIN_TIMEOUT_S
+    )
     metrics_runner: web.AppRunner | None = None
     grpc_server: grpc.aio.Server | None = None
     grpc_port: int | None = None
@@ -257,14 +264,49 @@ async def _listen(runner: web.AppRunner, host: str, port: int) -> int:
     return int(runner.addresses[0][1])
 
 
-async def run_agent(config: AgentConfig) -> int:
-    """Run until SIGTERM or SIGINT; returns the process exit code."""
-    agent = await start_agent(config)
-    stop = asyncio.Event()
+async def run_agent(
+    config: AgentConfig, reload_config: Callable[[], AgentConfig] | None = None
+) -> int:
+    """Run until SIGTERM or SIGINT; returns the process exit code.
+
+    Under systemd (`NOTIFY_SOCKET` set): STATUS= lines while loading, READY=1 once every model is
+    loaded and the ports listen, WATCHDOG=1 from this event loop, RELOADING=1 then READY=1 around
+    a SIGHUP reload, STOPPING=1 on SIGTERM/SIGINT. `reload_config` re-reads the config (file,
+    environment, flags) on SIGHUP; None: SIGHUP is logged and ignored.
+    """
     loop = asyncio.get_running_loop()
+    notifier = Notifier.from_environ()
+    pinger = WatchdogPinger.from_environ(notifier)
+    # Until the reloader is installed, SIGHUP must not kill the agent (its default action).
+    loop.add_signal_handler(signal.SIGHUP, logger.warning, "SIGHUP ignored: not running yet")
+    install_stall_hook(loop)  # test-only: does nothing unless EDGE_AGENT_STALL_ON_SIGUSR1 is set
+    pinger.start()
+    progress = StatusLogHandler(notifier)
+    logging.getLogger("agent").addHandler(progress)
+    notifier.status("loading models")
+    try:
+        agent = await start_agent(config)
+    except BaseException:
+        await pinger.stop()
+        raise
+    finally:
+        logging.getLogger("agent").removeHandler(progress)
+    stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    reloader: Reloader | None = None
+    if reload_config is not None:
+        reloader = Reloader(config, reload_config, agent.registry, notifier)
+        reloader.install(loop)
+    served = len(agent.registry.served_models())
+    notifier.ready(f"serving {served} model(s) on port {agent.http_port}")
     await stop.wait()
     logger.info("stopping on signal")
-    await agent.stop()
+    notifier.stopping("draining in-flight requests")
+    loop.remove_signal_handler(signal.SIGHUP)
+    try:
+        await agent.stop()
+    finally:
+        await pinger.stop()  # pings go on during the drain
+        notifier.close()
     return 0
