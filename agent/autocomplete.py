@@ -18,6 +18,9 @@ from agent.proto import model_config_pb2 as mc
 
 ONNX_PLATFORM = "onnxruntime_onnx"
 ONNX_BACKEND = "onnxruntime"
+TENSORRT_PLATFORM = "tensorrt_plan"
+TENSORRT_BACKEND = "tensorrt"
+_SUPPORTED = {ONNX_PLATFORM: ONNX_BACKEND, TENSORRT_PLATFORM: TENSORRT_BACKEND}
 DEFAULT_MAX_BATCH_SIZE = 4  # what Triton's ONNX Runtime backend picks when it can batch
 
 
@@ -85,11 +88,19 @@ def _check_platform(config: mc.ModelConfig, auto_complete: bool) -> None:
             raise ModelConfigError(f"model '{config.name}': config must set platform or backend")
         config.platform, config.backend = ONNX_PLATFORM, ONNX_BACKEND
         return
-    if config.platform not in ("", ONNX_PLATFORM) or config.backend not in ("", ONNX_BACKEND):
+    backend_for = _SUPPORTED.get(config.platform) if config.platform else None
+    unknown_platform = bool(config.platform) and backend_for is None
+    unknown_backend = config.backend not in ("", *_SUPPORTED.values())
+    mismatched = backend_for is not None and config.backend not in ("", backend_for)
+    if unknown_platform or unknown_backend or mismatched:
         raise ModelConfigError(
             f"model '{config.name}': platform '{config.platform}' backend '{config.backend}' "
-            f"is not supported (supported: platform '{ONNX_PLATFORM}', backend '{ONNX_BACKEND}')"
+            "is not supported (supported: platform 'onnxruntime_onnx' with backend "
+            "'onnxruntime', platform 'tensorrt_plan' with backend 'tensorrt')"
         )
+    if TENSORRT_PLATFORM in (config.platform,) or config.backend == TENSORRT_BACKEND:
+        config.platform, config.backend = TENSORRT_PLATFORM, TENSORRT_BACKEND
+        return
     config.platform = config.platform or ONNX_PLATFORM
     config.backend = config.backend or ONNX_BACKEND
 

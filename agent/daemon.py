@@ -107,6 +107,7 @@ async def start_agent(config: AgentConfig) -> RunningAgent:
             auto_complete=not config.models.strict_model_config,
             intra_op_threads=config.models.intra_op_threads,
             max_queue_size=config.models.max_queue_size,
+            engine_cache_root=config.cache.dir,
         ),
         stats=stats,
         ledger=ledger,

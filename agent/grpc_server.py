@@ -98,18 +98,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ModelReadyResponse(ready=ready)
 
     @_mapped
-    async def ServerMetadata(
-        self, request: pb.ServerMetadataRequest
-    ) -> pb.ServerMetadataResponse:
+    async def ServerMetadata(self, request: pb.ServerMetadataRequest) -> pb.ServerMetadataResponse:
         meta = self._dp.server_metadata()
         return pb.ServerMetadataResponse(
             name=meta["name"], version=meta["version"], extensions=meta["extensions"]
         )
 
     @_mapped
-    async def ModelMetadata(
-        self, request: pb.ModelMetadataRequest
-    ) -> pb.ModelMetadataResponse:
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest) -> pb.ModelMetadataResponse:
         meta = self._dp.model_metadata(request.name, request.version or None)
         response = pb.ModelMetadataResponse(
             name=meta["name"], versions=meta["versions"], platform=meta["platform"]

@@ -19,7 +19,8 @@ import numpy as np
 from agent import datatypes, repository
 from agent.autocomplete import DEFAULT_MAX_BATCH_SIZE, complete_config
 from agent.backends.base import Backend
-from agent.backends.onnx import OnnxBackend, default_intra_op_threads
+from agent.backends.onnx import default_intra_op_threads
+from agent.backends.select import create_backend
 from agent.batching import BatchingPolicy
 from agent.errors import (
     AgentError,
@@ -56,6 +57,7 @@ class LoadSettings:
     intra_op_threads: int = 0  # 0: the cores shared between a model's instances
     max_queue_size: int = 1024  # per version, when the config's queue policy sets none
     measure_memory: bool = True  # measure each version's footprint and fit it to the budget
+    engine_cache_root: Path | None = None  # where TensorRT engines built on the device are kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,8 +331,10 @@ class ModelRegistry:
         path = model_dir / str(version) / repository.model_filename(config)
         auto = self._settings.auto_complete and first
 
-        def load() -> tuple[OnnxBackend, mc.ModelConfig]:
-            backend = OnnxBackend(path, config, threads)
+        def load() -> tuple[Backend, mc.ModelConfig]:
+            backend = create_backend(
+                path.parent, config, threads, cache_root=self._settings.engine_cache_root
+            )
             try:
                 checked = complete_config(
                     config, name, backend.inputs, backend.outputs, auto_complete=auto
@@ -379,7 +383,7 @@ class ModelRegistry:
             "model %s version %d ready (providers %s, max batch %d, %d instance(s)%s)",
             name,
             version,
-            backend.providers,
+            getattr(backend, "providers", ()),
             completed.max_batch_size,
             instances,
             f", {footprint.bytes_for(max(1, completed.max_batch_size)) >> 20} MiB"
@@ -502,9 +506,7 @@ class ModelRegistry:
                 self.release(record.served)
 
 
-def _run_zeros(
-    loaded: tuple[OnnxBackend, mc.ModelConfig], batch: int, *, shrink: bool = False
-) -> None:
+def _run_zeros(loaded: tuple[Backend, mc.ModelConfig], batch: int, *, shrink: bool = False) -> None:
     """Run the model once on zeros at a batch size, to measure its memory."""
     backend, config = loaded
     signature = ModelSignature.from_config(config)

@@ -17,6 +17,8 @@ from agent.proto import model_config_pb2 as mc
 DEFAULT_MODEL_FILENAME = {
     "onnxruntime_onnx": "model.onnx",
     "onnxruntime": "model.onnx",
+    "tensorrt_plan": "model.plan",
+    "tensorrt": "model.plan",
 }
 
 

@@ -52,6 +52,11 @@ def add_commands(subparsers: Any) -> None:  # argparse's _SubParsersAction is pr
     publish.add_argument("--repo", type=Path, required=True, help="folder made by keys init")
     publish.add_argument("--store", required=True, help="s3://bucket/prefix or file:///folder")
     publish.add_argument("--create-bucket", action="store_true", help="s3: create it if missing")
+    publish.add_argument(
+        "--quantize-report",
+        type=Path,
+        help="sign this `edge-agent quantize` report's figures into the version's metadata",
+    )
     _s3_flags(publish)
     publish.add_argument("model", nargs="?", help="omit all three to re-sign (new expiry)")
     publish.add_argument("version", nargs="?", type=int)
@@ -135,7 +140,7 @@ def _publish(args: argparse.Namespace, out: TextIO) -> int:
         report = publisher.resign()
         print(f"re-signed: targets v{report.targets_version}", end="", file=out)
     else:
-        report = publisher.publish(args.model, args.version, args.source)
+        report = publisher.publish(args.model, args.version, args.source, args.quantize_report)
         state = "already published" if report.unchanged else "published"
         print(
             f"{args.model} version {args.version}: {state} ({report.files} files, "

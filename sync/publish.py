@@ -39,6 +39,7 @@ from typing import Any
 
 from tuf.api.metadata import Metadata, MetaFile, Root, Snapshot, TargetFile, Targets, Timestamp
 
+from agent.quantize_report import publish_custom_fields
 from model_cache import CacheError
 from model_cache.atomic import atomic_write_bytes, ensure_dir
 from model_cache.layout import validate_model_name, validate_version
@@ -112,13 +113,21 @@ class Publisher:
         self._expiry = expiry
         self._clock = clock
 
-    def publish(self, model: str, version: int, source_dir: Path) -> PublishReport:
+    def publish(
+        self,
+        model: str,
+        version: int,
+        source_dir: Path,
+        quantize_report: Path | None = None,
+    ) -> PublishReport:
         """Upload a model version's files and sign targets, snapshot and timestamp.
 
         Args:
             model: Model name.
             version: Version number; `source_dir/VERSION/` is the version folder.
             source_dir: A Triton model folder with `config.pbtxt` and `VERSION/`.
+            quantize_report: An `edge-agent quantize` report whose figures (and digest) are
+                signed into every target's custom fields.
 
         Raises:
             PublishError: A bad source folder, an empty directory (it cannot be a target), the
@@ -146,6 +155,13 @@ class Publisher:
             "version": version,
             "config_sha256": config_sha256,
         }
+        if quantize_report is not None:
+            try:
+                custom.update(publish_custom_fields(quantize_report))
+            except (ValueError, OSError) as exc:
+                raise PublishError(
+                    f"quantize report {quantize_report}: {exc}", model=model
+                ) from None
         new = {}
         for item in tree.files:
             path = f"{model}/{version}/{item.path}"

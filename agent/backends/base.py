@@ -34,8 +34,18 @@ class Backend(Protocol):
     @property
     def outputs(self) -> Sequence[ModelTensor]: ...
 
-    def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
-        """Run the model; blocking, called off the event loop."""
+    def run(
+        self,
+        feeds: Mapping[str, np.ndarray],
+        output_names: Sequence[str],
+        *,
+        shrink_memory: bool = False,
+    ) -> list[np.ndarray]:
+        """Run the model; blocking, called off the event loop.
+
+        `shrink_memory` asks the runtime to hand unused memory back afterwards (once, after the
+        footprint has been measured).
+        """
         ...
 
     def close(self) -> None:

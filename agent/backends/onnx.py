@@ -31,16 +31,6 @@ _ACCELERATORS = {
 }
 
 
-def _trt_options(key: str, value: str) -> dict[str, Any]:
-    """Triton's TensorRT accelerator parameters as ONNX Runtime TensorRT provider options."""
-    if key == "precision_mode":
-        mode = value.upper()
-        return {"trt_fp16_enable": mode == "FP16", "trt_int8_enable": mode == "INT8"}
-    if key == "max_workspace_size_bytes" and value.isdigit():
-        return {"trt_max_workspace_size": int(value)}
-    return {}
-
-
 ProviderList = list[str | tuple[str, dict[str, Any]]]
 
 
@@ -52,7 +42,9 @@ class ProviderChoice:
     missing: tuple[str, ...]
 
 
-def choose_providers(config: mc.ModelConfig, available: Sequence[str]) -> ProviderChoice:
+def choose_providers(
+    config: mc.ModelConfig, available: Sequence[str], cache_root: Path | None = None
+) -> ProviderChoice:
     """Map the config's accelerators onto installed ONNX Runtime providers, CPU last."""
     wanted: list[tuple[str, dict[str, Any]]] = []
     for acc in config.optimization.execution_accelerators.gpu_execution_accelerator:
@@ -62,8 +54,10 @@ def choose_providers(config: mc.ModelConfig, available: Sequence[str]) -> Provid
             continue
         options: dict[str, Any] = {}
         if name == "TensorrtExecutionProvider":
-            for key, value in acc.parameters.items():
-                options.update(_trt_options(key, value))
+            # Same fields as the native engine build; engine cache inside the model cache.
+            from agent.backends.select import ort_tensorrt_options  # noqa: PLC0415
+
+            options.update(ort_tensorrt_options(config, cache_root))
         wanted.append((name, options))
     gpu_group = any(g.kind == mc.ModelInstanceGroup.KIND_GPU for g in config.instance_group)
     if (gpu_group or wanted) and all(n != "CUDAExecutionProvider" for n, _ in wanted):
@@ -87,7 +81,13 @@ def default_intra_op_threads(instances: int) -> int:
 class OnnxBackend:
     """A model version running in ONNX Runtime."""
 
-    def __init__(self, path: Path, config: mc.ModelConfig, intra_op_threads: int) -> None:
+    def __init__(
+        self,
+        path: Path,
+        config: mc.ModelConfig,
+        intra_op_threads: int,
+        cache_root: Path | None = None,
+    ) -> None:
         """Create the session.
 
         Raises:
@@ -95,7 +95,7 @@ class OnnxBackend:
         """
         if not path.is_file():
             raise ModelLoadError(f"model file {path} not found")
-        choice = choose_providers(config, ort.get_available_providers())
+        choice = choose_providers(config, ort.get_available_providers(), cache_root)
         self.missing_providers = choice.missing
         for name in choice.missing:
             logger.warning(

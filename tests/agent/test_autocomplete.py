@@ -221,7 +221,8 @@ def test_matching_name_is_fine() -> None:
 @pytest.mark.parametrize(
     "text",
     [
-        'platform: "tensorrt_plan"',
+        'platform: "pytorch_libtorch"',
+        'platform: "tensorrt_plan" backend: "onnxruntime"',
         'backend: "pytorch"',
         'platform: "onnxruntime_onnx" backend: "python"',
     ],

@@ -23,7 +23,17 @@ LISTENING = re.compile(r"listening on http://[^:]+:(\d+)")
 
 
 def agent_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "agent", "serve", "--metrics-port", "0", "--grpc-port", "-1", *args]
+    return [
+        sys.executable,
+        "-m",
+        "agent",
+        "serve",
+        "--metrics-port",
+        "0",
+        "--grpc-port",
+        "-1",
+        *args,
+    ]
 
 
 @contextmanager

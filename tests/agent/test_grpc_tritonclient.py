@@ -133,7 +133,7 @@ def test_statistics_and_repository_index(client: grpcclient.InferenceServerClien
 
     def successes(doc: dict[str, object]) -> int:
         stats = doc["model_stats"][0]["inference_stats"]  # type: ignore[index]
-        return int(stats["success"].get("count", 0))  # type: ignore[index]
+        return int(stats["success"].get("count", 0))
 
     assert successes(after) == successes(before) + 1
     index = client.get_model_repository_index(as_json=True)["models"]

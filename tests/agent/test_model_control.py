@@ -95,7 +95,8 @@ def test_load_and_unload_need_explicit_mode(tmp_path: Path) -> None:
     repo = tmp_path / "models"
     write_model(repo, "m", mlp_model(), CONFIG)
     config = AgentConfig(
-        server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1), models=ModelsConfig(repository=repo)
+        server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1),
+        models=ModelsConfig(repository=repo),
     )
     with running_agent(config) as agent:
         status, raw = post(agent.http_port, "/v2/repository/models/m/unload")
@@ -255,7 +256,8 @@ def test_missing_gpu_provider_on_cpu_machine_is_reported_not_fatal(tmp_path: Pat
     )
     write_model(repo, "m", mlp_model(), CONFIG + accel)
     config = AgentConfig(
-        server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1), models=ModelsConfig(repository=repo)
+        server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1),
+        models=ModelsConfig(repository=repo),
     )
     with running_agent(config) as agent:
         assert infer(agent.http_port)[0] == 200

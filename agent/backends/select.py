@@ -1,0 +1,115 @@
+"""Which backend runs a model version, from a closed set chosen by its config.
+
+* `platform: "onnxruntime_onnx"` / `backend: "onnxruntime"` → `OnnxBackend` (ONNX Runtime). A
+  `tensorrt` GPU accelerator in the config turns on ONNX Runtime's TensorRT provider with the
+  options `ort_tensorrt_options` derives from the same fields the engine builder reads, with its
+  engine cache inside the model cache.
+* `platform: "tensorrt_plan"` / `backend: "tensorrt"` → `TensorRTBackend`. The version folder
+  holds `model.plan`, or only `model.onnx`: then the engine is built on the device on first load and
+  cached (`agent.engine_build.cached_engine`), so later loads, restarts and swaps reuse it.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from agent.backends.base import Backend
+from agent.engine_build import cached_engine, engine_cache_dir, spec_from_config
+from agent.errors import ModelLoadError
+from agent.proto import model_config_pb2 as mc
+
+TENSORRT_PLATFORM = "tensorrt_plan"
+TENSORRT_BACKEND = "tensorrt"
+PLAN_FILENAME = "model.plan"
+ONNX_FILENAME = "model.onnx"
+
+
+class BackendKind(Enum):
+    """The backends the agent can run."""
+
+    ONNXRUNTIME = "onnxruntime"
+    TENSORRT = "tensorrt"
+
+
+def backend_kind(config: mc.ModelConfig) -> BackendKind:
+    """The backend a config asks for (ONNX Runtime unless it names TensorRT)."""
+    if config.platform == TENSORRT_PLATFORM or config.backend == TENSORRT_BACKEND:
+        return BackendKind.TENSORRT
+    return BackendKind.ONNXRUNTIME
+
+
+def ort_tensorrt_options(config: mc.ModelConfig, cache_root: Path | None) -> dict[str, Any]:
+    """ONNX Runtime TensorRT provider options from the config's `tensorrt` accelerator.
+
+    Precision and workspace come from `precision_mode` / `max_workspace_size_bytes` (as for the
+    native engine build). With a cache root, ORT's engine and timing caches go in
+    `CACHE_ROOT/engines/ort/MODEL/`, which ORT keys by model, TensorRT version and GPU itself.
+    """
+    spec = spec_from_config(config)
+    options: dict[str, Any] = {
+        "trt_fp16_enable": spec.precision.value in ("fp16", "int8"),
+        "trt_int8_enable": spec.precision.value == "int8",
+        "trt_max_workspace_size": spec.workspace_bytes,
+    }
+    if cache_root is not None:
+        folder = engine_cache_dir(cache_root) / "ort" / (config.name or "model")
+        folder.mkdir(parents=True, exist_ok=True)
+        options.update(
+            trt_engine_cache_enable=True,
+            trt_engine_cache_path=str(folder),
+            trt_timing_cache_enable=True,
+            trt_timing_cache_path=str(folder),
+        )
+    return options
+
+
+def engine_path(version_dir: Path, config: mc.ModelConfig, cache_root: Path | None) -> Path:
+    """The engine to load: the version's own `.plan`, or one built from its ONNX and cached.
+
+    Raises:
+        ModelLoadError: neither file is there, no cache root to build into, or the build failed.
+    """
+    plan = version_dir / (config.default_model_filename or PLAN_FILENAME)
+    if plan.is_file():
+        return plan
+    onnx_path = version_dir / ONNX_FILENAME
+    if not onnx_path.is_file():
+        raise ModelLoadError(f"{version_dir} holds neither {plan.name} nor {ONNX_FILENAME}")
+    if cache_root is None:
+        raise ModelLoadError(f"{version_dir}: building an engine needs a model cache directory")
+    return cached_engine(onnx_path, cache_root, spec_from_config(config))
+
+
+def create_backend(
+    version_dir: Path,
+    config: mc.ModelConfig,
+    intra_op_threads: int,
+    *,
+    cache_root: Path | None = None,
+) -> Backend:
+    """The backend instance for one model version (blocking: may build an engine).
+
+    Raises:
+        ModelLoadError: the runtime is missing (TensorRT on a CPU-only host: the model is then
+            UNAVAILABLE with that reason), the file is missing or refused.
+    """
+    if backend_kind(config) is BackendKind.TENSORRT:
+        from agent.backends.tensorrt import TensorRTBackend  # noqa: PLC0415 - GPU hosts only
+
+        return TensorRTBackend(engine_path(version_dir, config, cache_root), config)
+    from agent.backends.onnx import OnnxBackend  # noqa: PLC0415
+
+    return OnnxBackend(
+        version_dir / (config.default_model_filename or ONNX_FILENAME),
+        config,
+        intra_op_threads,
+        cache_root,
+    )
+
+
+def device_memory_bytes(backend: object) -> int:
+    """GPU memory a backend holds (0 for CPU backends), for the memory budget."""
+    value = getattr(backend, "device_memory_bytes", 0)
+    return value if isinstance(value, int) else 0
