@@ -4,7 +4,7 @@ VENV ?= .venv
 PERF_VENV ?= .venv-perf
 BIN := $(VENV)/bin
 
-.PHONY: run test lint typecheck unit perf-analyzer systemd-tools lint-ansible bench proto clean
+.PHONY: run test lint typecheck unit perf-analyzer systemd-tools mosquitto lint-ansible bench proto clean
 
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
@@ -28,7 +28,7 @@ lint: $(BIN)/.installed
 typecheck: $(BIN)/.installed
 	$(BIN)/mypy
 
-unit: $(BIN)/.installed
+unit: $(BIN)/.installed mosquitto
 	PERF_ANALYZER=$(CURDIR)/$(PERF_VENV)/bin/perf_analyzer $(BIN)/pytest
 
 # Triton's load generator (Debian 12). Best effort: without it the perf_analyzer test skips
@@ -45,6 +45,13 @@ systemd-tools:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	      --no-install-recommends systemd >/dev/null; \
 	  else echo "systemd-analyze missing (sudo apt-get install systemd); tests/deploy unit checks will skip"; fi; }
+
+# tests/mqtt runs a real broker (Debian's mosquitto); without it those tests skip and say why.
+mosquitto:
+	@command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto >/dev/null; \
+	  else echo "mosquitto missing: sudo apt-get install mosquitto (MQTT tests will skip)"; fi; }
 
 lint-ansible: $(BIN)/.installed
 	cd deploy/ansible && PATH=$(CURDIR)/$(BIN):$$PATH $(CURDIR)/$(BIN)/ansible-lint --offline --profile production

@@ -16,7 +16,7 @@ from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
-from agent import __version__, engine_build, quantize
+from agent import __version__, engine_build, fleet_cli, quantize
 from agent.config import AgentConfig
 from agent.config_tools import check_command, load_with_env, show_command
 from agent.daemon import run_agent
@@ -154,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sync_commands(commands)
     quantize.add_commands(commands)
     engine_build.add_commands(commands)
+    fleet_cli.add_commands(commands)
 
     for verb, text in (("activate", "serve a cached version"), ("rollback", "go back a version")):
         cmd = commands.add_parser(verb, help=f"{text} on a running agent (hot swap)")
@@ -170,6 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command in SYNC_COMMANDS:
         return run_sync(args)
+    if args.command == "fleet":
+        return fleet_cli.run(args)
     if args.command == "quantize":
         return quantize.run(args)
     if args.command == "build-engine":

@@ -6,6 +6,8 @@
               load_models, poll_quiet_ms
     [cache]   dir, keep_last, disk_budget_bytes
     [sync]    source, trusted_root, desired, interval_s, jitter_s, ... (see sync/config.py)
+    [mqtt]    host, port, device_id, tls_*, topic_prefix, telemetry_interval_ms, slo, ...
+              (see agent/fleet_config.py)
     [log]     level
 
 An unknown section or key, or a value of the wrong type, stops start-up with a message that names
@@ -27,6 +29,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from agent.errors import AgentConfigError
+from agent.fleet_config import MqttConfig, validate_mqtt
 from sync.config import SyncConfig
 from sync.config import validate as validate_sync
 from sync.errors import SyncConfigError
@@ -87,6 +90,7 @@ class AgentConfig:
     models: ModelsConfig = ModelsConfig()
     cache: CacheConfig = CacheConfig()
     sync: SyncConfig = dataclasses.field(default_factory=SyncConfig)
+    mqtt: MqttConfig = dataclasses.field(default_factory=MqttConfig)
     log: LogConfig = LogConfig()
 
 
@@ -95,6 +99,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "models": ModelsConfig,
     "cache": CacheConfig,
     "sync": SyncConfig,
+    "mqtt": MqttConfig,
     "log": LogConfig,
 }
 
@@ -227,6 +232,7 @@ def _validate(config: AgentConfig) -> None:
         validate_sync(config.sync, config.cache.dir)
     except SyncConfigError as exc:
         raise AgentConfigError(exc.message) from None
+    validate_mqtt(config.mqtt)
     if models.repository is not None and models.demo:
         raise AgentConfigError("models.repository and models.demo are exclusive: choose one")
     if models.repository is not None and not models.repository.is_dir():

@@ -10,8 +10,9 @@ import contextlib
 import functools
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 from aiohttp import web
@@ -21,6 +22,8 @@ from agent.config import AgentConfig
 from agent.dataplane import DataPlane
 from agent.demo import default_demo_dir, write_demo_repository
 from agent.errors import AgentError, ModelLoadError, ModelNotFoundError
+from agent.fleet import EventTee, FleetLink
+from agent.fleet_telemetry import detect_gpu
 from agent.grpc_server import start_grpc_server
 from agent.http import create_app
 from agent.memory import MemoryLedger, detect_budget_bytes, process_rss_bytes
@@ -35,6 +38,7 @@ from agent.scheduler import LimiterGate
 from agent.statistics import StatisticsRegistry
 from agent.systemd_notify import Notifier, StatusLogHandler, WatchdogPinger, install_stall_hook
 from model_cache import CacheError, ModelCache
+from sync.client import SyncClient
 from sync.errors import SyncError
 from sync.periodic import build_client, run_periodic
 
@@ -59,6 +63,7 @@ class RunningAgent:
     sync_task: asyncio.Task[None] | None = None
     grpc_server: grpc.aio.Server | None = None
     grpc_port: int | None = None
+    fleet: FleetLink | None = None
 
     async def stop(self) -> None:
         """Stop accepting work, let in-flight requests finish, unload models."""
@@ -67,6 +72,8 @@ class RunningAgent:
             self.sync_stop.set()
         if self.sync_task is not None:
             await self.sync_task  # finish the cycle in progress; never cut an install short
+        if self.fleet is not None:
+            await self.fleet.stop()  # publishes the retained "offline" status
         if self.watcher is not None:
             await self.watcher.stop()
         if self.grpc_server is not None:
@@ -114,7 +121,7 @@ async def start_agent(config: AgentConfig) -> RunningAgent:
         gate=LimiterGate(RateLimiter()),
     )
     mode = ModelControlMode(config.models.control_mode)
-    events = CacheEvents(model_cache) if model_cache is not None else LogEvents()
+    events = EventTee(CacheEvents(model_cache) if model_cache is not None else LogEvents())
     manager = ModelManager(registry, events)
     watcher: RepositoryWatcher | None = None
     if mode is ModelControlMode.POLL:
@@ -149,13 +156,14 @@ async def start_agent(config: AgentConfig) -> RunningAgent:
     dataplane = DataPlane(registry, cache, manager, mode, versions)
     sync_stop = asyncio.Event()
     sync_task: asyncio.Task[None] | None = None
+    sync_client: SyncClient | None = None
     if config.sync.enabled and versions is not None and model_cache is not None:
         try:
-            client = build_client(config.sync, model_cache)
+            sync_client = build_client(config.sync, model_cache)
         except SyncError as exc:
             raise ModelLoadError(f"sync: {exc.message}") from None
         sync_task = asyncio.create_task(
-            run_periodic(config.sync, model_cache, versions.activate, sync_stop, client=client)
+            run_periodic(config.sync, model_cache, versions.activate, sync_stop, client=sync_client)
         )
     app = create_app(dataplane, max_request_bytes=config.server.max_request_bytes)
     runner = web.AppRunner(
@@ -195,6 +203,11 @@ async def start_agent(config: AgentConfig) -> RunningAgent:
         if model_cache is not None:
             model_cache.close()
         raise
+    fleet: FleetLink | None = None
+    if config.mqtt.enabled:
+        fleet = await _start_fleet_link(
+            config, dataplane, registry, ledger, model_cache, versions, sync_client, events
+        )
     dataplane.set_ready(True)
     served = ", ".join(sorted(m.name for m in registry.served_models())) or "none"
     if metrics_port is not None:
@@ -215,7 +228,56 @@ async def start_agent(config: AgentConfig) -> RunningAgent:
         sync_task,
         grpc_server,
         grpc_port,
+        fleet,
     )
+
+
+async def _start_fleet_link(
+    config: AgentConfig,
+    dataplane: DataPlane,
+    registry: ModelRegistry,
+    ledger: MemoryLedger,
+    model_cache: ModelCache | None,
+    versions: CachedVersions | None,
+    sync_client: SyncClient | None,
+    events: EventTee,
+) -> FleetLink:
+    """Connect to the fleet manager's broker (returns at once; the broker may be away)."""
+    sync_now: Callable[[], Awaitable[dict[str, object]]] | None = None
+    if sync_client is not None and versions is not None:
+        client, cached = sync_client, versions
+        sync_lock = asyncio.Lock()
+
+        async def run_sync_now() -> dict[str, object]:
+            async with sync_lock:
+                try:
+                    report = await asyncio.to_thread(client.sync_once)
+                except SyncError as exc:
+                    events.record("*", None, "sync_failed", {"reason": exc.message})
+                    raise AgentError(f"sync failed: {exc.message}") from None
+            for model, version in report.activate:
+                await cached.activate(model, version)
+            return {
+                "installed": [list(p) for p in report.installed],
+                "activated": [list(p) for p in report.activate],
+                "errors": [list(e) for e in report.errors],
+            }
+
+        sync_now = run_sync_now
+    state_dir = config.mqtt.state_dir or config.cache.dir or Path.home() / ".local/state/edge-agent"
+    fleet = FleetLink(
+        config.mqtt,
+        dataplane,
+        registry,
+        ledger,
+        state_dir / "fleet.sqlite",
+        sync=sync_now,
+        cache_disk=model_cache.disk_usage if model_cache is not None else None,
+        gpu=await asyncio.to_thread(detect_gpu),
+    )
+    events.add(fleet)
+    await fleet.start()
+    return fleet
 
 
 async def _reload(manager: ModelManager, name: str) -> None:

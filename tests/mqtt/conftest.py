@@ -1,0 +1,123 @@
+"""Fixtures: a real Mosquitto broker per test, a PKI, and an agent serving a model cache."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.config import AgentConfig, CacheConfig, ModelsConfig, ServerConfig
+from agent.demo import mlp_model
+from agent.fleet import FleetLink
+from agent.fleet_config import MqttConfig, validate_mqtt
+from model_cache import ModelCache
+from tests.models import write_model
+from tests.mqtt.support import AgentThread, Broker, Pki, agent_thread, make_pki
+
+CONFIG = """
+name: "m"
+platform: "onnxruntime_onnx"
+max_batch_size: 4
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 64 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 10 ] } ]
+"""
+
+LinkFactory = Callable[..., FleetLink]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if shutil.which("mosquitto") or Path("/usr/sbin/mosquitto").exists():
+        return
+    skip = pytest.mark.skip(reason="mosquitto is not installed (make test installs it)")
+    for item in items:
+        if "broker" in getattr(item, "fixturenames", ()):
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Broker]:
+    server = Broker(tmp_path / "broker")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def build_cache(root: Path) -> Path:
+    """A cache holding version 1 (active) and version 2 (ready) of model m."""
+    for version in (1, 2):
+        write_model(root / f"src{version}", "m", mlp_model(seed=version), CONFIG, (version,))
+    cache = ModelCache(root / "cache")
+    try:
+        cache.install("m", 1, root / "src1/m")
+        cache.activate("m", 1)
+        cache.install("m", 2, root / "src2/m")
+    finally:
+        cache.close()
+    return root / "cache"
+
+
+def agent_config(cache_dir: Path) -> AgentConfig:
+    return AgentConfig(
+        server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1),
+        models=ModelsConfig(control_mode="explicit", load_models=("*",), intra_op_threads=1),
+        cache=CacheConfig(dir=cache_dir),
+    )
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentThread]:
+    cache = build_cache(tmp_path_factory.mktemp("agent"))
+    with agent_thread(agent_config(cache)) as running:
+        yield running
+
+
+def mqtt_config(broker: Broker, **overrides: Any) -> MqttConfig:
+    base: dict[str, Any] = {
+        "host": "127.0.0.1",
+        "port": broker.port,
+        "device_id": "dev1",
+        "telemetry_interval_ms": 200,
+        "reconnect_min_ms": 100,
+        "reconnect_max_ms": 500,
+    }
+    config = MqttConfig(**{**base, **overrides})
+    validate_mqtt(config)
+    return config
+
+
+@pytest.fixture
+def start_link(served: AgentThread, tmp_path: Path) -> Iterator[LinkFactory]:
+    """Start FleetLinks on the agent's loop (as the daemon will); all stopped at teardown."""
+    links: list[FleetLink] = []
+
+    def start(config: MqttConfig, state: Path | None = None, **kw: Any) -> FleetLink:
+        agent = served.agent
+        if agent.model_cache is not None:
+            kw.setdefault("cache_disk", agent.model_cache.disk_usage)
+        link = FleetLink(
+            config,
+            agent.dataplane,
+            agent.registry,
+            agent.registry.ledger,
+            state or tmp_path / "fleet.sqlite",
+            **kw,
+        )
+        served.run(link.start())
+        served.events.add(link)
+        links.append(link)
+        return link
+
+    yield start
+    for link in reversed(links):
+        served.events.remove(link)
+        served.run(link.stop())

@@ -1,0 +1,91 @@
+"""Pure command parsing: typed results, and an error for everything else."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agent import commands as c
+from agent.fleet_cli import parse_args
+
+
+def parse(doc: object, limit: int = 4096) -> c.Command:
+    return c.parse_command(json.dumps(doc).encode(), max_bytes=limit)
+
+
+def test_every_command_parses_to_its_type() -> None:
+    assert parse({"id": "1", "command": "ping"}).body == c.Ping()
+    assert parse({"id": "2", "command": "status", "schema": 1}).body == c.Status()
+    assert parse({"id": "3", "command": "sync", "args": {}}).body == c.Sync()
+    desired = parse(
+        {"id": "4", "command": "set-desired", "args": {"models": {"m": "1,2", "*": "latest"}}}
+    )
+    assert desired.body == c.SetDesired((("*", "latest"), ("m", "1,2")))
+    assert isinstance(desired.body, c.SetDesired)
+    assert desired.body.as_lines() == ("*=latest", "m=1,2")
+    load = parse(
+        {"id": "5", "command": "load", "args": {"model": "m", "config": {"max_batch_size": 2}}}
+    )
+    assert load.body == c.Load("m", {"max_batch_size": 2})
+    assert parse({"id": "6", "command": "unload", "args": {"model": "m"}}).body == c.Unload("m")
+    assert parse({"id": "7", "command": "activate", "args": {"model": "m", "version": 3}}).body == (
+        c.Activate("m", 3)
+    )
+    assert parse({"id": "8", "command": "rollback", "args": {"model": "m"}}).body == c.Rollback("m")
+    batching = parse(
+        {"id": "9", "command": "set-batching",
+         "args": {"model": "m", "max_queue_delay_us": 0, "preferred_batch_sizes": [2, 4]}}
+    )  # fmt: skip
+    assert batching.body == c.SetBatching("m", None, None, 0, (2, 4))
+    assert batching.name == "set-batching"
+
+
+@pytest.mark.parametrize(
+    ("doc", "text"),
+    [
+        ({"id": "a", "command": "rollback", "args": {"model": "m", "version": True}}, "integer"),
+        ({"id": "a", "command": "rollback", "args": {"model": "m", "version": 0}}, ">= 1"),
+        ({"id": "a", "command": "rollback", "args": {"model": "m", "version": 2**40}}, "too large"),
+        ({"id": "a", "command": "load", "args": {}}, "needs"),
+        ({"id": "a", "command": "load", "args": {"model": ".hidden"}}, "model name"),
+        ({"id": "a", "command": "load", "args": {"model": "m", "config": []}}, "JSON object"),
+        ({"id": "a", "command": "load", "args": []}, "'args'"),
+        ({"id": "a", "command": 5}, "unknown command"),
+        ({"id": "a" * 129, "command": "ping"}, "'id'"),
+        ({"id": "a", "command": "set-desired", "args": {}}, "models"),
+        ({"id": "a", "command": "set-desired", "args": {"models": {"m": 3}}}, "policy"),
+        ({"id": "a", "command": "set-desired", "args": {"models": {"m": "0"}}}, "policy"),
+        (
+            {
+                "id": "a",
+                "command": "set-batching",
+                "args": {"model": "m", "preferred_batch_sizes": [0]},
+            },
+            "integers >= 1",
+        ),
+    ],
+)
+def test_bad_commands_raise_command_error(doc: object, text: str) -> None:
+    with pytest.raises(c.CommandError, match=text) as caught:
+        parse(doc)
+    if isinstance(doc, dict) and doc.get("id") == "a":
+        assert caught.value.command_id == "a"
+
+
+def test_size_limit_checked_before_parsing() -> None:
+    with pytest.raises(c.CommandTooLargeError, match="over the 10 limit"):
+        c.parse_command(b"{" * 11, max_bytes=10)
+
+
+def test_cli_arguments() -> None:
+    assert parse_args(["model=m", "version=2", "x=[1]", "s=hello"], None) == {
+        "model": "m", "version": 2, "x": [1], "s": "hello",
+    }  # fmt: skip
+    assert parse_args(["v=3"], '{"models": {"*": "latest"}}') == {
+        "models": {"*": "latest"}, "v": 3,
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        parse_args(["oops"], None)
+    with pytest.raises(ValueError, match="JSON object"):
+        parse_args([], "[1]")
