@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -202,6 +203,7 @@ def test_memory_aware_swap_drains_first_when_both_do_not_fit(tmp_path: Path) -> 
     write_model(repo, "m", big_mlp(2), None, (2,))
     # First run: how much the agent plus one version holds in the budget.
     proc, port = run_agent_process(repo)
+    first_pid = proc.pid
     try:
         metrics_port = _metrics_port(proc)
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics") as resp:
@@ -209,8 +211,9 @@ def test_memory_aware_swap_drains_first_when_both_do_not_fit(tmp_path: Path) -> 
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    # Second run: a budget with room for one version and a half, not two.
-    budget = int(one_version * 1.35)
+    # Second run: the same start-up plus room for one version and a half, not two.
+    model_mib = int(LOGS[first_pid].wait_for(MODEL_MIB).group(1))
+    budget = int(one_version + model_mib * (1 << 20) // 2)
     proc, port = run_agent_process(repo, "--memory-budget-bytes", str(budget))
     try:
         client = subprocess.Popen(
@@ -240,6 +243,9 @@ def test_memory_aware_swap_drains_first_when_both_do_not_fit(tmp_path: Path) -> 
         proc.wait(timeout=30)
         log = LOGS[proc.pid].lines
     assert any("swap strategy drain-first" in line for line in log), "".join(log[-20:])
+
+
+MODEL_MIB = re.compile(r"model m version 1 ready .*, (\d+) MiB\)")
 
 
 def _metrics_port(proc: subprocess.Popen[str]) -> int:
