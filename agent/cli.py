@@ -22,6 +22,7 @@ from agent.config_tools import check_command, load_with_env, show_command
 from agent.daemon import run_agent
 from agent.errors import AgentConfigError, AgentError
 from agent.faults import fault
+from agent.journal import setup_logging
 from model_cache import CacheError, ModelCache, collect
 from sync.cli import SYNC_COMMANDS
 from sync.cli import add_commands as add_sync_commands
@@ -285,8 +286,4 @@ def _run(main: Coroutine[Any, Any, int]) -> int:
 
 
 def _setup_logging(config: AgentConfig) -> None:
-    logging.basicConfig(
-        level=config.log.level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    setup_logging(config.log.level)

@@ -170,7 +170,13 @@ class ModelManager:
             raise build.error or AgentError(build.reason)
         fault("swap-switched")
         versions = sorted(build.served.versions)
-        logger.info("model %s now serves versions %s (strategy %s)", build.name, versions, strategy)
+        logger.info(
+            "model %s now serves versions %s (strategy %s)",
+            build.name,
+            versions,
+            strategy,
+            extra={"model": build.name, "version": max(versions), "strategy": strategy},
+        )
         self._events.record(
             build.name,
             max(versions),

@@ -213,7 +213,7 @@ class ModelRegistry:
             record.served = self._load(name, model_dir, record, config_override, generation)
         except AgentError as exc:
             record.reason = exc.message
-            logger.error("model %s failed to load: %s", name, exc.message)
+            logger.error("model %s failed to load: %s", name, exc.message, extra={"model": name})
             return ModelBuild(name, None, record, exc)
         return ModelBuild(name, record.served, record, None)
 
@@ -303,7 +303,13 @@ class ModelRegistry:
                 )
             except AgentError as exc:
                 record.versions[version] = VersionStatus(ModelState.UNAVAILABLE, exc.message)
-                logger.error("model %s version %d unavailable: %s", name, version, exc.message)
+                logger.error(
+                    "model %s version %d unavailable: %s",
+                    name,
+                    version,
+                    exc.message,
+                    extra={"model": name, "version": version},
+                )
                 continue
             completed = completed or version_config
             loaded[version] = item
@@ -389,6 +395,7 @@ class ModelRegistry:
             f", {footprint.bytes_for(max(1, completed.max_batch_size)) >> 20} MiB"
             if footprint
             else "",
+            extra={"model": name, "version": version},
         )
         return completed, LoadedVersion(
             version, backend, scheduler, executor, stats, footprint, key
