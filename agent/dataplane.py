@@ -58,6 +58,7 @@ class DataPlane:
         self.mode = mode
         self.versions = versions
         self._ready = False
+        registry.step_runner.runner = self.infer  # ensemble steps are ordinary inferences
 
     def set_ready(self, ready: bool) -> None:
         """Ready once start-up loading is done; not ready again while shutting down."""

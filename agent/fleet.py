@@ -133,6 +133,7 @@ class FleetLink:
         self._queue: asyncio.Queue[tuple[cmd.Command, _Reply]] = asyncio.Queue(_QUEUE)
         self._tasks: list[asyncio.Task[None]] = []
         self._inline: set[asyncio.Task[None]] = set()
+        self._subscribed: asyncio.Future[None] | None = None
         self._running: dict[str, asyncio.Future[dict[str, Any]]] = {}
 
     async def start(self) -> None:
@@ -176,13 +177,23 @@ class FleetLink:
             settings, on_message=self._on_message, on_connected=self._on_connected
         )
         await self.client.start()
-        self.client.subscribe(self.topics.commands)
+        self._subscribed = self.client.subscribe(self.topics.commands)
         if self._on_desired is not None:
             self._on_desired(tuple(f"{m}={p}" for m, p in self._state.desired()))
         for loop in (self._telemetry_loop(), self._forward_loop(), self._command_loop()):
             task = asyncio.create_task(loop)
             task.add_done_callback(_report_crash)
             self._tasks.append(task)
+
+    async def wait_subscribed(self) -> None:
+        """Wait until the broker has acknowledged the command subscription (bound it).
+
+        Commands published before that are not delivered (they are not retained), so a fleet
+        manager, like the tests, waits for this or for the retained `online` status.
+        """
+        if self._subscribed is None:
+            raise RuntimeError("wait_subscribed() before start()")
+        await asyncio.shield(self._subscribed)
 
     async def stop(self) -> None:
         """Publish `offline` (bounded wait), disconnect cleanly and close the stores."""

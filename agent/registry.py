@@ -22,6 +22,8 @@ from agent.backends.base import Backend
 from agent.backends.onnx import default_intra_op_threads
 from agent.backends.select import create_backend
 from agent.batching import BatchingPolicy
+from agent.ensemble import EnsembleScheduler, StepRunnerSlot
+from agent.ensemble_plan import build_plan, composing_model_names, is_ensemble
 from agent.errors import (
     AgentError,
     ModelConfigError,
@@ -70,20 +72,26 @@ class VersionStatus:
 
 @dataclass(slots=True)
 class LoadedVersion:
-    """One READY version: its runtime, its scheduler and what it holds of the memory budget."""
+    """One READY version: its runtime, its scheduler and what it holds of the memory budget.
+
+    An ensemble has no runtime or executor of its own (None): its scheduler runs its steps on
+    the composing models.
+    """
 
     version: int
-    backend: Backend
-    scheduler: ModelScheduler
-    executor: ThreadPoolExecutor  # one worker per instance: N executions in flight
+    backend: Backend | None
+    scheduler: ModelScheduler | EnsembleScheduler
+    executor: ThreadPoolExecutor | None  # one worker per instance: N executions in flight
     stats: ModelStatistics
     footprint: Footprint | None
     ledger_key: tuple[str, str]
 
     def close(self) -> None:
         self.scheduler.close()
-        self.executor.shutdown(wait=True)
-        self.backend.close()
+        if self.executor is not None:
+            self.executor.shutdown(wait=True)
+        if self.backend is not None:
+            self.backend.close()
 
 
 @dataclass(slots=True)
@@ -150,15 +158,20 @@ class ModelRegistry:
         self.ledger = ledger
         self._gate = gate
         self._generation = 0
+        # Ensembles run their steps through the data plane, which binds its `infer` here.
+        self.step_runner = StepRunnerSlot()
 
     @property
     def repository(self) -> Path:
         return self._root
 
     def load_all(self) -> dict[str, str]:
-        """Load every model in the repository; returns {model: reason} for those that failed."""
+        """Load every model in the repository; returns {model: reason} for those that failed.
+
+        Ensembles load after the models their steps name, so their plans can be checked.
+        """
         failures = {}
-        for name in repository.list_models(self._root):
+        for name in _load_order(self._root, repository.list_models(self._root)):
             try:
                 self.load_model(name)
             except AgentError as exc:
@@ -286,6 +299,8 @@ class ModelRegistry:
             config = mc.ModelConfig()
         available = repository.list_versions(model_dir)
         wanted = repository.select_versions(config.version_policy, available)
+        if is_ensemble(config):
+            return self._load_ensemble(name, config, wanted or [1], record, generation)
         if not wanted:
             raise ModelLoadError(f"model '{name}': no version folders (1/, 2/, ...) in {model_dir}")
         loaded: dict[int, LoadedVersion] = {}
@@ -320,6 +335,49 @@ class ModelRegistry:
             )
             raise ModelLoadError(f"model '{name}': no version could be loaded ({reasons})")
         return ServedModel(name, completed, ModelSignature.from_config(completed), loaded)
+
+    def _load_ensemble(
+        self,
+        name: str,
+        config: mc.ModelConfig,
+        versions: list[int],
+        record: _ModelRecord,
+        generation: int,
+    ) -> ServedModel:
+        """An ensemble: its plan checked against the composing models served now."""
+        completed = mc.ModelConfig()
+        completed.CopyFrom(config)
+        if not completed.name:
+            completed.name = name
+        elif completed.name != name:
+            raise ModelConfigError(
+                f"config name '{completed.name}' does not match the model directory '{name}'"
+            )
+        if completed.version_policy.WhichOneof("policy_choice") is None:
+            completed.version_policy.latest.num_versions = 1
+        plan = build_plan(completed, self._served_config)
+        signature = ModelSignature.from_config(completed)
+        policy = BatchingPolicy.from_config(completed)
+        loaded: dict[int, LoadedVersion] = {}
+        for version in versions:
+            scheduler = EnsembleScheduler(plan, version, policy, self.step_runner)
+            stats = self.stats.get(name, str(version))
+            key = (name, f"{version}@{generation}")
+            loaded[version] = LoadedVersion(version, None, scheduler, None, stats, None, key)
+            record.versions[version] = VersionStatus(ModelState.READY)
+        logger.info(
+            "ensemble %s ready: %s",
+            name,
+            " -> ".join(s.model_name for s in plan.steps),
+            extra={"model": name},
+        )
+        return ServedModel(name, completed, signature, loaded)
+
+    def _served_config(self, name: str) -> mc.ModelConfig | None:
+        record = self._records.get(name)
+        if record is None or record.served is None:
+            return None
+        return record.served.config
 
     def _load_version(
         self,
@@ -511,6 +569,27 @@ class ModelRegistry:
         for record in records:
             if record.served is not None:
                 self.release(record.served)
+
+
+def _load_order(root: Path, names: list[str]) -> list[str]:
+    """Models first, then ensembles once the models their steps name come before them."""
+    steps: dict[str, tuple[str, ...]] = {}
+    for name in names:
+        try:
+            config = load_model_config(root / name)
+        except AgentError:
+            continue  # reported when the model itself is loaded
+        if config is not None and is_ensemble(config):
+            steps[name] = composing_model_names(config)
+    order = [n for n in names if n not in steps]
+    waiting = [n for n in names if n in steps]
+    while waiting:
+        ready = [n for n in waiting if not any(m in waiting for m in steps[n])]
+        if not ready:  # a cycle between ensembles: load them anyway, each will say why
+            ready = waiting
+        order.extend(ready)
+        waiting = [n for n in waiting if n not in ready]
+    return order
 
 
 def _run_zeros(loaded: tuple[Backend, mc.ModelConfig], batch: int, *, shrink: bool = False) -> None:

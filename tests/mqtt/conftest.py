@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -113,6 +114,8 @@ def start_link(served: AgentThread, tmp_path: Path) -> Iterator[LinkFactory]:
             **kw,
         )
         served.run(link.start())
+        # Commands sent before the broker acknowledged the subscription would be dropped.
+        served.run(asyncio.wait_for(link.wait_subscribed(), 20))
         served.events.add(link)
         links.append(link)
         return link
