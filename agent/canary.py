@@ -121,9 +121,10 @@ class CanaryPolicy:
             "share": self.share,
             "promote_after": self.promote_after,
             "window": self.window,
-            "min_requests": self.judged_after,
             "max_error_rate": self.max_error_rate,
         }
+        if self.min_requests is not None:
+            doc["min_requests"] = self.min_requests
         if self.max_p95_us is not None:
             doc["max_p95_ms"] = self.max_p95_us / 1000
         return doc

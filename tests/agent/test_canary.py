@@ -185,7 +185,8 @@ def test_parse_policy_wire_form() -> None:
         {"version": 2, "share": 0.1, "promote_after": 200, "window": 50, "max_p95_ms": 12.5}
     )
     assert policy == CanaryPolicy(2, 0.1, 200, 50, 0.05, 12_500, None)
-    assert parse_policy(policy.as_json()) == CanaryPolicy(2, 0.1, 200, 50, 0.05, 12_500, 50)
+    assert parse_policy(policy.as_json()) == policy
+    assert parse_policy({**policy.as_json(), "min_requests": 5}).judged_after == 5
 
 
 @pytest.mark.parametrize(
