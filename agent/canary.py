@@ -25,6 +25,7 @@ Usage:
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from collections.abc import Mapping
@@ -224,29 +225,33 @@ class CanaryDecision:
 
 
 class _Window:
-    """The last `size` outcomes of one version: (ok, latency µs)."""
+    """The last `size` outcomes of one version: (ok, latency µs), with the latencies kept sorted
+    as well so that the p95 is one index (a sort per request would cost O(n log n))."""
 
     def __init__(self, size: int) -> None:
-        self._items: deque[tuple[bool, int]] = deque(maxlen=size)
+        self._items: deque[tuple[bool, int]] = deque()
+        self._size = size
+        self._sorted: list[int] = []
         self._errors = 0
 
     def add(self, ok: bool, latency_us: int) -> None:
-        if len(self._items) == self._items.maxlen and not self._items[0][0]:
-            self._errors -= 1
+        if len(self._items) == self._size:
+            old_ok, old_latency = self._items.popleft()
+            self._errors -= not old_ok
+            del self._sorted[bisect.bisect_left(self._sorted, old_latency)]
         self._items.append((ok, latency_us))
-        if not ok:
-            self._errors += 1
+        self._errors += not ok
+        bisect.insort(self._sorted, latency_us)
 
     def figures(self, version: int) -> WindowFigures:
         return WindowFigures(version, len(self._items), self._errors, self._p95())
 
     def _p95(self) -> int | None:
         """Nearest-rank 95th percentile over every request in the window, failures included."""
-        if not self._items:
+        if not self._sorted:
             return None
-        ordered = sorted(latency for _, latency in self._items)
-        rank = (95 * len(ordered) + 99) // 100  # ceil(0.95 n), 1-based
-        return ordered[rank - 1]
+        rank = (95 * len(self._sorted) + 99) // 100  # ceil(0.95 n), 1-based
+        return self._sorted[rank - 1]
 
 
 class Canary:

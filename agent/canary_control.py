@@ -12,7 +12,8 @@ Invariants:
   promoted, to the baseline once it is rolled back or stopped. A pin, like a running canary,
   belongs to the set of versions the model served when it started: once the model serves another
   set (reload, swap, activate), the running canary is stopped and the pin is dropped, and
-  unversioned requests go to the latest READY version again.
+  unversioned requests go to the latest READY version again. The check is made on the model's
+  next request, status query or start, so its event comes then, not at the swap itself.
 * Every change is an event (canary_started, canary_promoted, canary_rolled_back, canary_stopped,
   canary_refused) whose detail holds the figures, through the agent's `EventSink`.
 * With a state file (the agent has a cache directory), pins and running canaries survive a

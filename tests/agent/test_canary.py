@@ -206,3 +206,26 @@ def test_parse_policy_names_the_bad_key(doc: dict[str, object], key: str) -> Non
     with pytest.raises(CanaryPolicyError) as caught:
         parse_policy(doc)
     assert caught.value.key == key
+
+
+def test_each_version_has_its_own_window() -> None:
+    policy = CanaryPolicy(candidate=2, share=0.1, window=10, promote_after=1000, max_p95_us=500)
+    canary = Canary(policy, baseline=1)
+    for latency in range(100, 1000, 100):  # 9 requests, 100..900 us: not judged yet
+        assert canary.record(2, ok=True, latency_us=latency) is None
+    assert canary.figures(2).p95_us == 900
+    for _ in range(10):  # the baseline has its own window
+        canary.record(1, ok=True, latency_us=10_000)
+    assert canary.figures(1).p95_us == 10_000
+    assert canary.figures(2).requests == 9
+
+
+def test_old_latencies_leave_the_window() -> None:
+    policy = CanaryPolicy(candidate=2, share=0.1, window=4, promote_after=1000, max_error_rate=0.9)
+    canary = Canary(policy, baseline=1)
+    for latency in (9000, 8000, 7000, 6000, 10, 20, 30):
+        canary.record(2, ok=True, latency_us=latency)
+    seen = canary.figures(2)
+    assert (seen.requests, seen.p95_us) == (4, 6000)
+    canary.record(2, ok=True, latency_us=40)
+    assert canary.figures(2).p95_us == 40
