@@ -22,6 +22,12 @@ Commands and their arguments:
     rollback      model, version?: int          back to a retained version (default: previous)
     set-batching  model, version?: int, max_batch_size?: int, max_queue_delay_us?: int,
                   preferred_batch_sizes?: [int]  live; a reload restores the config's values
+    canary-start  model, version: int, share: number, promote_after?, window?, min_requests?,
+                  max_error_rate?, max_p95_ms?   (see agent/canary.py)
+    canary-stop   model                         back to the baseline (or drop the pin)
+    canary-status model
+
+`canary_start`, `canary_stop` and `canary_status` are accepted as the same commands.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agent.canary import CanaryPolicy, CanaryPolicyError, parse_policy
 from agent.errors import InvalidInputError, PayloadTooLargeError
 
 SCHEMA = 1
@@ -125,8 +132,43 @@ class SetBatching:
     preferred_batch_sizes: tuple[int, ...] | None = None
 
 
-CommandBody = Status | Ping | Sync | SetDesired | Load | Unload | Activate | Rollback | SetBatching
-READ_ONLY = (Status, Ping)  # answered at once, never queued behind a long command
+@dataclass(frozen=True, slots=True)
+class CanaryStart:
+    """Start a canary rollout of a model's version."""
+
+    model: str
+    policy: CanaryPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class CanaryStop:
+    """Stop a model's canary (its traffic goes back to the baseline), or drop its pin."""
+
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
+class CanaryStatus:
+    """Report a model's canary."""
+
+    model: str
+
+
+CommandBody = (
+    Status
+    | Ping
+    | Sync
+    | SetDesired
+    | Load
+    | Unload
+    | Activate
+    | Rollback
+    | SetBatching
+    | CanaryStart
+    | CanaryStop
+    | CanaryStatus
+)
+READ_ONLY = (Status, Ping, CanaryStatus)  # answered at once, never queued behind a long command
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +272,12 @@ class _Args:
                 raise CommandError(f"'{key}' must hold integers >= 1, got {item!r}")
         return tuple(value)
 
+    def rest(self) -> dict[str, Any]:
+        """The arguments not read yet (they count as read)."""
+        left = {k: v for k, v in self._args.items() if k not in self._read}
+        self._read.update(left)
+        return left
+
     def done(self) -> None:
         _check_keys(self._args, self._read, f"argument for '{self._command}'", None)
 
@@ -311,6 +359,27 @@ def _set_batching(args: _Args) -> SetBatching:
     return body
 
 
+def _canary_start(args: _Args) -> CanaryStart:
+    model = args.model()
+    try:
+        policy = parse_policy(args.rest())
+    except CanaryPolicyError as exc:
+        raise CommandError(exc.message) from None
+    return CanaryStart(model, policy)
+
+
+def _canary_stop(args: _Args) -> CanaryStop:
+    body = CanaryStop(args.model())
+    args.done()
+    return body
+
+
+def _canary_status(args: _Args) -> CanaryStatus:
+    body = CanaryStatus(args.model())
+    args.done()
+    return body
+
+
 _PARSERS = {
     "status": _none(Status),
     "ping": _none(Ping),
@@ -321,4 +390,10 @@ _PARSERS = {
     "activate": _activate,
     "rollback": _rollback,
     "set-batching": _set_batching,
+    "canary-start": _canary_start,
+    "canary-stop": _canary_stop,
+    "canary-status": _canary_status,
+    "canary_start": _canary_start,
+    "canary_stop": _canary_stop,
+    "canary_status": _canary_status,
 }

@@ -9,6 +9,8 @@
     [mqtt]    host, port, device_id, tls_*, topic_prefix, telemetry_interval_ms, slo, ...
               (see agent/fleet_config.py)
     [log]     level
+    [canary.MODEL]  version, share, promote_after, window, min_requests, max_error_rate,
+              max_p95_ms (one table per model; see agent/canary.py)
 
 An unknown section or key, or a value of the wrong type, stops start-up with a message that names
 the key. Relative paths in the file are relative to the file's own folder.
@@ -28,6 +30,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
+from agent.canary import CanaryPolicy, CanaryPolicyError, parse_policy
 from agent.errors import AgentConfigError
 from agent.fleet_config import MqttConfig, validate_mqtt
 from sync.config import SyncConfig
@@ -92,6 +95,7 @@ class AgentConfig:
     sync: SyncConfig = dataclasses.field(default_factory=SyncConfig)
     mqtt: MqttConfig = dataclasses.field(default_factory=MqttConfig)
     log: LogConfig = LogConfig()
+    canary: tuple[tuple[str, CanaryPolicy], ...] = ()  # (model, policy), sorted by model
 
 
 _SECTIONS: dict[str, type[Any]] = {
@@ -121,9 +125,9 @@ def load_config(path: Path | None, overrides: Mapping[str, Any]) -> AgentConfig:
             raise AgentConfigError(f"{path}: invalid TOML: {exc}") from None
         base = path.parent
     for key in doc:
-        if key not in _SECTIONS:
+        if key not in _SECTIONS and key != "canary":
             raise AgentConfigError(
-                f"unknown config section [{key}] (known: {', '.join(_SECTIONS)})"
+                f"unknown config section [{key}] (known: {', '.join(_SECTIONS)}, canary)"
             )
     sections = {}
     for name, cls in _SECTIONS.items():
@@ -136,7 +140,7 @@ def load_config(path: Path | None, overrides: Mapping[str, Any]) -> AgentConfig:
             if section == name and value is not None:
                 values[key] = value
         sections[name] = cls(**values)
-    config = AgentConfig(**sections)
+    config = AgentConfig(**sections, canary=_canaries(doc.get("canary", {})))
     _validate(config)
     return config
 
@@ -152,6 +156,23 @@ def _section(name: str, cls: type[Any], raw: Mapping[str, Any], base: Path) -> d
             )
         values[key] = _coerce(f"{name}.{key}", hints[key], value, base)
     return values
+
+
+def _canaries(raw: Any) -> tuple[tuple[str, CanaryPolicy], ...]:
+    """The `[canary.MODEL]` tables."""
+    if not isinstance(raw, dict):
+        raise AgentConfigError("config key 'canary' must hold tables [canary.MODEL]")
+    policies: list[tuple[str, CanaryPolicy]] = []
+    for model, table in sorted(raw.items()):
+        if not isinstance(table, dict):
+            raise AgentConfigError(f"config key 'canary.{model}' must be a table [canary.{model}]")
+        try:
+            policies.append((model, parse_policy(table)))
+        except CanaryPolicyError as exc:
+            raise AgentConfigError(
+                f"config key 'canary.{model}.{exc.key}': {exc.message}"
+            ) from None
+    return tuple(policies)
 
 
 def _coerce(key: str, hint: Any, value: Any, base: Path) -> Any:

@@ -61,9 +61,13 @@ _FALSE = frozenset(("false", "0", "no", "off"))
 
 
 def _sections() -> dict[str, type[Any]]:
-    """`AgentConfig`'s sections: name → dataclass."""
+    """`AgentConfig`'s sections: name → dataclass (`canary`, a table per model, is not one)."""
     hints = get_type_hints(AgentConfig)
-    return {f.name: hints[f.name] for f in dataclasses.fields(AgentConfig)}
+    return {
+        f.name: hints[f.name]
+        for f in dataclasses.fields(AgentConfig)
+        if dataclasses.is_dataclass(hints[f.name])
+    }
 
 
 def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
@@ -92,6 +96,10 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
             continue
         rest = name[len(ENV_PREFIX) :].lower()
         section, _, key = rest.partition("_")
+        if section == "canary":
+            raise AgentConfigError(
+                f"environment variable {name}: [canary.MODEL] tables are set in the config file"
+            )
         cls = sections.get(section)
         if cls is None:
             continue  # not a config variable (e.g. a test hook)
@@ -236,7 +244,10 @@ def render_toml(config: AgentConfig) -> str:
         One `[section]` table per section, keys in declaration order.
     """
     lines: list[str] = []
+    sections = _sections()
     for section in dataclasses.fields(AgentConfig):
+        if section.name not in sections:
+            continue
         value = getattr(config, section.name)
         if lines:
             lines.append("")
@@ -249,6 +260,9 @@ def render_toml(config: AgentConfig) -> str:
             if isinstance(item, str) and item and is_secret_key(field.name):
                 item = MASK
             lines.append(f"{field.name} = {_toml_value(field.name, item)}")
+    for model, policy in config.canary:
+        lines += ["", f"[canary.{_toml_string(model)}]"]
+        lines += [f"{k} = {_toml_value(k, v)}" for k, v in policy.as_json().items()]
     return "\n".join(lines) + "\n"
 
 

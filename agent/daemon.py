@@ -18,6 +18,7 @@ import grpc
 from aiohttp import web
 
 from agent.cache_control import CachedVersions, CacheEvents
+from agent.canary_control import STATE_FILE, CanaryManager
 from agent.config import AgentConfig
 from agent.dataplane import DataPlane
 from agent.demo import default_demo_dir, write_demo_repository
@@ -153,7 +154,14 @@ async def start_agent(config: AgentConfig) -> RunningAgent:
         if model_cache is not None
         else None
     )
-    dataplane = DataPlane(registry, cache, manager, mode, versions)
+    # Pins and running canaries persist only where the agent keeps state: its cache directory.
+    canary = CanaryManager(
+        registry,
+        events,
+        state_path=config.cache.dir / STATE_FILE if config.cache.dir is not None else None,
+    )
+    canary.startup(config.canary)
+    dataplane = DataPlane(registry, cache, manager, mode, versions, canary)
     sync_stop = asyncio.Event()
     sync_task: asyncio.Task[None] | None = None
     sync_client: SyncClient | None = None
@@ -184,7 +192,7 @@ async def start_agent(config: AgentConfig) -> RunningAgent:
         metrics_port = None
         if config.server.metrics_port >= 0:
             metrics_runner = web.AppRunner(
-                create_metrics_app(build_registry(stats, ledger)),
+                create_metrics_app(build_registry(stats, ledger, canary=canary)),
                 access_log=None,
                 handle_signals=False,
             )

@@ -12,6 +12,7 @@ from typing import Any
 
 from agent import __version__
 from agent.cache_control import CachedVersions
+from agent.canary_control import CanaryManager
 from agent.errors import (
     AgentError,
     BackendError,
@@ -51,12 +52,14 @@ class DataPlane:
         manager: ModelManager | None = None,
         mode: ModelControlMode = ModelControlMode.NONE,
         versions: CachedVersions | None = None,
+        canary: CanaryManager | None = None,
     ) -> None:
         self._registry = registry
         self._cache = cache
         self.manager = manager or ModelManager(registry)
         self.mode = mode
         self.versions = versions
+        self.canary = canary or CanaryManager(registry)
         self._ready = False
         registry.step_runner.runner = self.infer  # ensemble steps are ordinary inferences
 
@@ -186,7 +189,8 @@ class DataPlane:
         """
         start = time.perf_counter_ns()
         await self.manager.wait_if_swapping(name)
-        served, number = self._registry.resolve(name, version)
+        routed = None if version else self.canary.route(name)  # canary: unversioned only
+        served, number = self._registry.resolve(name, str(routed) if routed else version)
         loaded = served.versions[number]
         stats = loaded.stats
         version_text = str(number)
@@ -203,6 +207,7 @@ class DataPlane:
                     stats.record_cache_hit(
                         ns=now - lookup, now_ms=_now_ms(), request_ns=now - start
                     )
+                    self._canary_outcome(name, routed, start, None)
                     return InferResponse(served.name, version_text, hit, request.id)
                 stats.record_cache_miss(ns=time.perf_counter_ns() - lookup)
             result = await loaded.scheduler.submit(valid, priority=priority, timeout_us=timeout_us)
@@ -212,6 +217,7 @@ class DataPlane:
                 reason=_failure_reason(exc),
                 now_ms=_now_ms(),
             )
+            self._canary_outcome(name, routed, start, exc)
             raise
         sig = served.signature
         outputs = tuple(
@@ -228,7 +234,15 @@ class DataPlane:
         )
         if key is not None and self._cache is not None:
             self._cache.put(key, outputs, model=served.name, version=version_text)
+        self._canary_outcome(name, routed, start, None)
         return InferResponse(served.name, version_text, outputs, request.id)
+
+    def _canary_outcome(
+        self, name: str, routed: int | None, start_ns: int, error: AgentError | None
+    ) -> None:
+        """Tell the canary how a request it routed went (latency from arrival to answer)."""
+        if routed is not None:
+            self.canary.record(name, routed, (time.perf_counter_ns() - start_ns) // 1000, error)
 
 
 def _now_ms() -> int:

@@ -55,6 +55,10 @@ class MemoryBudgetError(ModelLoadError):
     """A model version does not fit in what is left of the memory budget."""
 
 
+class ConflictError(AgentError):
+    """The request conflicts with what is in progress (e.g. a canary already runs)."""
+
+
 class ModelControlError(AgentError):
     """A model-control request is not allowed in the current mode (e.g. load without explicit)."""
 

@@ -21,6 +21,7 @@ from agent.batching import BatchingPolicy
 from agent.dataplane import DataPlane
 from agent.errors import (
     AgentError,
+    ConflictError,
     InvalidInputError,
     MemoryBudgetError,
     ModelConfigError,
@@ -43,6 +44,7 @@ _ERROR_CODES: tuple[tuple[type[AgentError], str], ...] = (
     (ModelNotFoundError, "not_found"),
     (ModelNotReadyError, "not_ready"),
     (ModelControlError, "not_allowed"),
+    (ConflictError, "conflict"),
     (MemoryBudgetError, "out_of_memory"),
     (ModelConfigError, "bad_config"),
     (ModelLoadError, "load_failed"),
@@ -60,7 +62,7 @@ class CommandExecutor:
     """Runs typed commands (see module docstring).
 
     Args:
-        dataplane: load/unload/activate/rollback.
+        dataplane: load/unload/activate/rollback, and its canary manager.
         registry: Served models, for `set-batching`.
         state: Where `set-desired` is persisted.
         status: Builds the status document.
@@ -122,6 +124,12 @@ class CommandExecutor:
                 return {"model": model, "version": await dp.rollback(model, version)}
             case cmd.SetBatching():
                 return {"model": body.model, "versions": self.set_batching(body)}
+            case cmd.CanaryStart(model=model, policy=policy):
+                return dp.canary.start(model, policy)
+            case cmd.CanaryStop(model=model):
+                return dp.canary.stop(model)
+            case cmd.CanaryStatus(model=model):
+                return dp.canary.status(model)
         raise AssertionError(body)  # pragma: no cover - the match is exhaustive
 
     def set_batching(self, body: cmd.SetBatching) -> list[dict[str, Any]]:

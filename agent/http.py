@@ -14,10 +14,12 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from agent.canary_control import policy_from_request
 from agent.dataplane import DataPlane
 from agent.errors import (
     AgentError,
     BackendError,
+    ConflictError,
     InvalidInputError,
     ModelConfigError,
     ModelControlError,
@@ -40,6 +42,7 @@ STATUS_FOR_ERROR: dict[type[AgentError], int] = {
     ModelControlError: 400,
     ModelConfigError: 400,
     ModelNotFoundError: 404,
+    ConflictError: 409,
     PayloadTooLargeError: 413,
     BackendError: 500,
     ModelLoadError: 500,
@@ -106,6 +109,9 @@ def create_app(dataplane: DataPlane, *, max_request_bytes: int) -> web.Applicati
             web.get(model + "/config", _model_config),
             web.get(version + "/config", _model_config),
             web.get(model + "/stats", _statistics),
+            web.post(model + "/canary", _canary_start),
+            web.get(model + "/canary", _canary_status),
+            web.delete(model + "/canary", _canary_stop),
             web.get(version + "/stats", _statistics),
             web.post("/v2/repository/index", _repository_index),
             web.post("/v2/repository/models/{model}/load", _load_model),
@@ -162,6 +168,20 @@ async def _model_config(request: web.Request) -> web.Response:
 async def _statistics(request: web.Request) -> web.Response:
     name = request.match_info.get("model")
     return _json(_dataplane(request).statistics(name, request.match_info.get("version")))
+
+
+async def _canary_start(request: web.Request) -> web.Response:
+    """Body: {"version": N, "share": 0.1, ...} (see `agent.canary.parse_policy`)."""
+    policy = policy_from_request(await _optional_json(request))
+    return _json(_dataplane(request).canary.start(request.match_info["model"], policy))
+
+
+async def _canary_status(request: web.Request) -> web.Response:
+    return _json(_dataplane(request).canary.status(request.match_info["model"]))
+
+
+async def _canary_stop(request: web.Request) -> web.Response:
+    return _json(_dataplane(request).canary.stop(request.match_info["model"]))
 
 
 async def _repository_index(request: web.Request) -> web.Response:

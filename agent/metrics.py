@@ -19,7 +19,9 @@ Emitted, per model version (labels `model`, `version`):
     nv_cache_num_hits_per_model, nv_cache_num_misses_per_model,
     nv_cache_hit_duration_per_model, nv_cache_miss_duration_per_model (µs).
 Host-wide: nv_cpu_utilization, nv_cpu_memory_total_bytes, nv_cpu_memory_used_bytes, and, with a
-`MemorySource`, edge_agent_memory_budget_bytes and edge_agent_memory_used_bytes.
+`MemorySource`, edge_agent_memory_budget_bytes and edge_agent_memory_used_bytes. With a
+`CanarySource`, edge_agent_canary_share{model,version}: each running canary's share of the
+model's unversioned traffic, for the candidate and the baseline.
 """
 
 from __future__ import annotations
@@ -58,6 +60,14 @@ class MemorySource(Protocol):
 
     def used_bytes(self) -> int:
         """Bytes the loaded models hold now."""
+        ...
+
+
+class CanarySource(Protocol):
+    """Running canaries (`agent.canary_control.CanaryManager`)."""
+
+    def shares(self) -> list[tuple[str, int, float]]:
+        """(model, version, share of the model's unversioned traffic) per routed version."""
         ...
 
 
@@ -104,11 +114,16 @@ class TritonCollector:
     """A prometheus-client collector producing Triton's metric families on each scrape."""
 
     def __init__(
-        self, stats: StatisticsRegistry, memory: MemorySource | None, host: HostProbe
+        self,
+        stats: StatisticsRegistry,
+        memory: MemorySource | None,
+        host: HostProbe,
+        canary: CanarySource | None = None,
     ) -> None:
         self._stats = stats
         self._memory = memory
         self._host = host
+        self._canary = canary
 
     def describe(self) -> Iterable[Metric]:
         """No fixed description: the families depend on the models loaded at scrape time."""
@@ -119,6 +134,15 @@ class TritonCollector:
         snaps = [m.snapshot() for m in self._stats.all()]
         yield from _model_families(snaps)
         yield from self._host_families()
+        if self._canary is not None:
+            family = GaugeMetricFamily(
+                "edge_agent_canary_share",
+                "Share of a model's unversioned requests routed to a version by a running canary",
+                labels=_LABELS,
+            )
+            for model, version, share in self._canary.shares():
+                family.add_metric([model, str(version)], share)
+            yield family
 
     def _host_families(self) -> Iterator[Metric]:
         yield GaugeMetricFamily(
@@ -261,6 +285,7 @@ def build_registry(
     memory: MemorySource | None,
     *,
     host: HostProbe | None = None,
+    canary: CanarySource | None = None,
 ) -> CollectorRegistry:
     """A new registry exposing Triton's metrics for `stats` (never the global default one).
 
@@ -269,9 +294,10 @@ def build_registry(
         memory: the agent's memory accounting, or None to leave out the `edge_agent_memory_*`
             gauges.
         host: where CPU and RAM figures come from; psutil unless a test passes a fake.
+        canary: running canaries, or None to leave out `edge_agent_canary_share`.
     """
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(TritonCollector(stats, memory, host or PsutilHostProbe()))
+    registry.register(TritonCollector(stats, memory, host or PsutilHostProbe(), canary))
     return registry
 
 

@@ -325,3 +325,42 @@ def test_missing_file(tmp_path: Path) -> None:
 
     with pytest.raises(AgentConfigError, match=re.escape(f"cannot read config file {path}")):
         load_config(path, {})
+
+
+def test_canary_tables_are_read(tmp_path: Path, repo: Path) -> None:
+    path = repo_toml(
+        tmp_path,
+        "[canary.b]\nversion = 3\nshare = 0.2\nmax_p95_ms = 12.5\n"
+        "[canary.a]\nversion = 2\nshare = 0.1\nwindow = 10\npromote_after = 20\n",
+    )
+    config = load_config(path, {})
+    assert [(name, p.candidate, p.share) for name, p in config.canary] == [
+        ("a", 2, 0.1),
+        ("b", 3, 0.2),
+    ]
+    assert config.canary[0][1].window == 10
+    assert config.canary[1][1].max_p95_us == 12_500
+
+
+@pytest.mark.parametrize(
+    ("table", "key"),
+    [
+        ("version = 2\nshare = 0.0\n", "canary.m.share"),
+        ("version = 2\nshare = 1.5\n", "canary.m.share"),
+        ('version = "2"\nshare = 0.1\n', "canary.m.version"),
+        ("share = 0.1\n", "canary.m.version"),
+        ("version = 2\nshare = 0.1\nmax_p95_ms = -1\n", "canary.m.max_p95_ms"),
+        ("version = 2\nshare = 0.1\nwindow = 1.5\n", "canary.m.window"),
+        ("version = 2\nshare = 0.1\nspeed = 3\n", "canary.m.speed"),
+    ],
+)
+def test_bad_canary_value_names_the_key(tmp_path: Path, repo: Path, table: str, key: str) -> None:
+    path = repo_toml(tmp_path, f"[canary.m]\n{table}")
+    with pytest.raises(AgentConfigError, match=re.escape(f"config key '{key}'")):
+        load_config(path, {})
+
+
+def test_canary_must_hold_tables(tmp_path: Path, repo: Path) -> None:
+    path = repo_toml(tmp_path, "[canary]\nm = 3\n")
+    with pytest.raises(AgentConfigError, match=r"config key 'canary\.m' must be a table"):
+        load_config(path, {})

@@ -111,6 +111,20 @@ def test_render_toml_round_trips_through_load_config(tmp_path: Path) -> None:
     assert load_config(again, {}) == loaded
 
 
+def test_canary_tables_round_trip_and_stay_out_of_the_environment(tmp_path: Path) -> None:
+    config = tmp_path / "agent.toml"
+    config.write_text(
+        '[models]\ndemo = true\n[canary."m.x"]\nversion = 2\nshare = 0.1\nmax_p95_ms = 20\n'
+    )
+    loaded = load_config(config, {})
+    again = tmp_path / "again.toml"
+    again.write_text(render_toml(loaded))
+    assert load_config(again, {}) == loaded
+    assert loaded.canary[0][0] == "m.x"
+    with pytest.raises(AgentConfigError, match="EDGE_AGENT_CANARY_M_SHARE"):
+        env_overrides({"EDGE_AGENT_CANARY_M_SHARE": "0.5"})
+
+
 @pytest.mark.parametrize(
     ("key", "secret"),
     [

@@ -223,6 +223,7 @@ def agent_thread(config: AgentConfig) -> Iterator[AgentThread]:
     events = EventTee(CacheEvents(agent.model_cache) if agent.model_cache else LogEvents())
     manager = ModelManager(agent.registry, events)
     agent.dataplane.manager = manager
+    agent.dataplane.canary.events = events
     if agent.model_cache is not None:
         agent.dataplane.versions = CachedVersions(agent.model_cache, manager)
     try:

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from agent import commands as c
+from agent.canary import CanaryPolicy
 from agent.fleet_cli import parse_args
 
 
@@ -89,3 +90,22 @@ def test_cli_arguments() -> None:
         parse_args(["oops"], None)
     with pytest.raises(ValueError, match="JSON object"):
         parse_args([], "[1]")
+
+
+def test_canary_commands_parse() -> None:
+    args = {"model": "m", "version": 2, "share": 0.1, "window": 20, "promote_after": 40}
+    start = parse({"id": "c", "command": "canary-start", "args": args})
+    assert start.body == c.CanaryStart("m", CanaryPolicy(2, 0.1, 40, 20))
+    alias = parse({"id": "c", "command": "canary_start", "args": args})
+    assert (alias.name, alias.body) == ("canary_start", start.body)
+    stop = parse({"id": "s", "command": "canary_stop", "args": {"model": "m"}})
+    assert stop.body == c.CanaryStop("m")
+    status = parse({"id": "t", "command": "canary-status", "args": {"model": "m"}})
+    assert status.body == c.CanaryStatus("m")
+    with pytest.raises(c.CommandError, match=r"share must be in \(0, 1\)") as caught:
+        parse({"id": "x", "command": "canary_start", "args": {**args, "share": 0}})
+    assert caught.value.command_id == "x"
+    with pytest.raises(c.CommandError, match="unknown canary key 'speed'"):
+        parse({"id": "x", "command": "canary_start", "args": {**args, "speed": 1}})
+    with pytest.raises(c.CommandError, match="model name"):
+        parse({"id": "x", "command": "canary_stop", "args": {"model": ""}})
