@@ -61,12 +61,18 @@ class WireError(Exception):
 def send(conn: Connection, message: Message) -> None:
     """Send a message (blocking). Raises OSError when the other side is gone."""
     described = []
-    buffers = []
+    buffers: list[bytes | np.ndarray] = []
     for name, array in message.tensors:
         kind = numpy_to_kserve(array.dtype)
-        raw = tensor_to_bytes(array, kind)
+        raw: bytes | np.ndarray
+        if kind == "BYTES":
+            raw = tensor_to_bytes(array, kind)
+            nbytes = len(raw)
+        else:  # the array's own memory goes to the socket: no intermediate copy
+            raw = np.ascontiguousarray(array).reshape(-1)
+            nbytes = raw.nbytes
         described.append(
-            {"name": name, "datatype": kind, "shape": list(array.shape), "nbytes": len(raw)}
+            {"name": name, "datatype": kind, "shape": list(array.shape), "nbytes": nbytes}
         )
         buffers.append(raw)
     header = {"kind": message.kind, "meta": message.meta, "tensors": described}
