@@ -61,15 +61,15 @@ class WireError(Exception):
 def send(conn: Connection, message: Message) -> None:
     """Send a message (blocking). Raises OSError when the other side is gone."""
     described = []
-    buffers: list[bytes | np.ndarray] = []
+    buffers: list[bytes | memoryview] = []
     for name, array in message.tensors:
         kind = numpy_to_kserve(array.dtype)
-        raw: bytes | np.ndarray
+        raw: bytes | memoryview
         if kind == "BYTES":
             raw = tensor_to_bytes(array, kind)
             nbytes = len(raw)
         else:  # the array's own memory goes to the socket: no intermediate copy
-            raw = np.ascontiguousarray(array).reshape(-1)
+            raw = np.ascontiguousarray(array).reshape(-1).data.cast("B")
             nbytes = raw.nbytes
         described.append(
             {"name": name, "datatype": kind, "shape": list(array.shape), "nbytes": nbytes}
