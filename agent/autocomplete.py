@@ -20,6 +20,7 @@ ONNX_PLATFORM = "onnxruntime_onnx"
 ONNX_BACKEND = "onnxruntime"
 TENSORRT_PLATFORM = "tensorrt_plan"
 TENSORRT_BACKEND = "tensorrt"
+PYTHON_BACKEND = "python"  # Triton's Python backend has no platform
 _SUPPORTED = {ONNX_PLATFORM: ONNX_BACKEND, TENSORRT_PLATFORM: TENSORRT_BACKEND}
 DEFAULT_MAX_BATCH_SIZE = 4  # what Triton's ONNX Runtime backend picks when it can batch
 
@@ -88,6 +89,8 @@ def _check_platform(config: mc.ModelConfig, auto_complete: bool) -> None:
             raise ModelConfigError(f"model '{config.name}': config must set platform or backend")
         config.platform, config.backend = ONNX_PLATFORM, ONNX_BACKEND
         return
+    if config.backend == PYTHON_BACKEND and not config.platform:
+        return
     backend_for = _SUPPORTED.get(config.platform) if config.platform else None
     unknown_platform = bool(config.platform) and backend_for is None
     unknown_backend = config.backend not in ("", *_SUPPORTED.values())
@@ -96,7 +99,8 @@ def _check_platform(config: mc.ModelConfig, auto_complete: bool) -> None:
         raise ModelConfigError(
             f"model '{config.name}': platform '{config.platform}' backend '{config.backend}' "
             "is not supported (supported: platform 'onnxruntime_onnx' with backend "
-            "'onnxruntime', platform 'tensorrt_plan' with backend 'tensorrt')"
+            "'onnxruntime', platform 'tensorrt_plan' with backend 'tensorrt', backend 'python' "
+            "without a platform)"
         )
     if TENSORRT_PLATFORM in (config.platform,) or config.backend == TENSORRT_BACKEND:
         config.platform, config.backend = TENSORRT_PLATFORM, TENSORRT_BACKEND

@@ -18,6 +18,7 @@ from agent.errors import (
     BackendError,
     InvalidInputError,
     ModelControlError,
+    ModelInstanceFailedError,
     ModelNotFoundError,
     ModelNotReadyError,
     OverloadedError,
@@ -186,6 +187,7 @@ class DataPlane:
             InvalidInputError: the request does not match the model.
             OverloadedError, RequestTimeoutError: the queue is full or its timeout expired.
             BackendError: the runtime failed.
+            ModelInstanceFailedError: an instance hung or died; the version is UNAVAILABLE now.
         """
         start = time.perf_counter_ns()
         await self.manager.wait_if_swapping(name)
@@ -212,6 +214,8 @@ class DataPlane:
                 stats.record_cache_miss(ns=time.perf_counter_ns() - lookup)
             result = await loaded.scheduler.submit(valid, priority=priority, timeout_us=timeout_us)
         except AgentError as exc:
+            if isinstance(exc, ModelInstanceFailedError):
+                self._registry.mark_failed(served.name, number, exc.message, loaded=loaded)
             stats.record_failure(
                 request_ns=time.perf_counter_ns() - start,
                 reason=_failure_reason(exc),

@@ -43,6 +43,13 @@ class BackendError(AgentError):
     """The inference backend failed while running a request that passed validation."""
 
 
+class ModelInstanceFailedError(BackendError):
+    """A model instance can no longer serve (its worker hung and was killed, or died).
+
+    The data plane takes the version out of service with the message as its reason.
+    """
+
+
 class ModelConfigError(AgentError):
     """A model's config.pbtxt is invalid or contradicts the model file."""
 

@@ -20,7 +20,12 @@ from agent import datatypes, repository
 from agent.autocomplete import DEFAULT_MAX_BATCH_SIZE, complete_config
 from agent.backends.base import Backend
 from agent.backends.onnx import default_intra_op_threads
-from agent.backends.select import create_backend
+from agent.backends.select import (
+    BackendKind,
+    backend_kind,
+    create_backend,
+    worker_memory_bytes,
+)
 from agent.batching import BatchingPolicy
 from agent.ensemble import EnsembleScheduler, StepRunnerSlot
 from agent.ensemble_plan import build_plan, composing_model_names, is_ensemble
@@ -274,6 +279,51 @@ class ModelRegistry:
             if loaded.version not in live:
                 self.stats.remove(served.name, str(loaded.version))
 
+    def mark_failed(
+        self, name: str, version: int, reason: str, *, loaded: LoadedVersion | None = None
+    ) -> bool:
+        """Take a served version out of service: UNAVAILABLE with `reason` (call on the loop).
+
+        The model stops being served when no version is left. Queued requests of the version
+        fail; its backend is closed and its memory given back in a thread, off the event loop.
+        With `loaded`, only that build is taken out (not a newer one that replaced it).
+
+        Returns:
+            Whether the version was served (False: already out, or replaced meanwhile).
+        """
+        with self._lock:
+            record = self._records.get(name)
+            served = record.served if record is not None else None
+            current = served.versions.get(version) if served is not None else None
+            if record is None or served is None or current is None:
+                return False
+            if loaded is not None and current is not loaded:
+                return False
+            del served.versions[version]
+            record.versions[version] = VersionStatus(ModelState.UNAVAILABLE, reason)
+            if not served.versions:
+                record.served = None
+                record.reason = reason
+        logger.error(
+            "model %s version %d unavailable: %s",
+            name,
+            version,
+            reason,
+            extra={"model": name, "version": version},
+        )
+        current.scheduler.close()
+        threading.Thread(
+            target=self._retire, args=(name, current), name=f"retire-{name}-{version}", daemon=True
+        ).start()
+        return True
+
+    def _retire(self, name: str, loaded: LoadedVersion) -> None:
+        loaded.executor.shutdown(wait=True)  # executions on the other instances finish
+        loaded.backend.close()
+        if self.ledger is not None:
+            self.ledger.release(loaded.ledger_key)
+        self.stats.remove(name, str(loaded.version))
+
     def reserved_bytes(self, name: str) -> int:
         """Memory the served versions of a model hold in the budget (0 if not loaded)."""
         record = self._records.get(name)
@@ -397,7 +447,12 @@ class ModelRegistry:
 
         def load() -> tuple[Backend, mc.ModelConfig]:
             backend = create_backend(
-                path.parent, config, threads, cache_root=self._settings.engine_cache_root
+                path.parent,
+                config,
+                threads,
+                cache_root=self._settings.engine_cache_root,
+                model_name=name,
+                version=version,
             )
             try:
                 checked = complete_config(
@@ -409,7 +464,8 @@ class ModelRegistry:
             return backend, checked
 
         footprint: Footprint | None = None
-        if self._settings.measure_memory and self.ledger is not None:
+        python = backend_kind(config) is BackendKind.PYTHON
+        if self._settings.measure_memory and self.ledger is not None and not python:
             (backend, completed), footprint = measure_footprint(
                 load, _run_zeros, max_batch=config.max_batch_size or DEFAULT_MAX_BATCH_SIZE
             )
@@ -421,6 +477,10 @@ class ModelRegistry:
         try:
             if footprint is not None and self.ledger is not None:
                 completed = self._fit_to_budget(completed, footprint, key)
+            elif python and self._settings.measure_memory and self.ledger is not None:
+                # User code runs in worker processes, never on made-up zeros: the budget holds
+                # what the workers are resident with after initialize.
+                self.ledger.reserve(key, worker_memory_bytes(backend))
             self._warm_up(completed, model_dir, backend)
         except AgentError:
             backend.close()

@@ -1,7 +1,7 @@
 """Triton model repository layout: which models and versions are on disk, and which to serve.
 
     REPOSITORY/MODEL/config.pbtxt      (optional when auto-complete is on)
-    REPOSITORY/MODEL/1/model.onnx      (or the config's default_model_filename)
+    REPOSITORY/MODEL/1/model.onnx      (model.py for Python models, or default_model_filename)
     REPOSITORY/MODEL/2/...
 
 Pure path rules and the version policy; loading lives in `agent.registry`.
@@ -19,6 +19,7 @@ DEFAULT_MODEL_FILENAME = {
     "onnxruntime": "model.onnx",
     "tensorrt_plan": "model.plan",
     "tensorrt": "model.plan",
+    "python": "model.py",
 }
 
 

@@ -7,6 +7,7 @@
 * `platform: "tensorrt_plan"` / `backend: "tensorrt"` → `TensorRTBackend`. The version folder
   holds `model.plan`, or only `model.onnx`: then the engine is built on the device on first load and
   cached (`agent.engine_build.cached_engine`), so later loads, restarts and swaps reuse it.
+* `backend: "python"` → `PythonBackend`: `model.py` run in one worker process per instance.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ TENSORRT_PLATFORM = "tensorrt_plan"
 TENSORRT_BACKEND = "tensorrt"
 PLAN_FILENAME = "model.plan"
 ONNX_FILENAME = "model.onnx"
+PYTHON_BACKEND = "python"
 
 
 class BackendKind(Enum):
@@ -31,10 +33,13 @@ class BackendKind(Enum):
 
     ONNXRUNTIME = "onnxruntime"
     TENSORRT = "tensorrt"
+    PYTHON = "python"
 
 
 def backend_kind(config: mc.ModelConfig) -> BackendKind:
-    """The backend a config asks for (ONNX Runtime unless it names TensorRT)."""
+    """The backend a config asks for (ONNX Runtime unless it names TensorRT or Python)."""
+    if config.backend == PYTHON_BACKEND:
+        return BackendKind.PYTHON
     if config.platform == TENSORRT_PLATFORM or config.backend == TENSORRT_BACKEND:
         return BackendKind.TENSORRT
     return BackendKind.ONNXRUNTIME
@@ -88,6 +93,8 @@ def create_backend(
     intra_op_threads: int,
     *,
     cache_root: Path | None = None,
+    model_name: str = "",
+    version: int = 0,
 ) -> Backend:
     """The backend instance for one model version (blocking: may build an engine).
 
@@ -95,7 +102,12 @@ def create_backend(
         ModelLoadError: the runtime is missing (TensorRT on a CPU-only host: the model is then
             UNAVAILABLE with that reason), the file is missing or refused.
     """
-    if backend_kind(config) is BackendKind.TENSORRT:
+    kind = backend_kind(config)
+    if kind is BackendKind.PYTHON:
+        from agent.backends.python import PythonBackend  # noqa: PLC0415
+
+        return PythonBackend(version_dir, config, model_name=model_name, version=version)
+    if kind is BackendKind.TENSORRT:
         from agent.backends.tensorrt import TensorRTBackend  # noqa: PLC0415 - GPU hosts only
 
         return TensorRTBackend(engine_path(version_dir, config, cache_root), config)
@@ -112,4 +124,13 @@ def create_backend(
 def device_memory_bytes(backend: object) -> int:
     """GPU memory a backend holds (0 for CPU backends), for the memory budget."""
     value = getattr(backend, "device_memory_bytes", 0)
+    return value if isinstance(value, int) else 0
+
+
+def worker_memory_bytes(backend: object) -> int:
+    """Resident memory of a backend's worker processes (Python models; 0 for the others).
+
+    The agent's own RSS does not show it, so the registry reserves it in the memory budget.
+    """
+    value = getattr(backend, "worker_rss_bytes", 0)
     return value if isinstance(value, int) else 0

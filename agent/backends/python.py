@@ -1,0 +1,471 @@
+"""Python backend (`backend: "python"`): user code in one worker process per model instance.
+
+A version folder holds `model.py` (or the config's `default_model_filename`) defining
+`TritonPythonModel` (see `agent.pb_utils`). Inputs and outputs come from config.pbtxt, which must
+declare them: there is no model file to read them from.
+
+Processes: an instance group count of N starts N workers (`python -m
+agent.backends.python_worker`, a fresh interpreter: never a fork of the threaded agent). The
+scheduler runs at most N batches at once, one per executor thread; each `run` takes a free
+worker, sends it the merged batch as ONE request, and waits for its response. Tensors travel over
+a socketpair as raw buffers (`agent.backends.python_ipc` says why not shared memory).
+
+Isolation:
+
+* `execute` raises, or returns a response with an error: that request fails with BackendError
+  (the exception's type and message); the worker and the model stay up.
+* `execute` gives no answer within `execute_timeout_seconds` (config parameter, default 30): the
+  worker is killed by its PID; a worker exits or is killed: ModelInstanceFailedError with the
+  reason. From then on every call fails with that reason; the data plane takes the version out
+  of service (`ModelRegistry.mark_failed`).
+* `initialize` raises, or the file has no `TritonPythonModel`: ModelLoadError naming the file.
+
+Lifetime: workers exit when their pipe closes, and (Linux) are SIGKILLed by the kernel when the
+thread that started them ends (PR_SET_PDEATHSIG). That signal follows the *thread*, so each
+backend starts its workers from its own launcher thread, which lives until `close()`. `close()`
+calls `finalize` (bounded by `finalize_timeout_seconds`, default 5), then ends each worker by PID.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import multiprocessing
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import NoReturn
+
+import numpy as np
+
+import agent
+from agent import datatypes
+from agent.autocomplete import complete_config
+from agent.backends import python_ipc as ipc
+from agent.backends.base import ModelTensor
+from agent.errors import BackendError, ModelConfigError, ModelInstanceFailedError, ModelLoadError
+from agent.model_config import config_to_json
+from agent.proto import model_config_pb2 as mc
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL_FILENAME = "model.py"
+EXECUTE_TIMEOUT_KEY = "execute_timeout_seconds"
+INITIALIZE_TIMEOUT_KEY = "initialize_timeout_seconds"
+FINALIZE_TIMEOUT_KEY = "finalize_timeout_seconds"
+_DEFAULTS = {EXECUTE_TIMEOUT_KEY: 30.0, INITIALIZE_TIMEOUT_KEY: 120.0, FINALIZE_TIMEOUT_KEY: 5.0}
+_REAP_S = 5.0  # how long a worker that closed its pipe may take to exit before SIGKILL
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    """Seconds the agent waits for a worker's answer."""
+
+    execute_s: float
+    initialize_s: float
+    finalize_s: float
+
+
+def timeouts_from_config(config: mc.ModelConfig) -> Timeouts:
+    """The timeouts from the config's parameters (defaults 30 s, 120 s, 5 s).
+
+    Raises:
+        ModelConfigError: a value that is not a positive number; the message names the key.
+    """
+    values: dict[str, float] = {}
+    for key, default in _DEFAULTS.items():
+        values[key] = default
+        if key not in config.parameters:
+            continue
+        text = config.parameters[key].string_value
+        try:
+            values[key] = float(text)
+        except ValueError:
+            values[key] = -1.0
+        if not 0 < values[key] < float("inf"):
+            raise ModelConfigError(
+                f"model '{config.name}': parameters {key} must be a positive number of seconds, "
+                f"got {text!r}"
+            )
+    return Timeouts(
+        values[EXECUTE_TIMEOUT_KEY], values[INITIALIZE_TIMEOUT_KEY], values[FINALIZE_TIMEOUT_KEY]
+    )
+
+
+def tensors_from_config(
+    config: mc.ModelConfig, model_name: str
+) -> tuple[tuple[ModelTensor, ...], tuple[ModelTensor, ...]]:
+    """Inputs and outputs as the config declares them; (None, *dims) when the model batches.
+
+    Raises:
+        ModelConfigError: no inputs or no outputs, or one without a data type.
+    """
+    found: list[tuple[ModelTensor, ...]] = []
+    for kind, declared in (("input", config.input), ("output", config.output)):
+        if not declared:
+            raise ModelConfigError(
+                f"python model '{model_name}': config.pbtxt must declare its {kind}s, e.g. "
+                f'{kind} [ {{ name: "{kind.upper()}0" data_type: TYPE_FP32 dims: [ 4 ] }} ]'
+            )
+        tensors = []
+        for entry in declared:
+            type_name = mc.DataType.Name(entry.data_type)
+            dt = datatypes.from_config(type_name)
+            if dt is None:
+                raise ModelConfigError(
+                    f"python model '{model_name}' {kind} '{entry.name}': data_type {type_name} "
+                    "is missing or not supported"
+                )
+            dims = list(entry.reshape.shape) if entry.HasField("reshape") else list(entry.dims)
+            shape = [None if d < 0 else d for d in dims]
+            if config.max_batch_size > 0:
+                shape.insert(0, None)
+            tensors.append(ModelTensor(entry.name, dt, type_name, tuple(shape)))
+        found.append(tuple(tensors))
+    return found[0], found[1]
+
+
+@dataclass(slots=True)
+class _Worker:
+    index: int
+    name: str  # Triton's instance name: GROUP_INDEX
+    process: subprocess.Popen[bytes]
+    conn: Connection
+    ready: bool = False  # initialize succeeded: finalize is due on close
+
+
+class _Launcher:
+    """Starts processes from one thread that outlives them (see PR_SET_PDEATHSIG above)."""
+
+    def __init__(self, label: str) -> None:
+        self._jobs: queue.SimpleQueue[tuple[list[str], int, Future[subprocess.Popen[bytes]]]] = (
+            queue.SimpleQueue()
+        )
+        self._stopped = False
+        self._thread = threading.Thread(target=self._serve, name=f"launch-{label}", daemon=True)
+        self._thread.start()
+
+    def start(self, argv: list[str], fd: int) -> subprocess.Popen[bytes]:
+        done: Future[subprocess.Popen[bytes]] = Future()
+        self._jobs.put((argv, fd, done))
+        return done.result()
+
+    def stop(self) -> None:
+        if not self._stopped:
+            self._stopped = True
+            self._jobs.put(([], -1, Future()))
+
+    def _serve(self) -> None:
+        env = dict(os.environ)
+        # The worker imports `agent` from where this agent runs, installed or not.
+        root = str(Path(agent.__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+        while True:
+            argv, fd, done = self._jobs.get()
+            if not argv:
+                return
+            try:
+                done.set_result(
+                    subprocess.Popen(argv, pass_fds=(fd,), env=env, stdin=subprocess.DEVNULL)
+                )
+            except OSError as exc:
+                done.set_exception(exc)
+
+
+class PythonBackend:
+    """A Python model version: its worker processes and the config's tensors."""
+
+    def __init__(
+        self, version_dir: Path, config: mc.ModelConfig, *, model_name: str = "", version: int = 0
+    ) -> None:
+        """Start one worker per instance and run `initialize` in each.
+
+        Raises:
+            ModelConfigError: inputs/outputs missing from the config, or a bad timeout parameter.
+            ModelLoadError: no model file, or a worker failed to start, import it or initialize.
+        """
+        self.name = model_name or config.name or version_dir.parent.name
+        self.version = version or (int(version_dir.name) if version_dir.name.isdigit() else 0)
+        self._inputs, self._outputs = tensors_from_config(config, self.name)
+        self._declared = {t.name: t for t in self._outputs}
+        self._batched = config.max_batch_size > 0
+        self.timeouts = timeouts_from_config(config)
+        self.model_file = version_dir / (config.default_model_filename or DEFAULT_MODEL_FILENAME)
+        if not self.model_file.is_file():
+            raise ModelLoadError(
+                f"python model '{self.name}' version {self.version}: {self.model_file} not found"
+            )
+        completed = complete_config(
+            config, self.name, self._inputs, self._outputs, auto_complete=True
+        )
+        self._failure: str | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self._workers: list[_Worker] = []
+        self._idle: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
+        self._launcher = _Launcher(f"{self.name}-{self.version}")
+        try:
+            self._start_workers(completed, version_dir.parent)
+        except BaseException:
+            self.close()
+            raise
+        for worker in self._workers:
+            self._idle.put(worker)
+
+    @property
+    def inputs(self) -> Sequence[ModelTensor]:
+        return self._inputs
+
+    @property
+    def outputs(self) -> Sequence[ModelTensor]:
+        return self._outputs
+
+    @property
+    def worker_pids(self) -> tuple[int, ...]:
+        """PIDs of the worker processes, instance order."""
+        return tuple(w.process.pid for w in self._workers)
+
+    @property
+    def worker_rss_bytes(self) -> int:
+        """Resident memory of the live workers (0 where /proc is not readable)."""
+        page = os.sysconf("SC_PAGE_SIZE")
+        total = 0
+        for worker in self._workers:
+            try:
+                fields = Path(f"/proc/{worker.process.pid}/statm").read_text().split()
+            except OSError:
+                continue
+            total += int(fields[1]) * page
+        return total
+
+    def run(
+        self,
+        feeds: Mapping[str, np.ndarray],
+        output_names: Sequence[str],
+        *,
+        shrink_memory: bool = False,  # nothing to shrink in this process
+    ) -> list[np.ndarray]:
+        """Run one merged batch on a free worker.
+
+        Raises:
+            BackendError: `execute` raised, reported an error or returned unusable outputs.
+            ModelInstanceFailedError: the worker hung (and was killed) or died, now or before.
+        """
+        if self._failure is not None:
+            raise ModelInstanceFailedError(self._failure)
+        worker = self._idle.get()
+        try:
+            return self._run_on(worker, feeds, output_names)
+        finally:
+            self._idle.put(worker)
+
+    def close(self) -> None:
+        """Finalize every live worker (bounded), then end each process by PID. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        asked = []
+        for worker in self._workers:
+            if worker.ready and worker.process.poll() is None:
+                try:
+                    ipc.send(worker.conn, ipc.Message(ipc.FINALIZE))
+                    asked.append(worker)
+                except OSError:
+                    pass
+        deadline = time.monotonic() + self.timeouts.finalize_s
+        finalized = set()
+        for worker in asked:
+            try:
+                ipc.receive(worker.conn, deadline)
+                finalized.add(worker.index)
+            except (TimeoutError, EOFError, OSError, ipc.WireError):
+                logger.warning(
+                    "python model %s instance %d: finalize did not finish within %g s",
+                    self.name,
+                    worker.index,
+                    self.timeouts.finalize_s,
+                    extra={"model": self.name, "version": self.version},
+                )
+        for worker in self._workers:
+            worker.conn.close()
+            if worker.index in finalized:
+                _reap(worker)  # it exits by itself after FINALIZED; SIGKILL if it lingers
+            else:
+                _kill(worker)  # not initialized, stuck in finalize, or already gone
+        self._launcher.stop()
+
+    def _start_workers(self, config: mc.ModelConfig, model_dir: Path) -> None:
+        config_json = json.dumps(config_to_json(config))
+        pending = []
+        for group in config.instance_group:
+            gpu = group.kind == mc.ModelInstanceGroup.KIND_GPU
+            for i in range(max(1, group.count)):
+                index = len(self._workers)
+                device = group.gpus[i % len(group.gpus)] if gpu and group.gpus else 0
+                args = {
+                    "model_config": config_json,
+                    "model_instance_kind": "GPU" if gpu else "CPU",
+                    "model_instance_name": f"{group.name}_{i}",
+                    "model_instance_device_id": str(device),
+                    "model_repository": str(model_dir),
+                    "model_version": str(self.version),
+                    "model_name": self.name,
+                }
+                worker = self._spawn(index, args["model_instance_name"])
+                self._workers.append(worker)
+                pending.append((worker, args))
+        # Interpreters start in parallel; then each imports the model and initializes.
+        for worker, args in pending:
+            meta = {"model_file": str(self.model_file), "args": args}
+            try:
+                ipc.send(worker.conn, ipc.Message(ipc.INIT, meta))
+            except OSError:
+                raise self._load_error(worker, self._exit_reason(worker)) from None
+        deadline = time.monotonic() + self.timeouts.initialize_s
+        for worker, _ in pending:
+            try:
+                reply = ipc.receive(worker.conn, deadline)
+            except TimeoutError:
+                _kill(worker)
+                raise self._load_error(
+                    worker, f"initialize gave no answer within {self.timeouts.initialize_s:g} s"
+                ) from None
+            except (EOFError, OSError, ipc.WireError):
+                raise self._load_error(worker, self._exit_reason(worker)) from None
+            if reply.kind != ipc.READY:
+                raise self._load_error(worker, str(reply.meta.get("message", reply.kind)))
+            worker.ready = True
+        logger.info(
+            "python model %s version %d: %d worker(s), pids %s",
+            self.name,
+            self.version,
+            len(self._workers),
+            list(self.worker_pids),
+            extra={"model": self.name, "version": self.version},
+        )
+
+    def _spawn(self, index: int, instance_name: str) -> _Worker:
+        ours, theirs = multiprocessing.Pipe(duplex=True)
+        argv = [
+            sys.executable,
+            "-m",
+            "agent.backends.python_worker",
+            str(theirs.fileno()),
+            str(os.getpid()),
+        ]
+        try:
+            process = self._launcher.start(argv, theirs.fileno())
+        except OSError as exc:
+            ours.close()
+            raise ModelLoadError(
+                f"python model '{self.name}': cannot start a worker: {exc}"
+            ) from None
+        finally:
+            theirs.close()  # the worker holds its own copy; EOF then means the worker is gone
+        return _Worker(index, instance_name, process, ours)
+
+    def _load_error(self, worker: _Worker, reason: str) -> ModelLoadError:
+        return ModelLoadError(
+            f"python model '{self.name}' version {self.version} instance {worker.index}: "
+            f"{self.model_file}: {reason}"
+        )
+
+    def _run_on(
+        self, worker: _Worker, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]
+    ) -> list[np.ndarray]:
+        if self._failure is not None:
+            raise ModelInstanceFailedError(self._failure)
+        message = ipc.Message(ipc.EXECUTE, {"outputs": list(output_names)}, list(feeds.items()))
+        try:
+            ipc.send(worker.conn, message)
+            reply = ipc.receive(worker.conn, time.monotonic() + self.timeouts.execute_s)
+        except TimeoutError:
+            _kill(worker)
+            self._fail(
+                f"python model '{self.name}' instance {worker.index} hung: no response within "
+                f"{self.timeouts.execute_s:g} s; worker killed"
+            )
+        except (EOFError, OSError, ipc.WireError):
+            self._fail(
+                f"python model '{self.name}' instance {worker.index} {self._exit_reason(worker)}"
+            )
+        if reply.kind == ipc.ERROR:
+            raise BackendError(
+                f"python model '{self.name}' execute failed: {reply.meta.get('message', '')}"
+            )
+        rows = next(iter(feeds.values())).shape[0] if self._batched and feeds else None
+        returned = dict(reply.tensors)
+        return [self._checked(n, returned.get(n), rows) for n in output_names]
+
+    def _checked(self, name: str, array: np.ndarray | None, rows: int | None) -> np.ndarray:
+        where = f"python model '{self.name}' output '{name}'"
+        if array is None:
+            raise BackendError(f"{where}: execute returned no tensor of that name")
+        declared = self._declared[name]
+        assert declared.datatype is not None
+        got = "BYTES" if array.dtype == np.object_ else _kserve(array.dtype)
+        if got != declared.datatype.kserve:
+            raise BackendError(
+                f"{where} is {got} but the config says {declared.type_name} "
+                "(convert it with .astype before returning it)"
+            )
+        shape = declared.shape
+        fits = len(array.shape) == len(shape) and all(
+            want is None or want == have for want, have in zip(shape, array.shape, strict=True)
+        )
+        if not fits or (rows is not None and array.shape[0] != rows):
+            expected = ["-1" if d is None else str(d) for d in shape]
+            if rows is not None:
+                expected[0] = str(rows)
+            raise BackendError(
+                f"{where} has shape {list(array.shape)}, expected [{', '.join(expected)}]"
+            )
+        return array
+
+    def _fail(self, reason: str) -> NoReturn:
+        """Remember the first failure, then raise ModelInstanceFailedError with it."""
+        with self._lock:
+            if self._failure is None:
+                self._failure = reason
+                logger.error("%s", reason, extra={"model": self.name, "version": self.version})
+        raise ModelInstanceFailedError(reason)
+
+    def _exit_reason(self, worker: _Worker) -> str:
+        code = _reap(worker)
+        if code < 0:
+            return f"worker (pid {worker.process.pid}) killed by signal {-code}"
+        return f"worker (pid {worker.process.pid}) exited with code {code}"
+
+
+def _kserve(dtype: np.dtype) -> str:
+    for kind in datatypes.BY_KSERVE.values():
+        if kind.numpy == dtype:
+            return kind.kserve
+    return str(dtype)
+
+
+def _kill(worker: _Worker) -> None:
+    if worker.process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker.process.pid, signal.SIGKILL)
+    worker.process.wait()
+
+
+def _reap(worker: _Worker) -> int:
+    """Wait for a worker to end (SIGKILL by PID after a grace period); its exit status."""
+    try:
+        return worker.process.wait(timeout=_REAP_S)
+    except subprocess.TimeoutExpired:
+        _kill(worker)
+        return worker.process.wait()

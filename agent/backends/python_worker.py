@@ -1,0 +1,167 @@
+"""Worker process of a Python model instance: `python -m agent.backends.python_worker FD PPID`.
+
+FD is this end of a socketpair inherited from the agent, PPID the agent's pid. The worker:
+
+1. asks the kernel to SIGKILL it when the agent's launching thread dies (Linux
+   PR_SET_PDEATHSIG; best effort, for user code stuck where the closed pipe cannot be seen);
+2. reads the INIT message, imports the model file, instantiates `TritonPythonModel` and calls its
+   `initialize(args)`; answers READY, or ERROR with the reason (and exits);
+3. serves EXECUTE messages one at a time: one `InferenceRequest` per message, one response back
+   (RESULT with its tensors, or ERROR with the exception's type and message);
+4. on FINALIZE calls `finalize()`, answers FINALIZED and exits; when the pipe closes (agent gone)
+   it exits without finalizing.
+
+Only numpy and the small agent modules it needs are imported here, to keep start-up short.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import os
+import signal
+import sys
+import traceback
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from agent import pb_utils
+from agent.backends import python_ipc as ipc
+
+_PR_SET_PDEATHSIG = 1
+
+
+def main(argv: list[str]) -> int:
+    """Run the worker; returns the exit status."""
+    if len(argv) != 2 or not all(a.isdigit() for a in argv):
+        print("usage: python -m agent.backends.python_worker FD PARENT_PID", file=sys.stderr)
+        return 2
+    conn = Connection(int(argv[0]))
+    _die_with_parent(int(argv[1]))
+    try:
+        init = ipc.receive(conn)
+    except EOFError:
+        return 0
+    model = _load(conn, init)
+    if model is None:
+        return 1
+    while True:
+        try:
+            message = ipc.receive(conn)
+        except EOFError:
+            return 0  # the agent closed the pipe: no finalize, nothing to answer
+        if message.kind == ipc.EXECUTE:
+            ipc.send(conn, _execute(model, message))
+        elif message.kind == ipc.FINALIZE:
+            _finalize(model)
+            ipc.send(conn, ipc.Message(ipc.FINALIZED))
+            return 0
+        else:
+            ipc.send(conn, _error(f"unexpected message {message.kind!r}"))
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:  # the agent died before prctl took effect
+        os._exit(0)
+
+
+def _load(conn: Connection, init: ipc.Message) -> Any:
+    """Import the model file and initialize the model; None (after answering ERROR) on failure."""
+    if init.kind != ipc.INIT:
+        ipc.send(conn, _error(f"expected {ipc.INIT!r}, got {init.kind!r}"))
+        return None
+    path = Path(str(init.meta["model_file"]))
+    args = {str(k): str(v) for k, v in dict(init.meta["args"]).items()}
+    # As in Triton: the model's version folder is importable, for helper modules beside it.
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec = importlib.util.spec_from_file_location(f"_edge_agent_model_{os.getpid()}", path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot import {path}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses and pickle look classes up there
+        spec.loader.exec_module(module)
+        cls = getattr(module, "TritonPythonModel", None)
+        if cls is None:
+            ipc.send(conn, _error("defines no class TritonPythonModel"))
+            return None
+        model = cls()
+        initialize = getattr(model, "initialize", None)
+        if initialize is not None:
+            initialize(args)
+        if not callable(getattr(model, "execute", None)):
+            ipc.send(conn, _error("TritonPythonModel has no execute method"))
+            return None
+    except BaseException as exc:  # noqa: BLE001 - user code: any failure is the load's reason
+        traceback.print_exc()
+        ipc.send(conn, _error(_describe(exc)))
+        return None
+    ipc.send(conn, ipc.Message(ipc.READY))
+    return model
+
+
+def _execute(model: Any, message: ipc.Message) -> ipc.Message:
+    outputs = [str(n) for n in message.meta.get("outputs", [])]
+    request = pb_utils.InferenceRequest(
+        [pb_utils.Tensor(name, array) for name, array in message.tensors], outputs
+    )
+    try:
+        responses = model.execute([request])
+    except Exception as exc:  # noqa: BLE001 - user code: report it, stay alive
+        traceback.print_exc()
+        return _error(_describe(exc), user=True)
+    if not isinstance(responses, list | tuple) or len(responses) != 1:
+        return _error(
+            f"execute must return a list of 1 InferenceResponse, got {_kind_of(responses)}"
+        )
+    response = responses[0]
+    if not isinstance(response, pb_utils.InferenceResponse):
+        return _error(f"execute returned {_kind_of(response)} instead of an InferenceResponse")
+    error = response.error()
+    if error is not None:
+        text = error.message() if isinstance(error, pb_utils.ModelError) else str(error)
+        return _error(f"the model reported an error: {text}", user=True)
+    tensors = []
+    for tensor in response.output_tensors():
+        if not isinstance(tensor, pb_utils.Tensor):
+            return _error(f"output {_kind_of(tensor)} is not a pb_utils.Tensor")
+        try:
+            pb_utils.numpy_to_kserve(tensor.as_numpy().dtype)
+        except ValueError as exc:
+            return _error(f"output '{tensor.name()}': {exc}")
+        tensors.append((tensor.name(), tensor.as_numpy()))
+    return ipc.Message(ipc.RESULT, tensors=tensors)
+
+
+def _finalize(model: Any) -> None:
+    finalize = getattr(model, "finalize", None)
+    if finalize is None:
+        return
+    try:
+        finalize()
+    except Exception:  # noqa: BLE001 - user code: the worker ends anyway
+        traceback.print_exc()
+
+
+def _error(message: str, *, user: bool = False) -> ipc.Message:
+    return ipc.Message(ipc.ERROR, {"message": message, "user": user})
+
+
+def _describe(exc: BaseException) -> str:
+    text = exc.message() if isinstance(exc, pb_utils.ModelError) else str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _kind_of(value: object) -> str:
+    return type(value).__name__
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
