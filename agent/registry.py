@@ -318,8 +318,7 @@ class ModelRegistry:
         return True
 
     def _retire(self, name: str, loaded: LoadedVersion) -> None:
-        loaded.executor.shutdown(wait=True)  # executions on the other instances finish
-        loaded.backend.close()
+        loaded.close()  # executions on the other instances finish first
         if self.ledger is not None:
             self.ledger.release(loaded.ledger_key)
         self.stats.remove(name, str(loaded.version))

@@ -15,6 +15,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from agent.backends.python import PythonBackend
 from agent.config import AgentConfig, ModelsConfig, ServerConfig
 from agent.daemon import RunningAgent
 from tests.models import FLAT_CONFIG, IDENTITY_TYPES, flat_model, write_model
@@ -99,8 +100,9 @@ def client(agent: RunningAgent) -> Iterator[httpclient.InferenceServerClient]:
 
 def worker_pids(agent: RunningAgent, model: str) -> tuple[int, ...]:
     served = next(m for m in agent.registry.served_models() if m.name == model)
-    pids: tuple[int, ...] = served.versions[1].backend.worker_pids  # type: ignore[attr-defined]
-    return pids
+    backend = served.versions[1].backend
+    assert isinstance(backend, PythonBackend)
+    return backend.worker_pids
 
 
 def wait_until(check: Callable[[], bool], what: str) -> None:
