@@ -166,6 +166,16 @@ class ModelScheduler:
             raise OverloadedError(
                 f"model '{self.model}' has {self._max_pending} requests queued; retry later"
             )
+        if (
+            priority is None
+            and timeout_us is None
+            and self._free == self._instances
+            and self._holding == 0
+            and not self._former
+            and self.inline
+            and self._alone_now(request)
+        ):
+            return self._run_now(request)
         loop = asyncio.get_running_loop()
         job = _Job(request, loop.create_future(), time.perf_counter_ns(), -1)
         self._former.add(
@@ -181,6 +191,40 @@ class ModelScheduler:
         finally:
             if self._stats is not None:
                 self._stats.pending_dec()
+
+    def _alone_now(self, request: ValidatedRequest) -> bool:
+        """Whether the policy would run this request, alone in an empty queue, at once."""
+        policy = self.policy
+        return (
+            not (self._gate is not None and self._need.resources)
+            and 1 <= request.batch_size <= policy.max_batch_size
+            and (not policy.dynamic_batching or policy.max_queue_delay_us == 0)
+        )
+
+    def _run_now(self, request: ValidatedRequest) -> ExecutionResult:
+        """Run one request inline, bypassing queue, future and batch forming.
+
+        Only when nothing is queued or executing, so the order of results cannot change; the
+        statistics and errors are those of a one-request batch on the normal path.
+        """
+        cpu_start = time.thread_time_ns()
+        t0 = time.perf_counter_ns()
+        try:
+            outputs = self._backend.run(request.feeds, request.output_names)
+        except AgentError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - as _complete: the runtime failed
+            raise BackendError(f"execution failed: {exc}") from None
+        t1 = time.perf_counter_ns()
+        if self._stats is not None:
+            self._stats.record_execution(
+                batch_size=request.batch_size,
+                compute_input_ns=0,
+                compute_infer_ns=t1 - t0,
+                compute_output_ns=0,
+            )
+        self._measured(time.thread_time_ns() - cpu_start)
+        return ExecutionResult(outputs, 0, 0, t1 - t0, 0, request.batch_size)
 
     async def drain(self) -> None:
         """Wait until nothing is queued or executing."""

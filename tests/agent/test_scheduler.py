@@ -20,6 +20,7 @@ from agent.errors import BackendError
 from agent.proto import model_config_pb2 as mc
 from agent.scheduler import ModelScheduler
 from agent.signature import ValidatedRequest
+from agent.statistics import ModelStatistics
 
 
 class RecordingBackend:
@@ -194,3 +195,30 @@ def test_inline_batches_still_form_from_concurrent_requests(onnx_backend: OnnxBa
             assert len(backend.threads) == 5
 
         asyncio.run(main())
+
+
+def test_executions_count_the_same_inline_and_on_the_executor(onnx_backend: OnnxBackend) -> None:
+    stats = ModelStatistics("mlp", "1")
+    backend = RecordingBackend(onnx_backend)
+    with ThreadPoolExecutor(1) as executor:
+
+        async def main() -> None:
+            scheduler = ModelScheduler(
+                model="mlp",
+                version=1,
+                backend=backend,
+                policy=BatchingPolicy(max_batch_size=8, dynamic_batching=False),
+                instances=1,
+                executor=executor,
+                stats=stats,
+                inline_below_ns=10**12,
+            )
+            results = [await scheduler.submit(request(s, rows=2)) for s in range(8)]
+            assert scheduler.inline
+            assert [r.batch_size for r in results] == [2] * 8
+            assert all(r.outputs[0].shape == (2, 10) for r in results)
+
+        asyncio.run(main())
+    snap = stats.snapshot()
+    assert (snap.execution_count, snap.inference_count, snap.pending) == (8, 16, 0)
+    assert [(b.batch_size, b.compute_infer.count) for b in snap.batch_stats] == [(2, 8)]
