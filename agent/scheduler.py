@@ -26,6 +26,7 @@ import numpy as np
 
 from agent.backends.base import Backend
 from agent.batching import BatchFormer, BatchingPolicy
+from agent.deadline_timer import DeadlineTimer
 from agent.errors import (
     AgentError,
     BackendError,
@@ -113,7 +114,7 @@ class ModelScheduler:
         self._need = need or ResourceNeed()
         self._max_pending = max_pending
         self._seq = itertools.count()
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: DeadlineTimer | None = None  # made on the loop, at the first deadline
         self._timer_at: float | None = None
         self._closed = False
         self._idle = asyncio.Event()
@@ -136,7 +137,7 @@ class ModelScheduler:
         old = self._former
         self.policy = policy
         self._former = BatchFormer(policy)
-        now = asyncio.get_running_loop().time()
+        now = time.monotonic()
         for job in old.drain():
             try:
                 self._former.add(job, job.request.batch_size, now)
@@ -179,7 +180,7 @@ class ModelScheduler:
         loop = asyncio.get_running_loop()
         job = _Job(request, loop.create_future(), time.perf_counter_ns(), -1)
         self._former.add(
-            job, request.batch_size, loop.time(), priority=priority, timeout_us=timeout_us
+            job, request.batch_size, time.monotonic(), priority=priority, timeout_us=timeout_us
         )
         job.seq = next(self._seq)  # only accepted requests take a place in the release order
         self._idle.clear()
@@ -236,21 +237,20 @@ class ModelScheduler:
         """Refuse new work and fail whatever is still queued."""
         self._closed = True
         if self._timer is not None:
-            self._timer.cancel()
+            self._timer.close()
         for job in self._former.drain():
             self._finish(job, ModelNotReadyError(f"model '{self.model}' was unloaded"))
         self._check_idle()
 
     def _dispatch(self) -> None:
         loop = asyncio.get_running_loop()
-        now = loop.time()
+        now = time.monotonic()
         for job in self._former.expire(now):
             self._finish(job, RequestTimeoutError("request timeout expired in the queue"))
         while self._free > 0 and self._holding == 0:
             batch = self._former.take(now)
             if batch is None:
                 break
-            now = loop.time()  # an inline execution below moves the clock on
             self._free -= 1
             jobs = list(batch.items)
             if self._gate is not None and self._need.resources:
@@ -259,6 +259,7 @@ class ModelScheduler:
                     self._holding += 1
                     break
             self._launch(jobs)
+            now = time.monotonic()  # an inline execution moved the clock on
         self._arm_timer(loop)
         self._check_idle()
 
@@ -291,17 +292,16 @@ class ModelScheduler:
         # for a batch that is already due would only spin. Queue timeouts are still checked then.
         idle = self._free > 0 and self._holding == 0
         deadline = self._former.deadline() if idle else self._former.expiry_deadline()
-        if deadline == self._timer_at:
+        if deadline == self._timer_at or self._closed:
             return
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         self._timer_at = deadline
-        if deadline is not None and not self._closed:
-            self._timer = loop.call_at(deadline, self._on_timer)
+        if self._timer is None:
+            if deadline is None:
+                return
+            self._timer = DeadlineTimer(loop, self._on_timer)
+        self._timer.arm(deadline)
 
     def _on_timer(self) -> None:
-        self._timer = None
         self._timer_at = None
         self._dispatch()
 
