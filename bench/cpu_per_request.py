@@ -142,6 +142,7 @@ def run_point(
         capture_output=True,
         check=True,
         timeout=300,
+        cwd=REPO_ROOT,  # .venv-perf/bin/perf_analyzer is a wrapper with a relative path
     )
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     before = cpu_us(server.pid)
@@ -151,6 +152,7 @@ def run_point(
         text=True,
         check=False,
         timeout=600,
+        cwd=REPO_ROOT,
     )
     after = cpu_us(server.pid)
     children_after = resource.getrusage(resource.RUSAGE_CHILDREN)
