@@ -8,8 +8,11 @@ per instance), splits the outputs back per request and records statistics.
 Tiny models run inline: handing a batch to an executor thread and its result back costs the event
 loop about 300 µs of CPU per execution (thread wake-ups and GIL ping-pong, measured with
 `bench.cpu_per_request`), twenty times what the demo MLP takes to compute. Once a version's
-measured execution time is below `inline_below_ns`, its batches run on the event loop thread
-instead; a slower execution moves it back to the executor.
+measured execution CPU time is below `inline_below_ns`, and its wall time below ten times that
+(a GPU model can wait for its device without using CPU), its batches run on the event loop
+thread instead; a slower execution moves it back to the executor. The wall time is that of the
+backend's `run` alone: on the executor it also holds the wait for the GIL afterwards, so the
+limit on it sits well above the CPU one.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from agent.statistics import ModelStatistics
 # Executions that may block the event loop: the hand-off they skip costs more than this.
 INLINE_BELOW_NS = 100_000
 _PROBE_RUNS = 4  # executions measured on the executor before inline is considered
+_WALL_FACTOR = 10  # wall-time limit for inline, as a multiple of the CPU-time limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +130,7 @@ class ModelScheduler:
         self._inline_below_ns = inline_below_ns
         self._runs = 0
         self._exec_ns = 0.0  # moving average of one execution's CPU time on its thread
+        self._wall_ns = 0.0  # moving average of its wall time
 
     @property
     def pending(self) -> int:
@@ -224,7 +229,7 @@ class ModelScheduler:
                 compute_infer_ns=t1 - t0,
                 compute_output_ns=0,
             )
-        self._measured(time.thread_time_ns() - cpu_start)
+        self._measured(time.thread_time_ns() - cpu_start, t1 - t0)
         return ExecutionResult(outputs, 0, 0, t1 - t0, 0, request.batch_size)
 
     async def drain(self) -> None:
@@ -271,7 +276,11 @@ class ModelScheduler:
     @property
     def inline(self) -> bool:
         """Whether batches now run on the event loop (measured fast enough), not the executor."""
-        return self._runs >= _PROBE_RUNS and self._exec_ns < self._inline_below_ns
+        return (
+            self._runs >= _PROBE_RUNS
+            and self._exec_ns < self._inline_below_ns
+            and self._wall_ns < self._inline_below_ns * _WALL_FACTOR
+        )
 
     def _launch(self, jobs: list[_Job]) -> None:
         started = time.perf_counter_ns()
@@ -308,6 +317,7 @@ class ModelScheduler:
     def _execute(self, jobs: Sequence[_Job], started_ns: int) -> list[ExecutionResult]:
         """Run in an executor thread (or inline): concatenate, run, split."""
         cpu_start = time.thread_time_ns()
+        run_ns = 0  # wall time inside the backend (where a device wait shows)
         results: list[ExecutionResult | None] = [None] * len(jobs)
         groups = [[0]] if len(jobs) == 1 else _group_by_shape(jobs)
         for group in groups:
@@ -327,6 +337,7 @@ class ModelScheduler:
             t1 = time.perf_counter_ns()
             outputs = self._backend.run(feeds, names)
             t2 = time.perf_counter_ns()
+            run_ns += t2 - t1
             by_name = dict(zip(names, outputs, strict=True))
             rows = sum(jobs[i].request.batch_size for i in group)
             offset = 0
@@ -357,12 +368,14 @@ class ModelScheduler:
                     compute_infer_ns=t2 - t1,
                     compute_output_ns=t3 - t2,
                 )
-        self._measured(time.thread_time_ns() - cpu_start)
+        self._measured(time.thread_time_ns() - cpu_start, run_ns)
         return [r for r in results if r is not None]
 
-    def _measured(self, ns: int) -> None:
+    def _measured(self, ns: int, wall_ns: int) -> None:
         # One writer at a time per instance thread; a lost update only delays the switch.
-        self._exec_ns = ns if self._runs == 0 else 0.75 * self._exec_ns + 0.25 * ns
+        first = self._runs == 0
+        self._exec_ns = ns if first else 0.75 * self._exec_ns + 0.25 * ns
+        self._wall_ns = wall_ns if first else 0.75 * self._wall_ns + 0.25 * wall_ns
         self._runs += 1
 
     def _on_done(self, jobs: list[_Job], future: asyncio.Future[list[ExecutionResult]]) -> None:

@@ -30,6 +30,7 @@ class RecordingBackend:
         self.inner = inner
         self.threads: list[int] = []
         self.burn_ns = 0
+        self.device_wait_s = 0.0  # a wait that uses no CPU, like a GPU model's
 
     @property
     def inputs(self) -> Sequence[ModelTensor]:
@@ -50,6 +51,8 @@ class RecordingBackend:
         end = time.thread_time_ns() + self.burn_ns
         while time.thread_time_ns() < end:  # CPU time, not wall time: a model this slow
             pass
+        if self.device_wait_s:
+            threading.Event().wait(self.device_wait_s)
         return self.inner.run(feeds, output_names, shrink_memory=shrink_memory)
 
     def close(self) -> None:
@@ -222,3 +225,12 @@ def test_executions_count_the_same_inline_and_on_the_executor(onnx_backend: Onnx
     snap = stats.snapshot()
     assert (snap.execution_count, snap.inference_count, snap.pending) == (8, 16, 0)
     assert [(b.batch_size, b.compute_infer.count) for b in snap.batch_stats] == [(2, 8)]
+
+
+def test_a_model_that_waits_without_cpu_stays_on_the_executor(onnx_backend: OnnxBackend) -> None:
+    backend = RecordingBackend(onnx_backend)
+    backend.device_wait_s = 0.05  # 50 ms of wall time, almost no CPU: limits 1 ms CPU, 10 ms wall
+    outputs, loop_thread, inline = run_scheduler(backend, 1_000_000, range(6))
+    assert not inline
+    assert loop_thread not in backend.threads
+    assert len(outputs) == 6
