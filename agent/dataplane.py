@@ -1,7 +1,8 @@
 """Transport-agnostic server logic: health, metadata, config, repository index and inference.
 
 HTTP (and later gRPC and MQTT) parse their own wire format into `agent.protocol` types, call this,
-and serialize the result. Inference runs on the model's executor, never on the event loop.
+and serialize the result. Inference runs on the model's executor (or inline, for tiny models:
+see `agent.scheduler`).
 """
 
 from __future__ import annotations

@@ -10,11 +10,13 @@ are a sequence of (uint32 little-endian length, bytes) elements.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import struct
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -25,6 +27,11 @@ from agent.errors import InvalidInputError
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
 _U32 = struct.Struct("<I")
+# Binary-tensor clients send the same small JSON header with every request (only the tensor
+# bytes after it change), so its parse is remembered by its exact bytes; larger headers carry
+# JSON data and are parsed every time.
+_PLAN_HEADER_MAX = 4096
+_PLAN_CACHE_SIZE = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +103,10 @@ def decode_infer_request(body: bytes, header_length: int | None = None) -> Infer
                 f"{HEADER_LENGTH} is {header_length} but the body has only {len(body)} bytes"
             )
         header, binary = body[:header_length], memoryview(body)[header_length:]
+        if len(header) <= _PLAN_HEADER_MAX:
+            plan = _cached_plan(bytes(header))
+            if plan is not None:
+                return _decode_planned(plan, binary)
     doc = _load_json_object(header)
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
@@ -127,6 +138,87 @@ def decode_infer_request(body: bytes, header_length: int | None = None) -> Infer
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _InputPlan:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    size: int  # binary_data_size
+
+
+@dataclass(frozen=True, slots=True)
+class _RequestPlan:
+    """A request header whose inputs are all binary: everything but the tensor bytes."""
+
+    inputs: tuple[_InputPlan, ...]
+    id: str | None
+    outputs: tuple[RequestedOutput, ...] | None
+    binary_output: bool
+    parameters: Mapping[str, Any]
+
+
+@functools.lru_cache(maxsize=_PLAN_CACHE_SIZE)
+def _cached_plan(header: bytes) -> _RequestPlan | None:
+    """The plan of a valid all-binary header; None for anything else (the full path decides).
+
+    Invalid headers are not planned, so their error is the one the full decoder reports.
+    """
+    try:
+        doc = _load_json_object(header)
+        raw_inputs = doc.get("inputs")
+        if not isinstance(raw_inputs, list) or not raw_inputs:
+            return None
+        inputs: list[_InputPlan] = []
+        for raw in raw_inputs:
+            name, datatype, shape, params = _input_header(raw)
+            assert isinstance(raw, dict)  # _input_header checked it
+            size = params.get("binary_data_size")
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0 or "data" in raw:
+                return None
+            inputs.append(_InputPlan(name, datatype, shape, size))
+        request_id = doc.get("id")
+        params = _parameters(doc, "request")
+        binary_output = params.get("binary_data_output", False)
+        if (request_id is not None and not isinstance(request_id, str)) or not isinstance(
+            binary_output, bool
+        ):
+            return None
+        outputs = _decode_outputs(doc.get("outputs"))
+    except InvalidInputError:
+        return None
+    return _RequestPlan(tuple(inputs), request_id, outputs, binary_output, MappingProxyType(params))
+
+
+def _decode_planned(plan: _RequestPlan, binary: memoryview) -> InferRequest:
+    """The tensors of a planned request; checks and messages as `_decode_input`'s binary case."""
+    offset = 0
+    inputs: list[InferInput] = []
+    for spec in plan.inputs:
+        end = offset + spec.size
+        if end > len(binary):
+            raise InvalidInputError(
+                f"input '{spec.name}': binary_data_size {spec.size} runs past the end of the body"
+            )
+        try:
+            data = tensor_from_bytes(binary[offset:end], spec.datatype, spec.shape)
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"input '{spec.name}': {exc.message}") from None
+        inputs.append(InferInput(spec.name, spec.datatype, spec.shape, data))
+        offset = end
+    if offset != len(binary):
+        raise InvalidInputError(
+            f"binary tensor data is {len(binary)} bytes but the inputs' binary_data_size "
+            f"add up to {offset}"
+        )
+    return InferRequest(
+        inputs=tuple(inputs),
+        id=plan.id,
+        outputs=plan.outputs,
+        binary_output=plan.binary_output,
+        parameters=plan.parameters,
+    )
+
+
 def encode_infer_response(
     response: InferResponse, request: InferRequest
 ) -> tuple[bytes, int | None]:
@@ -139,12 +231,25 @@ def encode_infer_response(
         InvalidInputError: a BYTES output that is not UTF-8 was asked for as JSON.
     """
     wanted = {o.name: o.binary for o in request.outputs} if request.outputs is not None else {}
+    asked = [wanted.get(out.name) for out in response.outputs]
+    binary_flags = [request.binary_output if b is None else b for b in asked]
+    if (
+        response.outputs
+        and all(binary_flags)
+        and all(out.datatype != "BYTES" for out in response.outputs)
+    ):
+        chunks = [np.ascontiguousarray(out.data).tobytes() for out in response.outputs]
+        shapes = tuple(
+            (out.name, out.datatype, out.data.shape, len(raw))
+            for out, raw in zip(response.outputs, chunks, strict=True)
+        )
+        header = _binary_response_header(
+            response.model_name, response.model_version, response.id, shapes
+        )
+        return b"".join([header, *chunks]), len(header)
     outputs: list[dict[str, Any]] = []
-    chunks: list[bytes] = []
-    for out in response.outputs:
-        binary = wanted.get(out.name)
-        if binary is None:
-            binary = request.binary_output
+    chunks = []
+    for out, binary in zip(response.outputs, binary_flags, strict=True):
         entry: dict[str, Any] = {
             "name": out.name,
             "datatype": out.datatype,
@@ -168,6 +273,30 @@ def encode_infer_response(
     if not chunks:
         return header, None
     return b"".join([header, *chunks]), len(header)
+
+
+@functools.lru_cache(maxsize=_PLAN_CACHE_SIZE)
+def _binary_response_header(
+    model: str,
+    version: str,
+    request_id: str | None,
+    outputs: tuple[tuple[str, str, tuple[int, ...], int], ...],
+) -> bytes:
+    """The JSON header of a response whose outputs are all binary: the same for every request
+    of one shape, so it is built once."""
+    doc: dict[str, Any] = {"model_name": model, "model_version": version}
+    if request_id is not None:
+        doc["id"] = request_id
+    doc["outputs"] = [
+        {
+            "name": name,
+            "datatype": datatype,
+            "shape": list(shape),
+            "parameters": {"binary_data_size": size},
+        }
+        for name, datatype, shape, size in outputs
+    ]
+    return json.dumps(doc, separators=(",", ":")).encode()
 
 
 def tensor_to_bytes(data: np.ndarray, datatype: str) -> bytes:
@@ -220,7 +349,8 @@ def _parameters(doc: Mapping[str, Any], where: str) -> dict[str, Any]:
     return params
 
 
-def _decode_input(raw: object, binary: memoryview, offset: int) -> tuple[InferInput, int]:
+def _input_header(raw: object) -> tuple[str, str, tuple[int, ...], dict[str, Any]]:
+    """An input's name, datatype, shape and parameters, checked."""
     if not isinstance(raw, dict):
         raise InvalidInputError("each input must be a JSON object")
     name = raw.get("name")
@@ -234,8 +364,12 @@ def _decode_input(raw: object, binary: memoryview, offset: int) -> tuple[InferIn
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape_raw
     ):
         raise InvalidInputError(f"input '{name}' must have a 'shape' of non-negative integers")
-    shape = tuple(shape_raw)
-    params = _parameters(raw, f"input '{name}'")
+    return name, datatype, tuple(shape_raw), _parameters(raw, f"input '{name}'")
+
+
+def _decode_input(raw: object, binary: memoryview, offset: int) -> tuple[InferInput, int]:
+    name, datatype, shape, params = _input_header(raw)
+    assert isinstance(raw, dict)  # _input_header checked it
     size = params.get("binary_data_size")
     if size is not None:
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:

@@ -148,7 +148,7 @@ class _Window:
         us = ns // 1000
         self.count += 1
         self.sum_us += us
-        self.recent.append(us)
+        self.recent.append(us)  # a full deque drops its oldest
 
     def summary(self) -> LatencySummary:
         ordered = sorted(self.recent)
@@ -184,10 +184,20 @@ class ModelStatistics:
         self._inference_count = 0
         self._execution_count = 0
         self._pending = 0
-        self._stats: dict[InferStat, Duration] = dict.fromkeys(INFER_STATS, Duration())
+        # Mutable [count, ns] pairs, turned into frozen Durations by snapshot(): recording runs
+        # once per request on the event loop and should allocate nothing.
+        self._stats: dict[InferStat, list[int]] = {k: [0, 0] for k in INFER_STATS}
         self._failures: dict[str, int] = dict.fromkeys(FAILURE_REASONS, 0)
-        self._batches: dict[int, BatchStat] = {}
+        self._batches: dict[int, list[int]] = {}  # batch size -> [count, in, infer, out ns]
         self._windows: dict[Series, _Window] = {s: _Window(window) for s in SERIES}
+        w = self._windows
+        self._success_series = (
+            (self._stats["success"], w["request"]),
+            (self._stats["queue"], w["queue"]),
+            (self._stats["compute_input"], w["compute_input"]),
+            (self._stats["compute_infer"], w["compute_infer"]),
+            (self._stats["compute_output"], w["compute_output"]),
+        )
 
     def record_success(
         self,
@@ -211,19 +221,15 @@ class ModelStatistics:
         Raises:
             ValueError: a duration is negative.
         """
-        observed: dict[Series, int] = {
-            "request": request_ns,
-            "queue": queue_ns,
-            "compute_input": compute_input_ns,
-            "compute_infer": compute_infer_ns,
-            "compute_output": compute_output_ns,
-        }
-        _check_ns(*observed.items())
+        observed = (request_ns, queue_ns, compute_input_ns, compute_infer_ns, compute_output_ns)
+        if min(observed) < 0:
+            _check_ns(*zip(SERIES, observed, strict=True))
         with self._lock:
             self._last_inference_ms = max(self._last_inference_ms, now_ms)
-            for series, ns in observed.items():
-                self._add("success" if series == "request" else series, ns)
-                self._windows[series].observe(ns)
+            for (pair, window), ns in zip(self._success_series, observed, strict=True):
+                pair[0] += 1
+                pair[1] += ns
+                window.observe(ns)
 
     def record_failure(self, *, request_ns: int, reason: FailureReason, now_ms: int) -> None:
         """Count one failed request; as in Triton, `last_inference` does not move.
@@ -256,23 +262,22 @@ class ModelStatistics:
         """
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        _check_ns(
-            ("compute_input", compute_input_ns),
-            ("compute_infer", compute_infer_ns),
-            ("compute_output", compute_output_ns),
-        )
+        if min(compute_input_ns, compute_infer_ns, compute_output_ns) < 0:
+            _check_ns(
+                ("compute_input", compute_input_ns),
+                ("compute_infer", compute_infer_ns),
+                ("compute_output", compute_output_ns),
+            )
         with self._lock:
             self._execution_count += 1
             self._inference_count += batch_size
-            old = self._batches.get(batch_size)
-            if old is None:
-                old = BatchStat(batch_size, Duration(), Duration(), Duration())
-            self._batches[batch_size] = BatchStat(
-                batch_size,
-                old.compute_input.plus(compute_input_ns),
-                old.compute_infer.plus(compute_infer_ns),
-                old.compute_output.plus(compute_output_ns),
-            )
+            row = self._batches.get(batch_size)
+            if row is None:
+                row = self._batches[batch_size] = [0, 0, 0, 0]
+            row[0] += 1
+            row[1] += compute_input_ns
+            row[2] += compute_infer_ns
+            row[3] += compute_output_ns
 
     def record_cache_hit(
         self, *, ns: int, now_ms: int, request_ns: int | None = None, queue_ns: int = 0
@@ -304,11 +309,12 @@ class ModelStatistics:
         _check_ns(("cache_miss", ns))
         with self._lock:
             self._add("cache_miss", ns)
-            success = self._stats["success"]
-            self._stats["success"] = Duration(success.count, success.ns + ns)
+            self._stats["success"][1] += ns
 
     def _add(self, stat: InferStat, ns: int) -> None:
-        self._stats[stat] = self._stats[stat].plus(ns)  # caller holds the lock
+        pair = self._stats[stat]  # caller holds the lock
+        pair[0] += 1
+        pair[1] += ns
 
     def pending_inc(self) -> None:
         """One more request is queued or executing."""
@@ -337,9 +343,12 @@ class ModelStatistics:
                 inference_count=self._inference_count,
                 execution_count=self._execution_count,
                 pending=self._pending,
-                inference_stats=tuple(self._stats.items()),
+                inference_stats=tuple((k, Duration(*pair)) for k, pair in self._stats.items()),
                 failures=tuple(self._failures.items()),
-                batch_stats=tuple(self._batches[k] for k in sorted(self._batches)),
+                batch_stats=tuple(
+                    BatchStat(k, Duration(n, i), Duration(n, r), Duration(n, o))
+                    for k, (n, i, r, o) in sorted(self._batches.items())
+                ),
                 summaries=tuple((s, self._windows[s].summary()) for s in SERIES),
             )
 

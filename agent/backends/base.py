@@ -41,7 +41,8 @@ class Backend(Protocol):
         *,
         shrink_memory: bool = False,
     ) -> list[np.ndarray]:
-        """Run the model; blocking, called off the event loop.
+        """Run the model; blocking, called on the model's executor (or inline on the event
+        loop once the scheduler measured it as tiny).
 
         `shrink_memory` asks the runtime to hand unused memory back afterwards (once, after the
         footprint has been measured).

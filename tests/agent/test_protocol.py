@@ -732,3 +732,90 @@ def test_bytes_element_count_mismatch() -> None:
 def test_tensor_from_bytes_size_mismatch() -> None:
     with pytest.raises(InvalidInputError, match=r"binary data is 3 bytes .* INT16 needs 4"):
         tensor_from_bytes(b"\x00\x00\x00", "INT16", [2])
+
+
+def test_requests_sharing_a_binary_header_each_get_their_own_tensors() -> None:
+    doc = {
+        "id": "same",
+        "inputs": [
+            {
+                "name": "a",
+                "datatype": "FP32",
+                "shape": [1, 2],
+                "parameters": {"binary_data_size": 8},
+            },
+            {"name": "b", "datatype": "INT8", "shape": [3], "parameters": {"binary_data_size": 3}},
+        ],
+        "outputs": [{"name": "y", "parameters": {"binary_data": True}}],
+        "parameters": {"priority": 1},
+    }
+    decoded = []
+    for seed in range(3):
+        a = np.array([[seed, -seed]], dtype=np.float32)
+        b = np.array([seed, seed + 1, 7], dtype=np.int8)
+        body, length = binary_body(doc, a.tobytes(), b.tobytes())
+        decoded.append((decode_infer_request(body, length), a, b))
+    for request, a, b in decoded:
+        np.testing.assert_array_equal(request.inputs[0].data, a)
+        np.testing.assert_array_equal(request.inputs[1].data, b)
+        assert request.id == "same"
+        assert request.outputs == (RequestedOutput("y", True),)
+        assert dict(request.parameters) == {"priority": 1}
+
+
+def test_a_repeated_binary_header_still_checks_each_body_length() -> None:
+    doc = {
+        "inputs": [
+            {"name": "a", "datatype": "FP32", "shape": [2], "parameters": {"binary_data_size": 8}}
+        ]
+    }
+    body, length = binary_body(doc, bytes(8))
+    assert decode_infer_request(body, length).inputs[0].data.shape == (2,)
+    with pytest.raises(InvalidInputError, match="runs past the end of the body"):
+        decode_infer_request(body[:-1], length)
+    with pytest.raises(InvalidInputError, match="add up to 8"):
+        decode_infer_request(body + b"\0", length)
+
+
+def test_a_repeated_invalid_binary_header_keeps_its_error() -> None:
+    def doc(shape: int, **extra: Any) -> dict[str, Any]:
+        tensor = {"name": "a", "datatype": "FP32", "shape": [shape]}
+        return {"inputs": [{**tensor, "parameters": {"binary_data_size": 8}}], **extra}
+
+    body, length = binary_body(doc(3), bytes(8))
+    for _ in range(2):
+        with pytest.raises(InvalidInputError, match="binary data is 8 bytes but shape"):
+            decode_infer_request(body, length)
+    body, length = binary_body(doc(2, id=5), bytes(8))
+    for _ in range(2):
+        with pytest.raises(InvalidInputError, match="'id' must be a string"):
+            decode_infer_request(body, length)
+
+
+def test_binary_responses_of_one_shape_carry_their_own_id_and_data() -> None:
+    request = InferRequest(inputs=(), binary_output=True)
+    seen = []
+    for request_id, value in (("r1", 1.0), (None, 2.0), ("r1", 3.0)):
+        data = np.full((1, 3), value, dtype=np.float32)
+        response = InferResponse("m", "1", (OutputTensor("y", "FP32", data),), request_id)
+        payload, length = encode_infer_response(response, request)
+        assert length is not None
+        header = json.loads(payload[:length])
+        assert header.get("id") == request_id
+        assert header["outputs"] == [
+            {
+                "name": "y",
+                "datatype": "FP32",
+                "shape": [1, 3],
+                "parameters": {"binary_data_size": 12},
+            }
+        ]
+        seen.append(np.frombuffer(payload[length:], dtype=np.float32))
+    assert [float(v[0]) for v in seen] == [1.0, 2.0, 3.0]
+
+
+def test_a_response_without_outputs_is_plain_json() -> None:
+    request = InferRequest(inputs=(), binary_output=True)
+    payload, length = encode_infer_response(InferResponse("m", "1", ()), request)
+    assert length is None
+    assert json.loads(payload) == {"model_name": "m", "model_version": "1", "outputs": []}

@@ -1,0 +1,253 @@
+"""`python -m bench.cpu_per_request`: the agent's CPU time per inference request over HTTP.
+
+Throughput on a shared 2-core machine moves with whatever else runs; the CPU time the server
+process spends per request moves far less, so this is the figure to compare changes by. For each
+server and concurrency it reads the server's utime+stime from /proc/PID/stat, sends a fixed
+number of requests with perf_analyzer (HTTP, binary tensors, batch 1) and reads it again:
+µs CPU per request = delta / requests. perf_analyzer's own CPU is reported too (it is a child of
+this process: the RUSAGE_CHILDREN delta around its run).
+
+Servers, each on the benchmark MLP (bench.models):
+    floor     bench.floor_server: aiohttp answering with a fixed body (no model, no agent code)
+    nobatch   the agent, no scheduler block
+    dynbatch  the agent with dynamic batching (preferred 8/16/32, 300 µs delay)
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import csv
+import os
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.models import MODELS, write_model_files, write_repository
+from bench.perf import find_perf_analyzer
+from bench.procs import REPO_ROOT, BenchError, stop_process
+from bench.report import load_average, markdown_table
+
+SERVERS = ("floor", "nobatch", "dynbatch")
+_LISTENING = re.compile(r"listening on http://([^\s:]+):(\d+)")
+_AVG_LATENCY = re.compile(r"Avg latency: (\d+) usec")
+_TICK_US = 1_000_000 / os.sysconf("SC_CLK_TCK")
+_WARMUP_REQUESTS = 500
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One server at one concurrency."""
+
+    server: str
+    concurrency: int
+    requests: int
+    server_us: float  # server CPU per request
+    client_us: float  # perf_analyzer CPU per request
+    p50_us: float
+    p99_us: float
+
+    avg_us: float
+
+    @property
+    def throughput(self) -> float:
+        """Little's law, concurrency / mean latency: perf_analyzer's own figure and its run time
+        move in whole seconds when it sends a fixed number of requests."""
+        return self.concurrency / self.avg_us * 1e6
+
+
+def cpu_us(pid: int) -> float:
+    """utime + stime of a process, in microseconds (clock-tick resolution)."""
+    fields = Path(f"/proc/{pid}/stat").read_text(encoding="ascii").rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * _TICK_US
+
+
+class Server:
+    """A server child process started with `command`; the port comes from its log line."""
+
+    def __init__(self, command: list[str], start_timeout_s: float = 120.0) -> None:
+        self.port = 0
+        self._tail: collections.deque[str] = collections.deque(maxlen=30)
+        self._listening = threading.Event()
+        self._proc = subprocess.Popen(
+            command,
+            cwd=REPO_ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+        )
+        try:
+            threading.Thread(target=self._drain, daemon=True).start()
+            deadline = time.monotonic() + start_timeout_s
+            while not self._listening.wait(0.1):
+                if self._proc.poll() is not None or time.monotonic() > deadline:
+                    raise BenchError("server did not start:\n" + "\n".join(self._tail))
+        except BaseException:
+            stop_process(self._proc, grace_s=10)
+            raise
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def _drain(self) -> None:
+        assert self._proc.stderr is not None
+        for line in self._proc.stderr:
+            self._tail.append(line.rstrip())
+            match = _LISTENING.search(line)
+            if match and not self._listening.is_set():
+                self.port = int(match.group(2))
+                self._listening.set()
+
+    def stop(self) -> None:
+        stop_process(self._proc, grace_s=20)
+
+
+def server_command(name: str, repos: dict[str, Path], extra: Sequence[str]) -> list[str]:
+    if name == "floor":
+        return [sys.executable, "-m", "bench.floor_server", "--port", "0"]
+    return [
+        sys.executable, "-m", "agent", "serve", "--model-repository", str(repos[name]),
+        "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "-1", "--metrics-port", "-1",
+        *extra,
+    ]  # fmt: skip
+
+
+def drive(binary: str, port: int, concurrency: int, requests: int, csv_path: Path) -> list[str]:
+    """The perf_analyzer command for `requests` requests at `concurrency`."""
+    return [
+        binary, "-m", "mlp", "-u", f"127.0.0.1:{port}", "-i", "http",
+        "--input-tensor-format", "binary", "--output-tensor-format", "binary",
+        "--concurrency-range", str(concurrency), "-b", "1",
+        "--request-count", str(requests), "-f", str(csv_path),
+    ]  # fmt: skip
+
+
+def run_point(
+    binary: str, server: Server, name: str, concurrency: int, requests: int, workdir: Path
+) -> Point:
+    csv_path = workdir / f"{name}-c{concurrency}.csv"
+    # Warm-up: connections, first-call allocations and ONNX Runtime's first runs.
+    subprocess.run(
+        drive(binary, server.port, concurrency, _WARMUP_REQUESTS, workdir / "warmup.csv"),
+        capture_output=True,
+        check=True,
+        timeout=300,
+        cwd=REPO_ROOT,  # .venv-perf/bin/perf_analyzer is a wrapper with a relative path
+    )
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    before = cpu_us(server.pid)
+    done = subprocess.run(
+        drive(binary, server.port, concurrency, requests, csv_path),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+        cwd=REPO_ROOT,
+    )
+    after = cpu_us(server.pid)
+    children_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0 or not csv_path.is_file():
+        raise BenchError(
+            f"perf_analyzer failed ({done.returncode}):\n{(done.stdout + done.stderr)[-2000:]}"
+        )
+    with csv_path.open(newline="", encoding="utf-8") as handle:
+        row = next(csv.DictReader(handle))
+    client = (
+        children_after.ru_utime + children_after.ru_stime - children.ru_utime - children.ru_stime
+    ) * 1e6
+    return Point(
+        server=name,
+        concurrency=concurrency,
+        requests=requests,
+        server_us=(after - before) / requests,
+        client_us=client / requests,
+        avg_us=_mean_latency_us(done.stdout),
+        p50_us=float(row["p50 latency"]),
+        p99_us=float(row["p99 latency"]),
+    )
+
+
+def _mean_latency_us(output: str) -> float:
+    match = _AVG_LATENCY.search(output)
+    if match is None:
+        raise BenchError(f"no 'Avg latency' in perf_analyzer's output:\n{output[-2000:]}")
+    return float(match.group(1))
+
+
+def render(points: Sequence[Point]) -> str:
+    rows = [
+        [
+            p.server,
+            str(p.concurrency),
+            f"{p.requests:,}",
+            f"{p.server_us:.0f}",
+            f"{p.client_us:.0f}",
+            f"{p.throughput:,.0f}",
+            f"{p.p50_us:.0f}",
+            f"{p.p99_us:.0f}",
+        ]
+        for p in points
+    ]
+    header = [
+        "server", "conc", "requests", "server CPU µs/req", "perf_analyzer CPU µs/req",
+        "inf/s", "p50 µs", "p99 µs",
+    ]  # fmt: skip
+    return markdown_table(header, rows, [False] + [True] * 7)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--servers", default=",".join(SERVERS), help="comma list of %(default)s")
+    parser.add_argument("--concurrency", default="16", help="comma list (default %(default)s)")
+    parser.add_argument("--requests", type=int, default=20_000)
+    parser.add_argument("--perf-analyzer", default=None, help="the perf_analyzer binary")
+    parser.add_argument(
+        "--agent-arg", action="append", default=[], help="extra `agent serve` argument (repeat)"
+    )
+    args = parser.parse_args(argv)
+    servers = [s for s in args.servers.split(",") if s]
+    unknown = sorted(set(servers) - set(SERVERS))
+    if unknown:
+        parser.error(f"unknown servers {unknown}; choose from {SERVERS}")
+    binary = find_perf_analyzer(args.perf_analyzer)
+    if binary is None:
+        print("perf_analyzer not found (--perf-analyzer or $PERF_ANALYZER)", file=sys.stderr)
+        return 2
+    concurrency = [int(c) for c in args.concurrency.split(",") if c]
+    points: list[Point] = []
+    load_before = load_average()
+    with tempfile.TemporaryDirectory(prefix="cpu-per-request-") as tmp:
+        root = Path(tmp)
+        model = MODELS["mlp"]
+        onnx_path = write_model_files(root, [model])["mlp"]
+        repos = {mode: write_repository(root, model, mode, onnx_path) for mode in SERVERS[1:]}
+        for name in servers:
+            server = Server(server_command(name, repos, args.agent_arg))
+            try:
+                for c in concurrency:
+                    point = run_point(binary, server, name, c, args.requests, root)
+                    print(
+                        f"{name} c={c}: {point.server_us:.0f} µs CPU/request, "
+                        f"{point.throughput:,.0f} inf/s",
+                        file=sys.stderr,
+                    )
+                    points.append(point)
+            finally:
+                server.stop()
+    print(render(points))
+    print(f"\nload average before/after: {load_before:.2f} / {load_average():.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""ModelScheduler on a real ONNX Runtime session: where executions run (executor or inline)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import onnx
+import pytest
+
+from agent.backends.base import ModelTensor
+from agent.backends.onnx import OnnxBackend
+from agent.batching import BatchingPolicy
+from agent.demo import mlp_model
+from agent.errors import BackendError
+from agent.proto import model_config_pb2 as mc
+from agent.scheduler import ModelScheduler
+from agent.signature import ValidatedRequest
+from agent.statistics import ModelStatistics
+
+
+class RecordingBackend:
+    """The real ONNX backend, noting which thread ran each execution; `burn_ns` adds CPU work."""
+
+    def __init__(self, inner: OnnxBackend) -> None:
+        self.inner = inner
+        self.threads: list[int] = []
+        self.burn_ns = 0
+        self.device_wait_s = 0.0  # a wait that uses no CPU, like a GPU model's
+
+    @property
+    def inputs(self) -> Sequence[ModelTensor]:
+        return self.inner.inputs
+
+    @property
+    def outputs(self) -> Sequence[ModelTensor]:
+        return self.inner.outputs
+
+    def run(
+        self,
+        feeds: Mapping[str, np.ndarray],
+        output_names: Sequence[str],
+        *,
+        shrink_memory: bool = False,
+    ) -> list[np.ndarray]:
+        self.threads.append(threading.get_ident())
+        end = time.thread_time_ns() + self.burn_ns
+        while time.thread_time_ns() < end:  # CPU time, not wall time: a model this slow
+            pass
+        if self.device_wait_s:
+            threading.Event().wait(self.device_wait_s)
+        return self.inner.run(feeds, output_names, shrink_memory=shrink_memory)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+@pytest.fixture(scope="module")
+def onnx_backend(tmp_path_factory: pytest.TempPathFactory) -> OnnxBackend:
+    path = tmp_path_factory.mktemp("mlp") / "model.onnx"
+    onnx.save(mlp_model(), str(path))
+    return OnnxBackend(path, mc.ModelConfig(name="mlp"), intra_op_threads=1)
+
+
+def request(seed: int, rows: int = 1, width: int = 64) -> ValidatedRequest:
+    x = np.random.default_rng(seed).standard_normal((rows, width)).astype(np.float32)
+    return ValidatedRequest({"INPUT0": x}, ("OUTPUT0",), rows)
+
+
+async def submit_each(scheduler: ModelScheduler, seeds: Sequence[int]) -> list[np.ndarray]:
+    """One request at a time, so every request is its own execution."""
+    return [(await scheduler.submit(request(s))).outputs[0] for s in seeds]
+
+
+def run_scheduler(
+    backend: RecordingBackend, inline_below_ns: int, seeds: Sequence[int]
+) -> tuple[list[np.ndarray], int, bool]:
+    """Submit the seeds; returns the outputs, the event loop's thread and `inline` at the end."""
+    with ThreadPoolExecutor(1) as executor:
+
+        async def main() -> tuple[list[np.ndarray], int, bool]:
+            scheduler = ModelScheduler(
+                model="mlp",
+                version=1,
+                backend=backend,
+                policy=BatchingPolicy(max_batch_size=8, dynamic_batching=False),
+                instances=1,
+                executor=executor,
+                inline_below_ns=inline_below_ns,
+            )
+            outputs = await submit_each(scheduler, seeds)
+            return outputs, threading.get_ident(), scheduler.inline
+
+        return asyncio.run(main())
+
+
+def test_a_fast_model_runs_inline_after_its_probe_runs(onnx_backend: OnnxBackend) -> None:
+    backend = RecordingBackend(onnx_backend)
+    outputs, loop_thread, inline = run_scheduler(backend, 10**12, range(8))
+    assert inline
+    # Measured on the executor first, then on the event loop's own thread.
+    assert all(t != loop_thread for t in backend.threads[:4])
+    assert backend.threads[4:] == [loop_thread] * 4
+    for seed, out in zip(range(8), outputs, strict=True):
+        expected = onnx_backend.run(request(seed).feeds, ["OUTPUT0"])[0]
+        np.testing.assert_array_equal(out, expected)
+
+
+def test_a_zero_threshold_keeps_every_execution_on_the_executor(
+    onnx_backend: OnnxBackend,
+) -> None:
+    backend = RecordingBackend(onnx_backend)
+    _, loop_thread, inline = run_scheduler(backend, 0, range(10))
+    assert not inline
+    assert len(backend.threads) == 10
+    assert loop_thread not in backend.threads
+
+
+def test_a_slow_execution_moves_the_model_back_to_the_executor(
+    onnx_backend: OnnxBackend,
+) -> None:
+    backend = RecordingBackend(onnx_backend)
+    with ThreadPoolExecutor(1) as executor:
+
+        async def main() -> None:
+            scheduler = ModelScheduler(
+                model="mlp",
+                version=1,
+                backend=backend,
+                policy=BatchingPolicy(max_batch_size=8, dynamic_batching=False),
+                instances=1,
+                executor=executor,
+                inline_below_ns=5_000_000,  # 5 ms of CPU: the MLP is far below, burning 40 ms not
+            )
+            await submit_each(scheduler, range(4))
+            assert scheduler.inline
+            backend.burn_ns = 40_000_000
+            await submit_each(scheduler, [4])  # ran inline, measured slow
+            assert not scheduler.inline
+            await submit_each(scheduler, [5])
+            loop_thread = threading.get_ident()
+            assert backend.threads[4] == loop_thread
+            assert backend.threads[5] != loop_thread
+
+        asyncio.run(main())
+
+
+def test_an_inline_runtime_failure_fails_only_its_request(onnx_backend: OnnxBackend) -> None:
+    backend = RecordingBackend(onnx_backend)
+    with ThreadPoolExecutor(1) as executor:
+
+        async def main() -> None:
+            scheduler = ModelScheduler(
+                model="mlp",
+                version=1,
+                backend=backend,
+                policy=BatchingPolicy(max_batch_size=8, dynamic_batching=False),
+                instances=1,
+                executor=executor,
+                inline_below_ns=10**12,
+            )
+            await submit_each(scheduler, range(4))
+            assert scheduler.inline
+            with pytest.raises(BackendError, match="onnxruntime failed"):
+                await scheduler.submit(request(0, width=5))  # ONNX Runtime refuses the shape
+            after = await scheduler.submit(request(1))
+            assert after.outputs[0].shape == (1, 10)
+            assert scheduler.pending == 0
+
+        asyncio.run(main())
+
+
+def test_inline_batches_still_form_from_concurrent_requests(onnx_backend: OnnxBackend) -> None:
+    backend = RecordingBackend(onnx_backend)
+    with ThreadPoolExecutor(1) as executor:
+
+        async def main() -> None:
+            scheduler = ModelScheduler(
+                model="mlp",
+                version=1,
+                backend=backend,
+                policy=BatchingPolicy(
+                    max_batch_size=8, preferred_batch_sizes=(4,), max_queue_delay_us=60_000_000
+                ),
+                instances=1,
+                executor=executor,
+                inline_below_ns=10**12,
+            )
+            for _ in range(4):  # probe runs: four batches of four
+                await asyncio.gather(*(scheduler.submit(request(s)) for s in range(4)))
+            assert scheduler.inline
+            results = await asyncio.gather(*(scheduler.submit(request(s)) for s in range(4)))
+            assert [r.batch_size for r in results] == [4, 4, 4, 4]
+            assert len(backend.threads) == 5
+
+        asyncio.run(main())
+
+
+def test_executions_count_the_same_inline_and_on_the_executor(onnx_backend: OnnxBackend) -> None:
+    stats = ModelStatistics("mlp", "1")
+    backend = RecordingBackend(onnx_backend)
+    with ThreadPoolExecutor(1) as executor:
+
+        async def main() -> None:
+            scheduler = ModelScheduler(
+                model="mlp",
+                version=1,
+                backend=backend,
+                policy=BatchingPolicy(max_batch_size=8, dynamic_batching=False),
+                instances=1,
+                executor=executor,
+                stats=stats,
+                inline_below_ns=10**12,
+            )
+            results = [await scheduler.submit(request(s, rows=2)) for s in range(8)]
+            assert scheduler.inline
+            assert [r.batch_size for r in results] == [2] * 8
+            assert all(r.outputs[0].shape == (2, 10) for r in results)
+
+        asyncio.run(main())
+    snap = stats.snapshot()
+    assert (snap.execution_count, snap.inference_count, snap.pending) == (8, 16, 0)
+    assert [(b.batch_size, b.compute_infer.count) for b in snap.batch_stats] == [(2, 8)]
+
+
+def test_a_model_that_waits_without_cpu_stays_on_the_executor(onnx_backend: OnnxBackend) -> None:
+    backend = RecordingBackend(onnx_backend)
+    backend.device_wait_s = 0.05  # 50 ms of wall time, almost no CPU: limits 1 ms CPU, 10 ms wall
+    outputs, loop_thread, inline = run_scheduler(backend, 1_000_000, range(6))
+    assert not inline
+    assert loop_thread not in backend.threads
+    assert len(outputs) == 6

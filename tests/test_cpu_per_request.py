@@ -1,0 +1,54 @@
+"""`python -m bench.cpu_per_request` measures the agent and the aiohttp floor side by side."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def perf_analyzer() -> str:
+    path = os.environ.get("PERF_ANALYZER", "")
+    if not path or not Path(path).is_file():
+        pytest.skip(
+            "perf_analyzer is not installed (make perf-analyzer installs it; set PERF_ANALYZER)"
+        )
+    return path
+
+
+def test_cpu_per_request_reports_every_server_and_concurrency() -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.cpu_per_request",
+            "--servers",
+            "floor,nobatch",
+            "--concurrency",
+            "1,2",
+            "--requests",
+            "300",
+            "--perf-analyzer",
+            perf_analyzer(),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = re.findall(r"^\| (floor|nobatch) +\| +(\d+) \| +300 \| +(\d+) \|", result.stdout, re.M)
+    assert [(server, conc) for server, conc, _ in rows] == [
+        ("floor", "1"),
+        ("floor", "2"),
+        ("nobatch", "1"),
+        ("nobatch", "2"),
+    ]
+    assert all(int(cpu) > 0 for _, _, cpu in rows)
