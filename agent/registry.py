@@ -40,7 +40,7 @@ from agent.memory import Footprint, MemoryLedger, measure_footprint, plan_capaci
 from agent.model_config import load_model_config
 from agent.proto import model_config_pb2 as mc
 from agent.rate_limiter import ResourceNeed
-from agent.scheduler import LimiterGate, ModelScheduler
+from agent.scheduler import INLINE_BELOW_NS, LimiterGate, ModelScheduler
 from agent.signature import ModelSignature
 from agent.statistics import ModelStatistics, StatisticsRegistry
 from agent.warmup import warmup_requests
@@ -501,6 +501,9 @@ class ModelRegistry:
             gate=self._gate,
             need=_resource_need(completed, self._gate),
             max_pending=_queue_bound(policy, self._settings.max_queue_size),
+            # A Python model's run is a wait on its worker process, cheap in CPU but unbounded
+            # when user code hangs: it must never run on the event loop.
+            inline_below_ns=0 if backend_kind(completed) is BackendKind.PYTHON else INLINE_BELOW_NS,
         )
         logger.info(
             "model %s version %d ready (providers %s, max batch %d, %d instance(s)%s)",

@@ -51,6 +51,9 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_python_model(repo, "args", ARGS_MODEL, args_config(root / "meeting"))
     write_python_model(repo, "flaky", BEHAVIOUR_MODEL, behaviour_config("flaky"))
     write_python_model(repo, "hang", BEHAVIOUR_MODEL, behaviour_config("hang", timeout_s=2))
+    write_python_model(
+        repo, "hang_late", BEHAVIOUR_MODEL, behaviour_config("hang_late", timeout_s=20)
+    )
     write_python_model(repo, "exit3", BEHAVIOUR_MODEL, behaviour_config("exit3"))
     write_python_model(repo, "kill9", BEHAVIOUR_MODEL, behaviour_config("kill9"))
     marker = root / "finalized.txt"
@@ -316,6 +319,25 @@ def test_hung_execute_kills_the_worker_and_marks_the_version_unavailable(
     assert not client.is_model_ready("hang")
     wait_until(lambda: gone(pids), f"worker {pids} ended")
     assert_others_serve(client)
+
+
+def test_a_fast_python_model_never_runs_on_the_event_loop(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    """Many quick runs first (tiny ONNX models move onto the loop after a few), then a hang:
+    the agent keeps answering other requests while the Python worker is stuck."""
+    for _ in range(12):
+        np.testing.assert_array_equal(infer_x(client, "hang_late", 2.0), np.full((2, 1), 4.0))
+    x = np.full((2, 1), 7.0, dtype=np.float32)
+    inp = httpclient.InferInput("X", [2, 1], "FP32")
+    inp.set_data_from_numpy(x)
+    stuck = client.async_infer("hang_late", [inp])
+    assert client.is_server_live()
+    assert_others_serve(client)
+    assert client.is_model_ready("hang_late")  # the stuck request has not been answered yet
+    with pytest.raises(InferenceServerException) as raised:
+        stuck.get_result()
+    assert "no response within 20 s" in str(raised.value)
 
 
 @pytest.mark.parametrize(
