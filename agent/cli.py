@@ -16,7 +16,7 @@ from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
-from agent import __version__, engine_build, fleet_cli, quantize
+from agent import __version__, engine_build, fleet_cli, quantize_args
 from agent.config import AgentConfig
 from agent.config_tools import check_command, load_with_env, show_command
 from agent.daemon import run_agent
@@ -24,9 +24,8 @@ from agent.errors import AgentConfigError, AgentError
 from agent.faults import fault
 from agent.journal import setup_logging
 from model_cache import CacheError, ModelCache, collect
-from sync.cli import SYNC_COMMANDS
-from sync.cli import add_commands as add_sync_commands
-from sync.cli import run as run_sync
+from sync.cli_parser import SYNC_COMMANDS
+from sync.cli_parser import add_commands as add_sync_commands
 
 SWITCH_INTERVAL_S = 0.0002
 EXIT_CONFIG = 2
@@ -153,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--config", type=Path, help="default: /etc/edge-agent/agent.toml if present")
 
     add_sync_commands(commands)
-    quantize.add_commands(commands)
+    quantize_args.add_commands(commands)
     engine_build.add_commands(commands)
     fleet_cli.add_commands(commands)
 
@@ -171,10 +170,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command in SYNC_COMMANDS:
+        from sync.cli import run as run_sync  # noqa: PLC0415 - boto3 and tuf only when needed
+
         return run_sync(args)
     if args.command == "fleet":
         return fleet_cli.run(args)
     if args.command == "quantize":
+        from agent import quantize  # noqa: PLC0415 - onnx only for this command
+
         return quantize.run(args)
     if args.command == "build-engine":
         return engine_build.run(args)

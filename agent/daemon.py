@@ -13,6 +13,7 @@ import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 from aiohttp import web
@@ -21,7 +22,7 @@ from agent.cache_control import CachedVersions, CacheEvents
 from agent.canary_control import STATE_FILE, CanaryManager
 from agent.config import AgentConfig
 from agent.dataplane import DataPlane
-from agent.demo import default_demo_dir, write_demo_repository
+from agent.demo import default_demo_dir, ensure_demo_repository
 from agent.errors import AgentError, ModelLoadError, ModelNotFoundError
 from agent.fleet import EventTee, FleetLink
 from agent.fleet_telemetry import detect_gpu
@@ -39,9 +40,10 @@ from agent.scheduler import LimiterGate
 from agent.statistics import StatisticsRegistry
 from agent.systemd_notify import Notifier, StatusLogHandler, WatchdogPinger, install_stall_hook
 from model_cache import CacheError, ModelCache
-from sync.client import SyncClient
 from sync.errors import SyncError
-from sync.periodic import build_client, run_periodic
+
+if TYPE_CHECKING:
+    from sync.client import SyncClient
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +103,10 @@ async def start_agent(config: AgentConfig) -> RunningAgent:
         model_cache = await asyncio.to_thread(_open_cache, config)
         repo = model_cache.repository_path
     elif repo is None:
-        repo = await asyncio.to_thread(write_demo_repository, default_demo_dir())
+        try:
+            repo = await asyncio.to_thread(ensure_demo_repository, default_demo_dir())
+        except RuntimeError as exc:
+            raise ModelLoadError(str(exc)) from None
         logger.info("serving the demo repository at %s", repo)
     budget, source = detect_budget_bytes(config.models.memory_budget_bytes or None)
     ledger = MemoryLedger(budget)
@@ -167,6 +172,9 @@ async def start_agent(config: AgentConfig) -> RunningAgent:
     sync_client: SyncClient | None = None
     if config.sync.enabled and versions is not None and model_cache is not None:
         try:
+            # boto3 and python-tuf (~26 MiB) are imported only for an agent that syncs.
+            from sync.periodic import build_client, run_periodic  # noqa: PLC0415
+
             sync_client = build_client(config.sync, model_cache)
         except SyncError as exc:
             raise ModelLoadError(f"sync: {exc.message}") from None

@@ -26,7 +26,6 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,7 @@ from onnxruntime import quantization as oq
 from onnxruntime.quantization import calibrate as oq_calibrate
 
 from agent import quantize_report
+from agent.quantize_args import Method, Target, add_commands
 from agent.quantize_data import (
     FolderCalibrationReader,
     InputSpec,
@@ -51,21 +51,6 @@ EXIT_ERROR = 2
 EXIT_BUDGET = 3
 EVAL_BATCH = 256
 TABLE_FILES = ("calibration.cache", "calibration.flatbuffers", "calibration.json")
-
-
-class Method(Enum):
-    """Calibration methods offered on the command line."""
-
-    MINMAX = "minmax"
-    ENTROPY = "entropy"
-    PERCENTILE = "percentile"
-
-
-class Target(Enum):
-    """Where the INT8 model will run: decides symmetric vs asymmetric activations."""
-
-    TENSORRT = "tensorrt"
-    CPU = "cpu"
 
 
 _METHODS = {
@@ -252,22 +237,6 @@ def quantize(opts: QuantizeOptions) -> QuantizeResult:
         return QuantizeResult(True, report, report_path)
 
 
-def add_commands(subparsers: Any) -> None:
-    """Add `quantize` to the CLI's subcommands (`argparse` `add_subparsers()` result)."""
-    cmd = subparsers.add_parser("quantize", help="static INT8 (QDQ) quantization of an ONNX model")
-    cmd.add_argument("model", type=Path, help="FP32 ONNX model")
-    cmd.add_argument("--calibration", type=Path, required=True, help="folder of .npy/.npz samples")
-    cmd.add_argument("--output", type=Path, required=True, help="INT8 model to write")
-    cmd.add_argument("--method", choices=[m.value for m in Method], default="minmax")
-    cmd.add_argument("--percentile", type=float, default=99.999, help="for --method percentile")
-    cmd.add_argument("--per-channel", action="store_true", help="per-channel weight scales")
-    cmd.add_argument("--target", choices=[t.value for t in Target], default="tensorrt")
-    cmd.add_argument("--eval", type=Path, dest="eval_data", help="labelled/reference data")
-    cmd.add_argument("--budget", type=float, help="max accuracy drop, percentage points")
-    cmd.add_argument("--report", type=Path, help="JSON report (default: OUTPUT.report.json)")
-    cmd.add_argument("--table-dir", type=Path, help="calibration table folder (default: OUTPUT's)")
-
-
 def run(args: argparse.Namespace) -> int:
     """Run `edge-agent quantize`; returns the exit code (3: refused by the budget)."""
     if args.budget is not None and args.eval_data is None:
@@ -302,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Stand-alone entry (`python -m agent.quantize`) until the main CLI wires it in."""
+    """Stand-alone entry (`python -m agent.quantize`), as used by tests and benchmarks."""
     parser = argparse.ArgumentParser(prog="edge-agent")
     add_commands(parser.add_subparsers(dest="command", required=True))
     return run(parser.parse_args(argv))

@@ -15,25 +15,70 @@ this package adds transport, our own rules about what a model version is, and or
     errors.py     `SyncError` tree
 """
 
-from sync.client import Progress, SyncClient, SyncReport, activate_in_cache
-from sync.errors import (
-    DiskFullError,
-    DownloadError,
-    InstallError,
-    KeyFileError,
-    MetadataError,
-    NotFoundError,
-    PublishError,
-    SyncConfigError,
-    SyncError,
-    TargetError,
-    UnsafeTargetError,
-    VerificationError,
-)
-from sync.keys import Expiry, RoleSpec, init_keys, rotate_keys
-from sync.policy import Desired, Kind, parse_desired
-from sync.publish import Publisher, PublishReport
-from sync.store import ObjectStore, S3Settings, open_store
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sync.client import Progress, SyncClient, SyncReport, activate_in_cache
+    from sync.errors import (
+        DiskFullError,
+        DownloadError,
+        InstallError,
+        KeyFileError,
+        MetadataError,
+        NotFoundError,
+        PublishError,
+        SyncConfigError,
+        SyncError,
+        TargetError,
+        UnsafeTargetError,
+        VerificationError,
+    )
+    from sync.keys import Expiry, RoleSpec, init_keys, rotate_keys
+    from sync.policy import Desired, Kind, parse_desired
+    from sync.publish import Publisher, PublishReport
+    from sync.store import ObjectStore, S3Settings, open_store
+
+# Imported on first use: the agent reads `sync.config` at every start, but boto3 and python-tuf
+# (about 26 MiB of RSS) are only needed when a [sync] section is configured.
+_HOME = {
+    "Desired": "sync.policy",
+    "DiskFullError": "sync.errors",
+    "DownloadError": "sync.errors",
+    "Expiry": "sync.keys",
+    "InstallError": "sync.errors",
+    "KeyFileError": "sync.errors",
+    "Kind": "sync.policy",
+    "MetadataError": "sync.errors",
+    "NotFoundError": "sync.errors",
+    "ObjectStore": "sync.store",
+    "Progress": "sync.client",
+    "PublishError": "sync.errors",
+    "PublishReport": "sync.publish",
+    "Publisher": "sync.publish",
+    "RoleSpec": "sync.keys",
+    "S3Settings": "sync.store",
+    "SyncClient": "sync.client",
+    "SyncConfigError": "sync.errors",
+    "SyncError": "sync.errors",
+    "SyncReport": "sync.client",
+    "TargetError": "sync.errors",
+    "UnsafeTargetError": "sync.errors",
+    "VerificationError": "sync.errors",
+    "activate_in_cache": "sync.client",
+    "init_keys": "sync.keys",
+    "open_store": "sync.store",
+    "parse_desired": "sync.policy",
+    "rotate_keys": "sync.keys",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sync' has no attribute '{name}'")
+    return getattr(importlib.import_module(module), name)
+
 
 __all__ = [
     "DiskFullError",

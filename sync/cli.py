@@ -11,71 +11,18 @@ import argparse
 import logging
 import sys
 import time
-from pathlib import Path
 from typing import Any, TextIO
 
 from model_cache import CacheError, ModelCache
+from sync.cli_parser import EXIT_CONFIG, EXIT_ERROR
 from sync.client import Progress, SyncClient, activate_in_cache
 from sync.config import SyncConfig, load_file, validate
 from sync.errors import SyncConfigError, SyncError
-from sync.keys import ROLES, RoleSpec, init_keys, rotate_keys
+from sync.keys import RoleSpec, init_keys, rotate_keys
 from sync.policy import parse_desired
 from sync.publish import Publisher
+from sync.roles import ROLES
 from sync.store import S3Settings, open_store
-
-SYNC_COMMANDS = frozenset({"keys", "publish", "sync"})
-EXIT_ERROR = 1
-EXIT_CONFIG = 2
-
-
-def add_commands(subparsers: Any) -> None:  # argparse's _SubParsersAction is private
-    """Add `keys`, `publish` and `sync` to the agent's sub-command parser.
-
-    Args:
-        subparsers: What `ArgumentParser.add_subparsers(dest="command")` returned.
-    """
-    keys = subparsers.add_parser("keys", help="signing keys of a model repository (publisher)")
-    keys_commands = keys.add_subparsers(dest="keys_command", required=True)
-    init = keys_commands.add_parser("init", help="create keys and root metadata")
-    init.add_argument("--repo", type=Path, required=True, help="repository folder to create")
-    for role in ROLES:
-        init.add_argument(f"--{role}-keys", type=int, default=1, metavar="N")
-        init.add_argument(f"--{role}-threshold", type=int, default=1, metavar="N")
-    rotate = keys_commands.add_parser("rotate", help="add/remove keys of a role (new root)")
-    rotate.add_argument("--repo", type=Path, required=True)
-    rotate.add_argument("--role", choices=ROLES, required=True)
-    rotate.add_argument("--add", type=int, default=1, help="new keys to create (default 1)")
-    rotate.add_argument("--remove", action="append", default=[], metavar="KEYID")
-    rotate.add_argument("--threshold", type=int)
-
-    publish = subparsers.add_parser("publish", help="sign and upload a model version")
-    publish.add_argument("--repo", type=Path, required=True, help="folder made by keys init")
-    publish.add_argument("--store", required=True, help="s3://bucket/prefix or file:///folder")
-    publish.add_argument("--create-bucket", action="store_true", help="s3: create it if missing")
-    publish.add_argument(
-        "--quantize-report",
-        type=Path,
-        help="sign this `edge-agent quantize` report's figures into the version's metadata",
-    )
-    _s3_flags(publish)
-    publish.add_argument("model", nargs="?", help="omit all three to re-sign (new expiry)")
-    publish.add_argument("version", nargs="?", type=int)
-    publish.add_argument("source", nargs="?", type=Path, help="Triton model folder")
-
-    sync = subparsers.add_parser("sync", help="fetch signed model versions into the cache")
-    sync.add_argument("--once", action="store_true", required=True, help="one cycle, then exit")
-    sync.add_argument("--config", type=Path, help="agent TOML file ([sync], [cache] dir)")
-    sync.add_argument("--source", help="s3://, http(s):// or file:/// repository URL")
-    sync.add_argument("--trusted-root", type=Path, help="the root.json shipped to the device")
-    sync.add_argument("--cache-dir", type=Path)
-    sync.add_argument("--desired", action="append", metavar="MODEL=POLICY")
-    sync.add_argument("--no-activate", action="store_true", help="install, do not serve")
-    _s3_flags(sync)
-
-
-def _s3_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--s3-endpoint", help="e.g. http://127.0.0.1:5000 (default: AWS)")
-    parser.add_argument("--s3-region")
 
 
 def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None) -> int:

@@ -36,10 +36,10 @@ from tuf.api.metadata import Metadata, Root
 
 from model_cache.atomic import atomic_write_bytes, durable_rename, ensure_dir
 from sync.errors import KeyFileError, PublishError
+from sync.roles import ROLES
 
 logger = logging.getLogger(__name__)
 
-ROLES = ("root", "targets", "snapshot", "timestamp")
 Clock = Callable[[], datetime.datetime]
 
 

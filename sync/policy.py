@@ -32,8 +32,10 @@ import enum
 import posixpath
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from tuf.api.metadata import TargetFile
+if TYPE_CHECKING:  # annotations only: python-tuf (with boto3 behind it) loads when syncing
+    from tuf.api.metadata import TargetFile
 
 from model_cache import CacheError
 from model_cache.layout import validate_model_name, validate_relpath, validate_version

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from agent.config import AgentConfig, CacheConfig, ModelsConfig, ServerConfig
 from agent.demo import mlp_model
-from sync.cli import add_commands, run
+from sync.cli import run
+from sync.cli_parser import add_commands
 from sync.config import SyncConfig
 from tests.models import write_model
 from tests.server import running_agent

@@ -8,7 +8,8 @@ import uuid
 from pathlib import Path
 
 from model_cache import ModelCache
-from sync.cli import SYNC_COMMANDS, add_commands, run
+from sync.cli import run
+from sync.cli_parser import SYNC_COMMANDS, add_commands
 from sync.keys import keys_dir
 from tests.sync.support import make_model, payload
 
