@@ -58,6 +58,10 @@ def restart_keys(running: AgentConfig, new: AgentConfig) -> list[str]:
     changed: list[str] = []
     for section in dataclasses.fields(running):
         old_part, new_part = getattr(running, section.name), getattr(new, section.name)
+        if not dataclasses.is_dataclass(old_part):  # e.g. the [canary.MODEL] tables
+            if old_part != new_part:
+                changed.append(section.name)
+            continue
         for field in dataclasses.fields(old_part):
             key = f"{section.name}.{field.name}"
             if key in _LIVE_KEYS:
