@@ -195,7 +195,7 @@ class SharedMemoryRegistry:
             if output.shm is not None:
                 try:
                     self.check(output.shm)
-                except InvalidInputError as exc:
+                except (InvalidInputError, SharedMemoryNotFoundError) as exc:
                     raise type(exc)(f"output '{output.name}': {exc.message}") from None
         return replace(request, inputs=inputs)
 
@@ -231,7 +231,7 @@ class SharedMemoryRegistry:
         assert ref is not None
         try:
             view = self.read(ref.region, ref.offset, ref.byte_size)
-        except InvalidInputError as exc:
+        except (InvalidInputError, SharedMemoryNotFoundError) as exc:
             raise type(exc)(f"input '{tensor.name}': {exc.message}") from None
         try:
             data = tensor_from_bytes(view, tensor.datatype, tensor.shape)
