@@ -174,7 +174,7 @@ def test_input_size_mismatch_names_the_input(shm: ShmObject, regions: SharedMemo
     with pytest.raises(InvalidInputError, match="input 'X': shared_memory_byte_size 40"):
         regions.resolve_inputs(_request((tensor,), ()))
     missing = InferInput("X", "FP32", (1,), np.empty(0, np.float32), SharedMemoryRef("gone", 0, 4))
-    with pytest.raises(SharedMemoryNotFoundError, match="input 'X'.*'gone'"):
+    with pytest.raises(SharedMemoryNotFoundError, match=r"input 'X'.*'gone'"):
         regions.resolve_inputs(_request((missing,), ()))
 
 
