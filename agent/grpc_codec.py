@@ -23,7 +23,6 @@ from agent.protocol import (
     InferResponse,
     RequestedOutput,
     shared_memory_outputs,
-    shared_memory_parameters,
     shared_memory_ref,
     tensor_from_bytes,
     tensor_to_bytes,
@@ -121,19 +120,11 @@ def encode_infer_response(
     )
     in_shm = shared_memory_outputs(request) if request is not None else {}
     for out in response.outputs:
-        tensor = message.outputs.add(
-            name=out.name, datatype=out.datatype, shape=list(out.data.shape)
+        message.outputs.add(name=out.name, datatype=out.datatype, shape=list(out.data.shape))
+        in_band = out.name not in in_shm
+        message.raw_output_contents.append(
+            tensor_to_bytes(out.data, out.datatype) if in_band else b""
         )
-        ref = in_shm.get(out.name)
-        if ref is None:
-            message.raw_output_contents.append(tensor_to_bytes(out.data, out.datatype))
-            continue
-        for key, value in shared_memory_parameters(ref, out).items():
-            if isinstance(value, str):
-                tensor.parameters[key].string_param = value
-            else:
-                tensor.parameters[key].int64_param = value
-        message.raw_output_contents.append(b"")
     return message
 
 

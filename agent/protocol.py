@@ -273,9 +273,8 @@ def encode_infer_response(
             "datatype": out.datatype,
             "shape": list(out.data.shape),
         }
-        ref = in_shm.get(out.name)
-        if ref is not None:
-            entry["parameters"] = shared_memory_parameters(ref, out)
+        if out.name in in_shm:
+            pass  # the data is in the client's region; Triton sends no parameters either
         elif binary:
             raw = tensor_to_bytes(out.data, out.datatype)
             entry["parameters"] = {"binary_data_size": len(raw)}
@@ -418,24 +417,6 @@ def shared_memory_outputs(request: InferRequest) -> dict[str, SharedMemoryRef]:
     if request.outputs is None:
         return {}
     return {o.name: o.shm for o in request.outputs if o.shm is not None}
-
-
-def shared_memory_parameters(ref: SharedMemoryRef, out: OutputTensor) -> dict[str, Any]:
-    """An output's parameters in a response when its data went to shared memory: the region,
-    the bytes written, and the offset when not 0 (as clients send it)."""
-    params: dict[str, Any] = {
-        "shared_memory_region": ref.region,
-        "shared_memory_byte_size": _nbytes(out),
-    }
-    if ref.offset:
-        params["shared_memory_offset"] = ref.offset
-    return params
-
-
-def _nbytes(out: OutputTensor) -> int:
-    if out.datatype == "BYTES":
-        return len(tensor_to_bytes(out.data, out.datatype))
-    return int(out.data.nbytes)
 
 
 def _decode_input(raw: object, binary: memoryview, offset: int) -> tuple[InferInput, int]:

@@ -8,7 +8,7 @@ carrying tensor bytes. The agent maps the window itself (`O_NOFOLLOW`, regular f
   the region while the request waits in the batcher, and a region may be unregistered while a
   request is in flight. One memcpy is far cheaper than moving the bytes through HTTP.
 * writes output tensors into the region once the inference is done; the response then carries
-  only name, datatype, shape and the shared-memory parameters.
+  only name, datatype and shape (as Triton's; its C++ client reads output parameters as binary).
 
 Invariants: region names are unique (registering a taken name is a `ConflictError`, as Triton's
 ALREADY_EXISTS); every registered window lies inside its object; at most `max_regions` regions.
