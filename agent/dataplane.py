@@ -28,9 +28,10 @@ from agent.errors import (
 from agent.model_config import config_from_json, config_to_json
 from agent.model_control import ModelControlMode, ModelManager
 from agent.proto import model_config_pb2 as mc
-from agent.protocol import InferRequest, InferResponse, OutputTensor
+from agent.protocol import InferRequest, InferResponse, OutputTensor, shared_memory_outputs
 from agent.registry import ModelRegistry
 from agent.response_cache import ResponseCache, cache_key
+from agent.shared_memory import SharedMemoryRegistry
 from agent.statistics import FailureReason
 
 SERVER_NAME = "edge-agent"
@@ -41,6 +42,7 @@ EXTENSIONS = (
     "parameters",
     "schedule_policy",
     "statistics",
+    "system_shared_memory",
 )
 
 
@@ -55,6 +57,7 @@ class DataPlane:
         mode: ModelControlMode = ModelControlMode.NONE,
         versions: CachedVersions | None = None,
         canary: CanaryManager | None = None,
+        shared_memory: SharedMemoryRegistry | None = None,
     ) -> None:
         self._registry = registry
         self._cache = cache
@@ -62,6 +65,7 @@ class DataPlane:
         self.mode = mode
         self.versions = versions
         self.canary = canary or CanaryManager(registry)
+        self.shared_memory = shared_memory or SharedMemoryRegistry()
         self._ready = False
         registry.step_runner.runner = self.infer  # ensemble steps are ordinary inferences
 
@@ -198,7 +202,10 @@ class DataPlane:
         stats = loaded.stats
         version_text = str(number)
         key: bytes | None = None
+        in_shm = shared_memory_outputs(request)
         try:
+            if in_shm or any(t.shm is not None for t in request.inputs):
+                request = self.shared_memory.resolve_inputs(request)
             valid = served.signature.validate(request)
             priority, timeout_us = _scheduling_parameters(request.parameters)
             if self._cache is not None and served.config.response_cache.enable:
@@ -206,6 +213,7 @@ class DataPlane:
                 key = cache_key(served.name, version_text, request.inputs, valid.output_names)
                 hit = self._cache.get(key)
                 if hit is not None:
+                    self.shared_memory.place_outputs(hit, in_shm)
                     now = time.perf_counter_ns()
                     stats.record_cache_hit(
                         ns=now - lookup, now_ms=_now_ms(), request_ns=now - start
@@ -214,6 +222,12 @@ class DataPlane:
                     return InferResponse(served.name, version_text, hit, request.id)
                 stats.record_cache_miss(ns=time.perf_counter_ns() - lookup)
             result = await loaded.scheduler.submit(valid, priority=priority, timeout_us=timeout_us)
+            sig = served.signature
+            outputs = tuple(
+                OutputTensor(n, sig.outputs[n].datatype, sig.shape_output(n, data))
+                for n, data in zip(valid.output_names, result.outputs, strict=True)
+            )
+            self.shared_memory.place_outputs(outputs, in_shm)
         except AgentError as exc:
             if isinstance(exc, ModelInstanceFailedError):
                 self._registry.mark_failed(served.name, number, exc.message, loaded=loaded)
@@ -224,11 +238,6 @@ class DataPlane:
             )
             self._canary_outcome(name, routed, start, exc)
             raise
-        sig = served.signature
-        outputs = tuple(
-            OutputTensor(out_name, sig.outputs[out_name].datatype, sig.shape_output(out_name, data))
-            for out_name, data in zip(valid.output_names, result.outputs, strict=True)
-        )
         stats.record_success(
             request_ns=time.perf_counter_ns() - start,
             queue_ns=result.queue_ns,

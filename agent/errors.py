@@ -27,6 +27,10 @@ class ModelNotReadyError(AgentError):
     """The model or version exists but is not loaded and ready to serve."""
 
 
+class SharedMemoryNotFoundError(AgentError):
+    """A request names a shared-memory region that is not registered."""
+
+
 class OverloadedError(AgentError):
     """The agent cannot accept more work right now (queue full); the client may retry."""
 

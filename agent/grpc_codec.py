@@ -2,7 +2,9 @@
 
 Input tensors come either all as `raw_input_contents` (one little-endian buffer per input, the
 binary tensor format) or as typed `contents`; outputs always go back as `raw_output_contents`,
-as Triton sends them.
+as Triton sends them. Inputs in shared memory (`shared_memory_*` parameters) have no raw buffer,
+so the raw buffers belong to the other inputs in order; an output written to shared memory keeps
+an empty raw buffer, so raw buffers and outputs stay aligned.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from agent.protocol import (
     InferRequest,
     InferResponse,
     RequestedOutput,
+    shared_memory_outputs,
+    shared_memory_ref,
     tensor_from_bytes,
     tensor_to_bytes,
 )
@@ -49,15 +53,20 @@ def decode_infer_request(request: pb.ModelInferRequest) -> InferRequest:
             inputs, typed contents of the wrong kind or count.
     """
     raw = request.raw_input_contents
-    if raw and len(raw) != len(request.inputs):
+    refs = [
+        shared_memory_ref(_parameters(t.parameters), f"input '{t.name}'") for t in request.inputs
+    ]
+    in_band = sum(ref is None for ref in refs)
+    if raw and len(raw) != in_band:
         raise InvalidInputError(
-            f"raw_input_contents has {len(raw)} buffers for {len(request.inputs)} inputs; "
-            "send raw contents for every input or for none"
+            f"raw_input_contents has {len(raw)} buffers for {in_band} inputs not in shared "
+            "memory; send raw contents for every such input or for none"
         )
     if not request.inputs:
         raise InvalidInputError("request must have at least one input")
     inputs = []
-    for index, tensor in enumerate(request.inputs):
+    index = 0
+    for tensor, ref in zip(request.inputs, refs, strict=True):
         if datatypes.from_kserve(tensor.datatype) is None:
             raise InvalidInputError(
                 f"input '{tensor.name}' has unsupported datatype {tensor.datatype!r}"
@@ -65,15 +74,32 @@ def decode_infer_request(request: pb.ModelInferRequest) -> InferRequest:
         if any(d < 0 for d in tensor.shape):
             raise InvalidInputError(f"input '{tensor.name}' has a negative dimension")
         shape = tuple(int(d) for d in tensor.shape)
+        if ref is not None:
+            if tensor.HasField("contents"):
+                raise InvalidInputError(
+                    f"input '{tensor.name}' has shared memory parameters and also contents"
+                )
+            empty = np.empty(0, dtype=datatypes.BY_KSERVE[tensor.datatype].numpy)
+            inputs.append(InferInput(tensor.name, tensor.datatype, shape, empty, ref))
+            continue
         if raw:
             try:
                 data = tensor_from_bytes(raw[index], tensor.datatype, shape)
             except InvalidInputError as exc:
                 raise InvalidInputError(f"input '{tensor.name}': {exc.message}") from None
+            index += 1
         else:
             data = _from_contents(tensor, shape)
         inputs.append(InferInput(tensor.name, tensor.datatype, shape, data))
-    outputs = tuple(RequestedOutput(o.name, None) for o in request.outputs) or None
+    outputs = (
+        tuple(
+            RequestedOutput(
+                o.name, None, shared_memory_ref(_parameters(o.parameters), f"output '{o.name}'")
+            )
+            for o in request.outputs
+        )
+        or None
+    )
     return InferRequest(
         inputs=tuple(inputs),
         id=request.id or None,
@@ -82,16 +108,23 @@ def decode_infer_request(request: pb.ModelInferRequest) -> InferRequest:
     )
 
 
-def encode_infer_response(response: InferResponse) -> pb.ModelInferResponse:
-    """The agent's response as a ModelInferResponse with raw output contents."""
+def encode_infer_response(
+    response: InferResponse, request: InferRequest | None = None
+) -> pb.ModelInferResponse:
+    """The agent's response as a ModelInferResponse with raw output contents (empty for the
+    outputs `request` asked for in shared memory)."""
     message = pb.ModelInferResponse(
         model_name=response.model_name,
         model_version=response.model_version,
         id=response.id or "",
     )
+    in_shm = shared_memory_outputs(request) if request is not None else {}
     for out in response.outputs:
         message.outputs.add(name=out.name, datatype=out.datatype, shape=list(out.data.shape))
-        message.raw_output_contents.append(tensor_to_bytes(out.data, out.datatype))
+        in_band = out.name not in in_shm
+        message.raw_output_contents.append(
+            tensor_to_bytes(out.data, out.datatype) if in_band else b""
+        )
     return message
 
 

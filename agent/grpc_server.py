@@ -19,6 +19,7 @@ from agent.dataplane import DataPlane
 from agent.errors import (
     AgentError,
     BackendError,
+    ConflictError,
     InvalidInputError,
     ModelConfigError,
     ModelControlError,
@@ -28,6 +29,7 @@ from agent.errors import (
     OverloadedError,
     PayloadTooLargeError,
     RequestTimeoutError,
+    SharedMemoryNotFoundError,
 )
 from agent.proto import grpc_service_pb2 as pb
 from agent.proto import grpc_service_pb2_grpc as pb_grpc
@@ -39,6 +41,8 @@ STATUS_FOR_ERROR: dict[type[AgentError], grpc.StatusCode] = {
     ModelConfigError: grpc.StatusCode.INVALID_ARGUMENT,
     ModelControlError: grpc.StatusCode.FAILED_PRECONDITION,
     ModelNotFoundError: grpc.StatusCode.NOT_FOUND,
+    SharedMemoryNotFoundError: grpc.StatusCode.NOT_FOUND,
+    ConflictError: grpc.StatusCode.ALREADY_EXISTS,
     PayloadTooLargeError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ModelNotReadyError: grpc.StatusCode.UNAVAILABLE,
     OverloadedError: grpc.StatusCode.UNAVAILABLE,
@@ -188,12 +192,47 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         await self._dp.unload_model(request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
+    @_mapped
+    async def SystemSharedMemoryStatus(
+        self, request: pb.SystemSharedMemoryStatusRequest
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        response = pb.SystemSharedMemoryStatusResponse()
+        for region in self._dp.shared_memory.status(request.name or None):
+            response.regions[region.name].CopyFrom(
+                pb.SystemSharedMemoryStatusResponse.RegionStatus(
+                    name=region.name,
+                    key=region.key,
+                    offset=region.offset,
+                    byte_size=region.byte_size,
+                )
+            )
+        return response
+
+    @_mapped
+    async def SystemSharedMemoryRegister(
+        self, request: pb.SystemSharedMemoryRegisterRequest
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        self._dp.shared_memory.register(
+            request.name, request.key, request.offset, request.byte_size
+        )
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @_mapped
+    async def SystemSharedMemoryUnregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        if request.name:
+            self._dp.shared_memory.unregister(request.name)
+        else:
+            self._dp.shared_memory.unregister_all()
+        return pb.SystemSharedMemoryUnregisterResponse()
+
     async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
         infer_request = grpc_codec.decode_infer_request(request)
         response = await self._dp.infer(
             request.model_name, request.model_version or None, infer_request
         )
-        return grpc_codec.encode_infer_response(response)
+        return grpc_codec.encode_infer_response(response, infer_request)
 
 
 async def start_grpc_server(

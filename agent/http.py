@@ -29,6 +29,7 @@ from agent.errors import (
     OverloadedError,
     PayloadTooLargeError,
     RequestTimeoutError,
+    SharedMemoryNotFoundError,
 )
 from agent.protocol import HEADER_LENGTH, decode_infer_request, encode_infer_response
 
@@ -42,6 +43,7 @@ STATUS_FOR_ERROR: dict[type[AgentError], int] = {
     ModelControlError: 400,
     ModelConfigError: 400,
     ModelNotFoundError: 404,
+    SharedMemoryNotFoundError: 404,
     ConflictError: 409,
     PayloadTooLargeError: 413,
     BackendError: 500,
@@ -119,6 +121,11 @@ def create_app(dataplane: DataPlane, *, max_request_bytes: int) -> web.Applicati
             web.get("/v2/repository/models/{model}/versions", _cached_versions),
             web.post("/v2/repository/models/{model}/versions/{version}/activate", _activate),
             web.post("/v2/repository/models/{model}/rollback", _rollback),
+            web.get("/v2/systemsharedmemory/status", _shm_status),
+            web.get("/v2/systemsharedmemory/region/{region}/status", _shm_status),
+            web.post("/v2/systemsharedmemory/region/{region}/register", _shm_register),
+            web.post("/v2/systemsharedmemory/unregister", _shm_unregister),
+            web.post("/v2/systemsharedmemory/region/{region}/unregister", _shm_unregister),
         ]
     )
     return app
@@ -241,6 +248,33 @@ async def _rollback(request: web.Request) -> web.Response:
     version = None if raw is None else _version_number(str(raw))
     done = await _dataplane(request).rollback(request.match_info["model"], version)
     return _json({"model": request.match_info["model"], "version": done})
+
+
+async def _shm_status(request: web.Request) -> web.Response:
+    regions = _dataplane(request).shared_memory.status(request.match_info.get("region"))
+    return _json([r.to_json() for r in regions])
+
+
+async def _shm_register(request: web.Request) -> web.Response:
+    """Body: {"key": "/name", "offset": 0, "byte_size": N} (Triton's register request)."""
+    doc = await _optional_json(request)
+    key, offset, byte_size = doc.get("key"), doc.get("offset", 0), doc.get("byte_size")
+    if not isinstance(key, str) or not isinstance(offset, int) or not isinstance(byte_size, int):
+        raise InvalidInputError(
+            'register request body must be {"key": string, "offset": integer, "byte_size": integer}'
+        )
+    _dataplane(request).shared_memory.register(request.match_info["region"], key, offset, byte_size)
+    return web.Response(status=200)
+
+
+async def _shm_unregister(request: web.Request) -> web.Response:
+    regions = _dataplane(request).shared_memory
+    name = request.match_info.get("region")
+    if name is None:
+        regions.unregister_all()
+    else:
+        regions.unregister(name)
+    return web.Response(status=200)
 
 
 def _version_number(text: str) -> int:

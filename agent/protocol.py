@@ -6,6 +6,11 @@ model's own contract (names, types, shapes) is checked by `agent.signature`.
 Binary extension: the body is a JSON header of `header_length` bytes followed by the raw tensors
 in the order of the inputs (or outputs) that carry `parameters.binary_data_size`. BYTES tensors
 are a sequence of (uint32 little-endian length, bytes) elements.
+
+Shared-memory extension: a tensor whose parameters carry `shared_memory_region` (with
+`shared_memory_byte_size`, and `shared_memory_offset` defaulting to 0) has its bytes in a
+registered region; decoding records the reference (`SharedMemoryRef`) and `agent.shared_memory`
+moves the bytes.
 """
 
 from __future__ import annotations
@@ -35,13 +40,23 @@ _PLAN_CACHE_SIZE = 64
 
 
 @dataclass(frozen=True, slots=True)
+class SharedMemoryRef:
+    """A tensor's bytes in a registered shared-memory region."""
+
+    region: str
+    offset: int
+    byte_size: int
+
+
+@dataclass(frozen=True, slots=True)
 class InferInput:
-    """One decoded input tensor."""
+    """One decoded input tensor; with `shm` set, `data` is empty until the bytes are read."""
 
     name: str
     datatype: str
     shape: tuple[int, ...]
     data: np.ndarray
+    shm: SharedMemoryRef | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +65,7 @@ class RequestedOutput:
 
     name: str
     binary: bool | None = None
+    shm: SharedMemoryRef | None = None  # write the output into this region, not the response
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,8 +249,10 @@ def encode_infer_response(
     wanted = {o.name: o.binary for o in request.outputs} if request.outputs is not None else {}
     asked = [wanted.get(out.name) for out in response.outputs]
     binary_flags = [request.binary_output if b is None else b for b in asked]
+    in_shm = shared_memory_outputs(request)
     if (
-        response.outputs
+        not in_shm
+        and response.outputs
         and all(binary_flags)
         and all(out.datatype != "BYTES" for out in response.outputs)
     ):
@@ -255,7 +273,9 @@ def encode_infer_response(
             "datatype": out.datatype,
             "shape": list(out.data.shape),
         }
-        if binary:
+        if out.name in in_shm:
+            pass  # the data is in the client's region; Triton sends no parameters either
+        elif binary:
             raw = tensor_to_bytes(out.data, out.datatype)
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
@@ -367,9 +387,49 @@ def _input_header(raw: object) -> tuple[str, str, tuple[int, ...], dict[str, Any
     return name, datatype, tuple(shape_raw), _parameters(raw, f"input '{name}'")
 
 
+def shared_memory_ref(params: Mapping[str, Any], where: str) -> SharedMemoryRef | None:
+    """The tensor's shared-memory parameters, or None when it has none.
+
+    Raises:
+        InvalidInputError: only one of region and byte size, or values of the wrong type.
+    """
+    region = params.get("shared_memory_region")
+    size = params.get("shared_memory_byte_size")
+    offset = params.get("shared_memory_offset", 0)
+    if region is None and size is None:
+        if "shared_memory_offset" in params:
+            raise InvalidInputError(f"{where}: shared_memory_offset without shared_memory_region")
+        return None
+    if region is None or size is None:
+        raise InvalidInputError(
+            f"{where}: shared_memory_region and shared_memory_byte_size must be given together"
+        )
+    if not isinstance(region, str) or not region:
+        raise InvalidInputError(f"{where}: shared_memory_region must be a non-empty string")
+    for label, value in (("shared_memory_byte_size", size), ("shared_memory_offset", offset)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise InvalidInputError(f"{where}: {label} must be a non-negative integer")
+    return SharedMemoryRef(region, offset, size)
+
+
+def shared_memory_outputs(request: InferRequest) -> dict[str, SharedMemoryRef]:
+    """The requested outputs that go into shared memory, by name."""
+    if request.outputs is None:
+        return {}
+    return {o.name: o.shm for o in request.outputs if o.shm is not None}
+
+
 def _decode_input(raw: object, binary: memoryview, offset: int) -> tuple[InferInput, int]:
     name, datatype, shape, params = _input_header(raw)
     assert isinstance(raw, dict)  # _input_header checked it
+    shm = shared_memory_ref(params, f"input '{name}'")
+    if shm is not None:
+        if "data" in raw or "binary_data_size" in params:
+            raise InvalidInputError(
+                f"input '{name}' has shared memory parameters and also data in the request"
+            )
+        empty = np.empty(0, dtype=datatypes.BY_KSERVE[datatype].numpy)
+        return InferInput(name, datatype, shape, empty, shm), 0
     size = params.get("binary_data_size")
     if size is not None:
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
@@ -507,5 +567,6 @@ def _decode_outputs(raw: object) -> tuple[RequestedOutput, ...] | None:
         binary = params.get("binary_data")
         if binary is not None and not isinstance(binary, bool):
             raise InvalidInputError(f"output '{item['name']}': binary_data must be a boolean")
-        result.append(RequestedOutput(item["name"], binary))
+        shm = shared_memory_ref(params, f"output '{item['name']}'")
+        result.append(RequestedOutput(item["name"], binary, shm))
     return tuple(result)

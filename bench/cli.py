@@ -6,6 +6,8 @@ Steps, all in a temporary folder that is removed afterwards:
   3. for each model and each repository ("nobatch", "dynbatch"): start the agent as a child
      process, run perf_analyzer at each concurrency, sample the agent's RSS;
   4. print one table (and a memory table); --out also writes them as markdown.
+`--shared-memory` adds a column: the dynamic-batching agent driven over HTTP with
+`--shared-memory system` (tensors in POSIX shared memory, as local clients on a device send them).
 `--soak SECONDS` instead runs the MLP at concurrency 16 for that long and tracks RSS.
 Progress goes to stderr, the report to stdout.
 """
@@ -62,6 +64,7 @@ class Settings:
     threads: int
     perf_analyzer: str | None
     quick: bool
+    shared_memory: bool = False
 
 
 @dataclass(slots=True)
@@ -145,6 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="default: $PERF_ANALYZER, .venv-perf/bin/perf_analyzer, or PATH",
     )
+    parser.add_argument(
+        "--shared-memory",
+        action="store_true",
+        help="also run the dynbatch agent over HTTP with perf_analyzer --shared-memory system",
+    )
     parser.add_argument("--out", type=Path, metavar="FILE", help="also write the report here")
     parser.add_argument(
         "--soak",
@@ -171,6 +179,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         threads=max(1, args.threads),
         perf_analyzer=find_perf_analyzer(args.perf_analyzer),
         quick=quick,
+        shared_memory=bool(args.shared_memory),
     )
 
 
@@ -187,7 +196,8 @@ def estimate_seconds(s: Settings) -> float:
     agent = 0.0
     for model in s.models:
         point = 1.2 * WINDOWS * interval_for(model, s) / 1000 + 0.5
-        agent += (len(MODES) + 1) * (len(s.concurrency) * point + AGENT_START_S)
+        runs = len(MODES) + 1 + int(s.shared_memory)
+        agent += runs * (len(s.concurrency) * point + AGENT_START_S)
     return raw + agent
 
 
@@ -208,11 +218,17 @@ def run_raw(model: BenchModel, path: Path, s: Settings) -> dict[int, RawResult]:
 
 
 def run_agent(
-    model: BenchModel, mode: str, repo: Path, workdir: Path, s: Settings, protocol: str = "http"
+    model: BenchModel,
+    mode: str,
+    repo: Path,
+    workdir: Path,
+    s: Settings,
+    protocol: str = "http",
+    shared_memory: bool = False,
 ) -> AgentRun:
     assert s.perf_analyzer is not None
     run = AgentRun()
-    tag = f"[{model.key}/{mode}/{protocol}]"
+    tag = f"[{model.key}/{mode}/{protocol}{'+shm' if shared_memory else ''}]"
     try:
         with AgentProcess(repo, s.threads) as agent:
             log(f"{tag} agent pid {agent.pid} listening on {agent.url}")
@@ -233,6 +249,7 @@ def run_agent(
                             interval_for(model, s),
                             workdir,
                             protocol,
+                            shared_memory,
                         )
                     except BenchError as exc:
                         agent_error = agent.last_error()
@@ -273,6 +290,8 @@ def run_suite(root: Path, s: Settings) -> str:
             agents[model.key, mode] = run_agent(model, mode, repo, root, s)
         # The same dynamic-batching repository over gRPC, next to the HTTP run.
         agents[model.key, "grpc"] = run_agent(model, "dynbatch", repo, root, s, "grpc")
+        if s.shared_memory:
+            agents[model.key, "shm"] = run_agent(model, "dynbatch", repo, root, s, "http", True)
     return render_suite(s, raw, agents, load_at_start)
 
 
@@ -312,7 +331,9 @@ def render_suite(
         "dynbatch gRPC inf/s",
         "gRPC p50/p95/p99 µs",
     ]
-    right = [False, True, True, True, True, True, True, True, True, True, True]
+    if s.shared_memory:
+        headers += ["dynbatch HTTP+shm inf/s", "shm p50/p95/p99 µs", "shm / raw best"]
+    right = [False] + [True] * (len(headers) - 1)
     rows: list[list[str]] = []
     best_lines: list[str] = []
     for model in s.models:
@@ -333,18 +354,26 @@ def render_suite(
                 if isinstance(dyn_result, LoadResult)
                 else "n/a"
             )
-            rows.append(
-                [
-                    model.key,
-                    str(c),
-                    fmt_rate(r.throughput),
-                    fmt_latencies(r.p50_us, r.p95_us, r.p99_us),
-                    *nob,
-                    *dyn,
-                    ratio,
-                    *_load_cells(agents.get((model.key, "grpc")), c),
+            row = [
+                model.key,
+                str(c),
+                fmt_rate(r.throughput),
+                fmt_latencies(r.p50_us, r.p95_us, r.p99_us),
+                *nob,
+                *dyn,
+                ratio,
+                *_load_cells(agents.get((model.key, "grpc")), c),
+            ]
+            if s.shared_memory:
+                shm_run = agents.get((model.key, "shm"))
+                shm_result = shm_run.results.get(c) if shm_run else None
+                row += [
+                    *_load_cells(shm_run, c),
+                    fmt_percent(shm_result.throughput / best.throughput)
+                    if isinstance(shm_result, LoadResult)
+                    else "n/a",
                 ]
-            )
+            rows.append(row)
     title = "## edge-agent benchmark" + (" (--quick)" if s.quick else "")
     parts = [
         title,
@@ -377,6 +406,12 @@ def render_suite(
         )
         + ".",
     ]
+    if s.shared_memory:
+        notes.append(
+            "- HTTP+shm: the dynbatch repository with perf_analyzer `--shared-memory system`: "
+            "each request names its input and output regions instead of carrying tensor bytes; "
+            "the agent copies inputs out of shared memory once and writes outputs into it."
+        )
     if s.perf_analyzer is None:
         notes.append(
             "- perf_analyzer was not found (make perf-analyzer; or set PERF_ANALYZER): "

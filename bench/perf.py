@@ -1,6 +1,7 @@
 """Run Triton's perf_analyzer against the agent and read its results.
 
-Each load point is one perf_analyzer run at one concurrency: HTTP, binary tensors both ways,
+Each load point is one perf_analyzer run at one concurrency: HTTP, binary tensors both ways
+(or, with `shared_memory`, tensors in system shared memory: requests only name the regions),
 batch 1 per request, exactly three time windows of `--measurement-interval` merged into one
 result. perf_analyzer's own stability rule (the last three windows within 10 %) is switched off
 with a very wide `--stability-percentage`, because on a 2-core host that also runs the load
@@ -81,6 +82,7 @@ def perf_analyzer_command(
     interval_ms: int,
     csv_path: Path,
     protocol: str = "http",
+    shared_memory: bool = False,
 ) -> list[str]:
     # HTTP with Triton's binary tensor extension; gRPC always carries raw tensor bytes.
     formats = (
@@ -88,6 +90,9 @@ def perf_analyzer_command(
         if protocol == "http"
         else []
     )
+    if shared_memory:
+        # perf_analyzer registers one region per input and output (outputs up to 100 KB each).
+        formats = ["--shared-memory", "system"]
     return [
         binary,
         "-m",
@@ -122,12 +127,14 @@ def run_perf_analyzer(
     interval_ms: int,
     workdir: Path,
     protocol: str = "http",
+    shared_memory: bool = False,
 ) -> LoadResult:
     """One perf_analyzer run; raises BenchError with its output's tail when it fails."""
-    csv_path = workdir / f"perf-{model}-{protocol}-c{concurrency}-{os.getpid()}.csv"
+    kind = protocol + ("-shm" if shared_memory else "")
+    csv_path = workdir / f"perf-{model}-{kind}-c{concurrency}-{os.getpid()}.csv"
     csv_path.unlink(missing_ok=True)
     command = perf_analyzer_command(
-        binary, model, url, concurrency, interval_ms, csv_path, protocol
+        binary, model, url, concurrency, interval_ms, csv_path, protocol, shared_memory
     )
     # A window takes about 1.25 x its interval in practice; 1.5 x leaves room on a loaded host.
     timeout_s = 1.5 * WINDOWS * interval_ms / 1000 + STARTUP_ALLOWANCE_S
