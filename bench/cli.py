@@ -24,7 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from bench.models import MAX_BATCH, MODELS, MODES, BenchModel, write_model_files, write_repository
+from bench.models import (
+    MAX_BATCH,
+    MODELS,
+    MODES,
+    BenchModel,
+    instances,
+    write_model_files,
+    write_repository,
+)
 from bench.perf import (
     WINDOWS,
     LoadResult,
@@ -229,8 +237,9 @@ def run_agent(
     assert s.perf_analyzer is not None
     run = AgentRun()
     tag = f"[{model.key}/{mode}/{protocol}{'+shm' if shared_memory else ''}]"
+    threads = max(1, s.threads // instances(model, mode))  # the cores shared between instances
     try:
-        with AgentProcess(repo, s.threads) as agent:
+        with AgentProcess(repo, threads) as agent:
             log(f"{tag} agent pid {agent.pid} listening on {agent.url}")
             time.sleep(IDLE_SETTLE_S)
             run.idle_rss = agent.rss_bytes()
@@ -398,10 +407,12 @@ def render_suite(
         )
         + "; perf_analyzer runs on the same cores. "
         f"`*`: throughput varied more than {SPREAD_FLAG:.0%} between windows.",
-        "- repositories: max_batch_size 32, one CPU instance; dynbatch adds "
+        "- repositories: max_batch_size 32; nobatch: one CPU instance; dynbatch: "
         + "; ".join(
             f"{m.key}: preferred_batch_size {list(m.preferred_batch_sizes)}, "
-            f"max_queue_delay_microseconds {m.max_queue_delay_us}"
+            f"max_queue_delay_microseconds {m.max_queue_delay_us}, "
+            f"{m.dynbatch_instances} instance(s) x {max(1, s.threads // m.dynbatch_instances)} "
+            "intra-op thread(s)"
             for m in s.models
         )
         + ".",
