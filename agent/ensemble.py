@@ -112,8 +112,8 @@ class EnsembleScheduler:
         while self._in_flight:
             await self._idle.wait()
 
-    def close(self) -> None:
-        self._closed = True
+    def close(self, reason: str = "was unloaded") -> None:
+        self._closed = True  # running steps finish; their models fail or serve them
 
     async def _run_steps(
         self, runner: StepRunner, tensors: dict[str, np.ndarray], parameters: dict[str, Any]

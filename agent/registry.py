@@ -311,7 +311,7 @@ class ModelRegistry:
             reason,
             extra={"model": name, "version": version},
         )
-        current.scheduler.close()
+        current.scheduler.close(f"version {version} is unavailable: {reason}")
         threading.Thread(
             target=self._retire, args=(name, current), name=f"retire-{name}-{version}", daemon=True
         ).start()

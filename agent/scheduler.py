@@ -238,13 +238,13 @@ class ModelScheduler:
             self._idle.clear()
             await self._idle.wait()
 
-    def close(self) -> None:
-        """Refuse new work and fail whatever is still queued."""
+    def close(self, reason: str = "was unloaded") -> None:
+        """Refuse new work and fail whatever is still queued, saying why (`reason`)."""
         self._closed = True
         if self._timer is not None:
             self._timer.close()
         for job in self._former.drain():
-            self._finish(job, ModelNotReadyError(f"model '{self.model}' was unloaded"))
+            self._finish(job, ModelNotReadyError(f"model '{self.model}' {reason}"))
         self._check_idle()
 
     def _dispatch(self) -> None:

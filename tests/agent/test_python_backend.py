@@ -54,6 +54,9 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_python_model(
         repo, "hang_late", BEHAVIOUR_MODEL, behaviour_config("hang_late", timeout_s=20)
     )
+    write_python_model(
+        repo, "hang_queue", BEHAVIOUR_MODEL, behaviour_config("hang_queue", timeout_s=3)
+    )
     write_python_model(repo, "exit3", BEHAVIOUR_MODEL, behaviour_config("exit3"))
     write_python_model(repo, "kill9", BEHAVIOUR_MODEL, behaviour_config("kill9"))
     marker = root / "finalized.txt"
@@ -338,6 +341,28 @@ def test_a_fast_python_model_never_runs_on_the_event_loop(
     with pytest.raises(InferenceServerException) as raised:
         stuck.get_result()
     assert "no response within 20 s" in str(raised.value)
+
+
+def test_requests_queued_behind_a_hang_fail_with_its_reason(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    def request(value: float) -> list[httpclient.InferInput]:
+        inp = httpclient.InferInput("X", [2, 1], "FP32")
+        inp.set_data_from_numpy(np.full((2, 1), value, dtype=np.float32))
+        return [inp]
+
+    stuck = client.async_infer("hang_queue", request(7.0))
+    queued = [client.async_infer("hang_queue", request(2.0)) for _ in range(3)]
+    reason = "python model 'hang_queue' instance 0 hung: no response within 3 s; worker killed"
+    with pytest.raises(InferenceServerException) as first:
+        stuck.get_result()
+    assert first.value.status() == "500"
+    # Each fails with the reason: 500 when it reached the dead worker first, 503 when it was
+    # still queued as the version went out of service.
+    for pending in queued:
+        with pytest.raises(InferenceServerException) as later:
+            pending.get_result()
+        assert reason in str(later.value)
 
 
 @pytest.mark.parametrize(
