@@ -70,6 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest request body accepted (default 64 MiB)",
     )
     serve.add_argument(
+        "--shared-memory",
+        action=argparse.BooleanOptionalAction,
+        dest="server.shared_memory",
+        help="let local clients pass tensors in system shared memory (default on)",
+    )
+    serve.add_argument(
         "--exit-on-error",
         action=argparse.BooleanOptionalAction,
         dest="models.exit_on_error",

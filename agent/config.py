@@ -1,6 +1,6 @@
 """The agent's settings: frozen dataclasses read once from TOML, with command-line flags on top.
 
-    [server]  host, http_port, grpc_port, metrics_port, max_request_bytes
+    [server]  host, http_port, grpc_port, metrics_port, max_request_bytes, shared_memory
     [models]  repository, demo, strict_model_config, exit_on_error, intra_op_threads,
               memory_budget_bytes, response_cache_bytes, max_queue_size, control_mode,
               load_models, poll_quiet_ms
@@ -50,6 +50,7 @@ class ServerConfig:
     grpc_port: int = 8001  # KServe v2 gRPC; -1 turns it off
     metrics_port: int = 8002  # Prometheus /metrics; -1 turns it off
     max_request_bytes: int = 64 * 1024 * 1024
+    shared_memory: bool = True  # Triton's system shared-memory extension for local clients
 
 
 @dataclass(frozen=True, slots=True)

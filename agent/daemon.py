@@ -37,6 +37,7 @@ from agent.reload import Reloader
 from agent.repository_watch import RepositoryWatcher
 from agent.response_cache import ResponseCache
 from agent.scheduler import LimiterGate
+from agent.shared_memory import SharedMemoryRegistry
 from agent.statistics import StatisticsRegistry
 from agent.systemd_notify import Notifier, StatusLogHandler, WatchdogPinger, install_stall_hook
 from model_cache import CacheError, ModelCache
@@ -166,7 +167,15 @@ async def start_agent(config: AgentConfig) -> RunningAgent:
         state_path=config.cache.dir / STATE_FILE if config.cache.dir is not None else None,
     )
     canary.startup(config.canary)
-    dataplane = DataPlane(registry, cache, manager, mode, versions, canary)
+    dataplane = DataPlane(
+        registry,
+        cache,
+        manager,
+        mode,
+        versions,
+        canary,
+        shared_memory=SharedMemoryRegistry(enabled=config.server.shared_memory),
+    )
     sync_stop = asyncio.Event()
     sync_task: asyncio.Task[None] | None = None
     sync_client: SyncClient | None = None

@@ -80,7 +80,10 @@ class DataPlane:
         return self._ready
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)}
+        extensions = [
+            e for e in EXTENSIONS if e != "system_shared_memory" or self.shared_memory.enabled
+        ]
+        return {"name": SERVER_NAME, "version": __version__, "extensions": extensions}
 
     def model_ready(self, name: str, version: str | None) -> bool:
         """Whether the addressed model version is READY (raises ModelNotFoundError if unknown)."""

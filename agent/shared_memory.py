@@ -82,10 +82,21 @@ class _Region:
 class SharedMemoryRegistry:
     """The system shared-memory regions clients have registered."""
 
-    def __init__(self, directory: Path = SHM_DIR, max_regions: int = MAX_REGIONS) -> None:
+    def __init__(
+        self, directory: Path = SHM_DIR, max_regions: int = MAX_REGIONS, *, enabled: bool = True
+    ) -> None:
         self._directory = directory
         self._max_regions = max_regions
         self._regions: dict[str, _Region] = {}
+        # Off (`server.shared_memory = false`): clients cannot make the agent map /dev/shm objects.
+        self.enabled = enabled
+
+    def _require_enabled(self) -> None:
+        if not self.enabled:
+            raise InvalidInputError(
+                "system shared memory is turned off on this agent (server.shared_memory = "
+                "false): send tensor data in the request"
+            )
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> RegionStatus:
         """Map `byte_size` bytes at `offset` of the shared-memory object `key` as region `name`.
@@ -95,6 +106,7 @@ class SharedMemoryRegistry:
             InvalidInputError: bad name, key, offset or size; the key names no shared-memory
                 object; the window runs past the object's end; too many regions.
         """
+        self._require_enabled()
         if not name:
             raise InvalidInputError("shared memory region name must not be empty")
         if name in self._regions:
@@ -188,6 +200,10 @@ class SharedMemoryRegistry:
             InvalidInputError: a span outside its region, or a byte size that does not match an
                 input's shape and datatype.
         """
+        if any(t.shm is not None for t in request.inputs) or any(
+            o.shm is not None for o in request.outputs or ()
+        ):
+            self._require_enabled()
         inputs = tuple(
             tensor if tensor.shm is None else self._input_from(tensor) for tensor in request.inputs
         )

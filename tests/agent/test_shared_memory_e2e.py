@@ -7,6 +7,7 @@ import re
 import subprocess
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -17,7 +18,9 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
+from agent.config import AgentConfig, ModelsConfig, ServerConfig
 from agent.daemon import RunningAgent
+from tests.server import running_agent
 from tests.test_perf_analyzer import perf_analyzer
 
 Client = Any  # httpclient or grpcclient InferenceServerClient: the same shared-memory calls
@@ -230,3 +233,30 @@ def test_perf_analyzer_with_system_shared_memory(agent: RunningAgent, protocol: 
     assert match is not None, output
     assert float(match.group(1)) > 0
     assert "error" not in output.lower(), output
+
+
+def test_shared_memory_can_be_turned_off(model_repo: Path, regions: tuple[Any, Any, str]) -> None:
+    handle_in, _, tag = regions
+    x = np.ones((1, 64), np.float32)
+    shm.set_shared_memory_region(handle_in, [x])
+    config = AgentConfig(
+        server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1, shared_memory=False),
+        models=ModelsConfig(repository=model_repo, intra_op_threads=1),
+    )
+    with running_agent(config) as agent:
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{agent.http_port}")
+        assert "system_shared_memory" not in client.get_server_metadata()["extensions"]
+        with pytest.raises(InferenceServerException) as refused:
+            client.register_system_shared_memory(f"in_{tag}", f"/ea_in_{tag}", 64 * 1024)
+        assert refused.value.status() == "400"
+        assert "server.shared_memory = false" in str(refused.value)
+        inp = httpclient.InferInput("INPUT0", [1, 64], "FP32")
+        inp.set_shared_memory(f"in_{tag}", x.nbytes)
+        with pytest.raises(InferenceServerException) as infer_refused:
+            client.infer("mlp_classifier", [inp])
+        assert infer_refused.value.status() == "400"
+        assert "turned off" in str(infer_refused.value)
+        assert client.get_system_shared_memory_status() == []
+        plain = httpclient.InferInput("INPUT0", [1, 64], "FP32")
+        plain.set_data_from_numpy(x)
+        assert client.infer("mlp_classifier", [plain]).as_numpy("OUTPUT0") is not None
