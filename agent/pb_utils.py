@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from agent import datatypes
+from agent.tensors import datatypes
 
 
 class ModelError(Exception):

@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from agent.quantize import main as quantize
+from agent.quantize.command import main as quantize
 
 
 def _session(path: Path, threads: int) -> ort.InferenceSession:

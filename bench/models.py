@@ -1,6 +1,6 @@
 """Benchmark models and repositories, generated locally with the `onnx` helper API.
 
-    mlp   the demo MLP, FP32 [-1, 64] -> 256 -> 10 softmax (agent.demo.mlp_model)
+    mlp   the demo MLP, FP32 [-1, 64] -> 256 -> 10 softmax (agent.runtime.demo.mlp_model)
     cnn   a MobileNetV2-shaped CNN, FP32 [-1, 3, 224, 224] -> [-1, 1000], random weights
 
 Each model is written twice, as a "nobatch" repository (max_batch_size 32, no scheduler block)
@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from agent.demo import IR_VERSION, OPSET, mlp_model
+from agent.runtime.demo import IR_VERSION, OPSET, mlp_model
 
 # MobileNetV2's inverted residual table: expansion t, output channels c, repeats n, stride s.
 MOBILENETV2_BLOCKS: tuple[tuple[int, int, int, int], ...] = (

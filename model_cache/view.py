@@ -5,7 +5,7 @@
     views/v00000007/MODEL/V            → ../../../versions/MODEL/V-D12/V
 
 A view serves exactly one version per model (the active one) plus that version's config, in the
-Triton layout the agent already reads (`agent.repository.list_models`/`list_versions` follow
+Triton layout the agent already reads (`agent.repository.layout.list_models`/`list_versions` follow
 the symlinks). Building a view never touches the one being served.
 
 Invariants:

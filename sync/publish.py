@@ -39,7 +39,7 @@ from typing import Any
 
 from tuf.api.metadata import Metadata, MetaFile, Root, Snapshot, TargetFile, Targets, Timestamp
 
-from agent.quantize_report import publish_custom_fields
+from agent.quantize.report import publish_custom_fields
 from model_cache import CacheError
 from model_cache.atomic import atomic_write_bytes, ensure_dir
 from model_cache.layout import validate_model_name, validate_version

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import AgentConfig, ModelsConfig, ServerConfig
-from agent.daemon import RunningAgent
+from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
+from agent.runtime.daemon import RunningAgent
 from tests.models import build_test_repository
 from tests.server import running_agent
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
-from agent.demo import IR_VERSION, OPSET, mlp_model, write_demo_repository
+from agent.runtime.demo import IR_VERSION, OPSET, mlp_model, write_demo_repository
 
 # KServe datatype → ONNX element type, for the identity model's inputs.
 IDENTITY_TYPES = {

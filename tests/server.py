@@ -7,8 +7,8 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from agent.config import AgentConfig
-from agent.daemon import RunningAgent, start_agent
+from agent.config.schema import AgentConfig
+from agent.runtime.daemon import RunningAgent, start_agent
 
 
 @contextmanager

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.daemon import RunningAgent
+from agent.runtime.daemon import RunningAgent
 
 
 def perf_analyzer() -> str:

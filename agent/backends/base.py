@@ -8,7 +8,7 @@ from typing import Protocol
 
 import numpy as np
 
-from agent.datatypes import DataType
+from agent.tensors.datatypes import DataType
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from agent import datatypes
 from agent.backends.base import ModelTensor
 from agent.errors import BackendError, ModelLoadError
 from agent.proto import model_config_pb2 as mc
+from agent.tensors import datatypes
 
 logger = logging.getLogger(__name__)
 

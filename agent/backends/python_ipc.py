@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from agent import datatypes
 from agent.pb_utils import numpy_to_kserve
-from agent.protocol import tensor_from_bytes, tensor_to_bytes
+from agent.tensors import datatypes
+from agent.tensors.request import tensor_from_bytes, tensor_to_bytes
 
 # Message kinds.
 INIT = "init"  # agent → worker: meta {"model_file", "args"}

@@ -6,7 +6,7 @@
   engine cache inside the model cache.
 * `platform: "tensorrt_plan"` / `backend: "tensorrt"` → `TensorRTBackend`. The version folder
   holds `model.plan`, or only `model.onnx`: then the engine is built on the device on first load and
-  cached (`agent.engine_build.cached_engine`), so later loads, restarts and swaps reuse it.
+  cached (`agent.backends.tensorrt_build.cached_engine`), so later loads, restarts and swaps reuse it.
 * `backend: "python"` → `PythonBackend`: `model.py` run in one worker process per instance.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.backends.base import Backend
-from agent.engine_build import cached_engine, engine_cache_dir, spec_from_config
+from agent.backends.tensorrt_build import cached_engine, engine_cache_dir, spec_from_config
 from agent.errors import ModelLoadError
 from agent.proto import model_config_pb2 as mc
 

@@ -28,11 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from agent import datatypes
 from agent.backends.base import ModelTensor
-from agent.engine_build import import_tensorrt
+from agent.backends.tensorrt_build import import_tensorrt
 from agent.errors import BackendError, InvalidInputError, ModelLoadError
 from agent.proto import model_config_pb2 as mc
+from agent.tensors import datatypes
 
 
 def cuda_runtime() -> Any:

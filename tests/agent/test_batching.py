@@ -6,15 +6,15 @@ from typing import Any
 
 import pytest
 
-from agent.batching import (
+from agent.errors import InvalidInputError, ModelConfigError, OverloadedError
+from agent.repository.model_config import parse_model_config
+from agent.scheduling.batching import (
     Batch,
     BatchFormer,
     BatchingPolicy,
     QueuePolicy,
     TimeoutAction,
 )
-from agent.errors import InvalidInputError, ModelConfigError, OverloadedError
-from agent.model_config import parse_model_config
 
 US = 1e-6
 

@@ -15,8 +15,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from agent.demo import mlp_model
 from agent.faults import ENV
+from agent.runtime.demo import mlp_model
 from model_cache import ACTIVATE_STEPS, INSTALL_STEPS
 from tests.agent.test_cli import wait_listening
 from tests.models import write_model

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from agent.canary import (
+from agent.canary.policy import (
     Action,
     Canary,
     CanaryPolicy,

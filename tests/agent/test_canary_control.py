@@ -11,8 +11,8 @@ from pathlib import Path
 import onnx
 import pytest
 
-from agent.canary import CanaryPolicy
-from agent.canary_control import CanaryManager
+from agent.canary.control import CanaryManager
+from agent.canary.policy import CanaryPolicy
 from agent.errors import (
     BackendError,
     ConflictError,
@@ -20,7 +20,7 @@ from agent.errors import (
     ModelNotFoundError,
     RequestTimeoutError,
 )
-from agent.registry import LoadSettings, ModelRegistry
+from agent.models.registry import LoadSettings, ModelRegistry
 from tests.agent.test_canary_e2e import scale_model, write_versions
 
 

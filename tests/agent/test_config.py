@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from agent.config import AgentConfig, LogConfig, ModelsConfig, ServerConfig, load_config
+from agent.config.schema import AgentConfig, LogConfig, ModelsConfig, ServerConfig, load_config
 from agent.errors import AgentConfigError
 
 

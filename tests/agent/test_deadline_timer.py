@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import uvloop
 
-from agent.deadline_timer import DeadlineTimer
+from agent.scheduling.deadline_timer import DeadlineTimer
 
 LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
     "asyncio": asyncio.new_event_loop,

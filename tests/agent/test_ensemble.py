@@ -17,15 +17,15 @@ from google.protobuf import text_format
 from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
-from agent.batching import BatchingPolicy
-from agent.config import AgentConfig, ModelsConfig, ServerConfig
-from agent.daemon import RunningAgent
-from agent.ensemble import EnsembleScheduler, StepRunnerSlot
-from agent.ensemble_plan import build_plan
+from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
+from agent.ensemble.plan import build_plan
+from agent.ensemble.runner import EnsembleScheduler, StepRunnerSlot
 from agent.errors import BackendError, ModelNotReadyError
 from agent.proto import model_config_pb2 as mc
-from agent.protocol import InferRequest, InferResponse, OutputTensor
-from agent.signature import ValidatedRequest
+from agent.runtime.daemon import RunningAgent
+from agent.scheduling.batching import BatchingPolicy
+from agent.tensors.request import InferRequest, InferResponse, OutputTensor
+from agent.tensors.signature import ValidatedRequest
 from tests.models import save_ready, write_model
 from tests.server import running_agent
 

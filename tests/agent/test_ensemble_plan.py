@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from google.protobuf import text_format
 
-from agent.ensemble_plan import build_plan, composing_model_names, is_ensemble
+from agent.ensemble.plan import build_plan, composing_model_names, is_ensemble
 from agent.errors import ModelConfigError
 from agent.proto import model_config_pb2 as mc
 

@@ -16,9 +16,9 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from agent.config import AgentConfig, ModelsConfig, ServerConfig
-from agent.daemon import RunningAgent
-from agent.demo import mlp_model
+from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
+from agent.runtime.daemon import RunningAgent
+from agent.runtime.demo import mlp_model
 from tests.models import write_model
 from tests.server import running_agent
 

@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from agent.config import AgentConfig, ModelsConfig, ServerConfig
-from agent.daemon import RunningAgent
-from agent.demo import mlp_model
+from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
+from agent.runtime.daemon import RunningAgent
+from agent.runtime.demo import mlp_model
 from tests.models import write_model
 from tests.server import running_agent
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.journal import JournalHandler, encode_fields, journal_wanted
+from agent.runtime.journal import JournalHandler, encode_fields, journal_wanted
 
 
 def parse(datagram: bytes) -> dict[str, str]:

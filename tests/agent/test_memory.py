@@ -13,9 +13,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from agent.demo import IR_VERSION, OPSET
 from agent.errors import ModelLoadError
-from agent.memory import (
+from agent.models.memory_plan import (
     MIB,
     CapacityPlan,
     Footprint,
@@ -25,6 +24,7 @@ from agent.memory import (
     plan_capacity,
     process_rss_bytes,
 )
+from agent.runtime.demo import IR_VERSION, OPSET
 
 GIB = 1 << 30
 RAM = 8 * GIB

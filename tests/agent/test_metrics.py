@@ -9,14 +9,14 @@ import prometheus_client
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.metrics import (
+from agent.api.metrics import (
     CONTENT_TYPE,
     PsutilHostProbe,
     build_registry,
     create_metrics_app,
     render,
 )
-from agent.statistics import StatisticsRegistry
+from agent.scheduling.statistics import StatisticsRegistry
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 
 from agent.errors import ModelConfigError
-from agent.model_config import (
+from agent.proto import model_config_pb2 as mc
+from agent.repository.layout import select_versions
+from agent.repository.model_config import (
     config_from_json,
     config_to_json,
     load_model_config,
     parse_model_config,
 )
-from agent.proto import model_config_pb2 as mc
-from agent.repository import select_versions
 
 # Written the way Triton's model configuration documentation shows it.
 TRITON_CONFIG = """

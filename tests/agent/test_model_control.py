@@ -19,8 +19,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from agent.config import AgentConfig, ModelsConfig, ServerConfig
-from agent.demo import mlp_model
+from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
+from agent.runtime.demo import mlp_model
 from tests.agent.test_cli import LOGS, METRICS, wait_listening
 from tests.models import save_ready, write_model
 from tests.server import running_agent

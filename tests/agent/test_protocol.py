@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from agent.errors import InvalidInputError
-from agent.protocol import (
+from agent.tensors.request import (
     InferInput,
     InferRequest,
     InferResponse,

@@ -16,8 +16,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from agent.backends.python import PythonBackend
-from agent.config import AgentConfig, ModelsConfig, ServerConfig
-from agent.daemon import RunningAgent
+from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
+from agent.runtime.daemon import RunningAgent
 from tests.models import FLAT_CONFIG, IDENTITY_TYPES, flat_model, write_model
 from tests.python_models import (
     ADD_SUB_CONFIG,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from agent.model_config import parse_model_config
-from agent.rate_limiter import RateLimiter, ResourceNeed
+from agent.repository.model_config import parse_model_config
+from agent.scheduling.rate_limiter import RateLimiter, ResourceNeed
 
 HEAVY = ResourceNeed((("R", 4),), priority=2)
 LIGHT = ResourceNeed((("R", 2),), priority=1)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from agent.canary import CanaryPolicy
-from agent.config import AgentConfig
-from agent.reload import restart_keys
+from agent.canary.policy import CanaryPolicy
+from agent.config.schema import AgentConfig
+from agent.runtime.reload import restart_keys
 
 
 def test_changed_keys_name_their_section_and_key() -> None:

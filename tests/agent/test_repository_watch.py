@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from agent.demo import mlp_model
-from agent.repository_watch import (
+from agent.repository.watch import (
     ChangeTracker,
     RepositoryWatcher,
     model_folder_ready,
     model_of_path,
 )
+from agent.runtime.demo import mlp_model
 
 CONFIG = 'name: "m"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
 ONNX_BYTES = mlp_model().SerializeToString()

@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agent.protocol import InferInput, OutputTensor
-from agent.response_cache import (
+from agent.serving.response_cache import (
     ENTRY_OVERHEAD_BYTES,
     TENSOR_OVERHEAD_BYTES,
     ResponseCache,
     cache_key,
     entry_size,
 )
+from agent.tensors.request import InferInput, OutputTensor
 
 FP32_100_ENTRY = ENTRY_OVERHEAD_BYTES + TENSOR_OVERHEAD_BYTES + 400  # one FP32 tensor of 100
 

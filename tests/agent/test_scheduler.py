@@ -14,13 +14,13 @@ import pytest
 
 from agent.backends.base import ModelTensor
 from agent.backends.onnx import OnnxBackend
-from agent.batching import BatchingPolicy
-from agent.demo import mlp_model
 from agent.errors import BackendError
 from agent.proto import model_config_pb2 as mc
-from agent.scheduler import ModelScheduler
-from agent.signature import ValidatedRequest
-from agent.statistics import ModelStatistics
+from agent.runtime.demo import mlp_model
+from agent.scheduling.batching import BatchingPolicy
+from agent.scheduling.scheduler import ModelScheduler
+from agent.scheduling.statistics import ModelStatistics
+from agent.tensors.signature import ValidatedRequest
 
 
 class RecordingBackend:

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from agent.errors import ConflictError, InvalidInputError, SharedMemoryNotFoundError
-from agent.protocol import (
+from agent.serving.shared_memory import SHM_DIR, SharedMemoryRegistry
+from agent.tensors.request import (
     InferInput,
     InferRequest,
     InferResponse,
@@ -24,7 +25,6 @@ from agent.protocol import (
     decode_infer_request,
     encode_infer_response,
 )
-from agent.shared_memory import SHM_DIR, SharedMemoryRegistry
 
 
 @dataclass

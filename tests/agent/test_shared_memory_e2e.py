@@ -18,8 +18,8 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from agent.config import AgentConfig, ModelsConfig, ServerConfig
-from agent.daemon import RunningAgent
+from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
+from agent.runtime.daemon import RunningAgent
 from tests.server import running_agent
 from tests.test_perf_analyzer import perf_analyzer
 

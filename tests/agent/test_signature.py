@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agent import datatypes
-from agent.autocomplete import complete_config
 from agent.backends.base import ModelTensor
 from agent.errors import InvalidInputError, ModelConfigError
-from agent.model_config import parse_model_config
 from agent.proto import model_config_pb2 as mc
-from agent.protocol import InferInput, InferRequest, RequestedOutput
-from agent.signature import ModelSignature, TensorContract
+from agent.repository.autocomplete import complete_config
+from agent.repository.model_config import parse_model_config
+from agent.tensors import datatypes
+from agent.tensors.request import InferInput, InferRequest, RequestedOutput
+from agent.tensors.signature import ModelSignature, TensorContract
 
 
 def tensor(name: str, kserve: str, shape: tuple[int | None, ...]) -> ModelTensor:

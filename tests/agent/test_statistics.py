@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from agent.statistics import QUANTILES, ModelStatistics, StatisticsRegistry
+from agent.scheduling.statistics import QUANTILES, ModelStatistics, StatisticsRegistry
 
 
 def _success(m: ModelStatistics, *, request: int, queue: int, now_ms: int = 1) -> None:

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from agent.errors import ModelConfigError
-from agent.model_config import parse_model_config
 from agent.proto import model_config_pb2 as mc
-from agent.protocol import tensor_to_bytes
-from agent.signature import ModelSignature
-from agent.warmup import warmup_requests
+from agent.repository.model_config import parse_model_config
+from agent.repository.warmup import warmup_requests
+from agent.tensors.request import tensor_to_bytes
+from agent.tensors.signature import ModelSignature
 
 
 def config_of(max_batch_size: int, warmup: str, extra: str = "") -> mc.ModelConfig:

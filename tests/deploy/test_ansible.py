@@ -159,7 +159,9 @@ def test_playbook_installs_files_with_restrictive_modes(
 
     agent = root / "opt" / "edge-agent" / "venv" / "bin" / "edge-agent"
     assert os.access(agent, os.X_OK)
-    assert list((root / "opt/edge-agent/venv/lib").glob("python3*/site-packages/agent/daemon.py"))
+    assert list(
+        (root / "opt/edge-agent/venv/lib").glob("python3*/site-packages/agent/runtime/daemon.py")
+    )
 
 
 def test_playbook_renders_the_config_from_variables(

@@ -1,4 +1,4 @@
-"""Environment overrides, `config check` and `config show` (agent/config_tools.py)."""
+"""Environment overrides, `config check` and `config show` (agent/config/tools.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-from agent.config import load_config
-from agent.config_tools import (
+from agent.config.schema import load_config
+from agent.config.tools import (
     MASK,
     check_command,
     env_overrides,

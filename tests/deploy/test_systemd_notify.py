@@ -1,4 +1,4 @@
-"""sd_notify pieces on their own (agent/systemd_notify.py): addresses, no-ops, intervals, pings."""
+"""sd_notify pieces on their own (agent/runtime/systemd_notify.py): addresses, no-ops, intervals, pings."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 import os
 from pathlib import Path
 
-from agent.systemd_notify import Notifier, WatchdogPinger, watchdog_interval_s
+from agent.runtime.systemd_notify import Notifier, WatchdogPinger, watchdog_interval_s
 from tests.deploy.support import notify_socket
 
 

@@ -13,7 +13,7 @@ def _gpu_or_reason() -> str | None:
     except ImportError as exc:
         return f"tensorrt cannot be imported ({exc})"
     try:
-        from agent.engine_build import compute_capability
+        from agent.backends.tensorrt_build import compute_capability
 
         compute_capability()
     except Exception as exc:

@@ -11,12 +11,12 @@ import onnxruntime as ort
 import pytest
 import tritonclient.http as httpclient
 
-from agent import engine_build
+from agent.backends import tensorrt_build as engine_build
 from agent.backends.tensorrt import TensorRTBackend
-from agent.config import AgentConfig, ModelsConfig, ServerConfig
-from agent.engine_build import EngineSpec, Precision, cached_engine
+from agent.backends.tensorrt_build import EngineSpec, Precision, cached_engine
+from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.proto import model_config_pb2 as mc
-from agent.quantize import main as quantize_main
+from agent.quantize.command import main as quantize_main
 from tests.quantize.digits import Digits, train_digits, write_calibration
 from tests.server import running_agent
 

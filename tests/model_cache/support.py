@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from agent.repository import list_models, list_versions
+from agent.repository.layout import list_models, list_versions
 from model_cache import FaultHook, ModelCache
 
 #: Opens a ModelCache on the test's root; each call is a restart.

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from agent.config import AgentConfig, CacheConfig, ModelsConfig, ServerConfig
-from agent.demo import mlp_model
-from agent.fleet import FleetLink
-from agent.fleet_config import MqttConfig, validate_mqtt
+from agent.config.schema import AgentConfig, CacheConfig, ModelsConfig, ServerConfig
+from agent.fleet.config import MqttConfig, validate_mqtt
+from agent.fleet.link import FleetLink
+from agent.runtime.demo import mlp_model
 from model_cache import ModelCache
 from tests.models import write_model
 from tests.mqtt.support import AgentThread, Broker, Pki, agent_thread, make_pki

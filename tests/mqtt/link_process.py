@@ -12,10 +12,10 @@ import signal
 import sys
 from pathlib import Path
 
-from agent.config import AgentConfig, ModelsConfig, ServerConfig
-from agent.daemon import start_agent
-from agent.fleet import FleetLink
-from agent.fleet_config import MqttConfig
+from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
+from agent.fleet.config import MqttConfig
+from agent.fleet.link import FleetLink
+from agent.runtime.daemon import start_agent
 
 
 async def main(repository: Path, port: int, state: Path) -> None:

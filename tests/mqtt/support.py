@@ -25,12 +25,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from agent.cache_control import CachedVersions, CacheEvents
-from agent.config import AgentConfig
-from agent.daemon import RunningAgent, start_agent
-from agent.fleet import EventTee
-from agent.model_control import LogEvents, ModelManager
-from agent.mqtt import MqttSettings, Protocol, random_client_id
+from agent.config.schema import AgentConfig
+from agent.fleet.link import EventTee
+from agent.fleet.mqtt import MqttSettings, Protocol, random_client_id
+from agent.models.cache_control import CachedVersions, CacheEvents
+from agent.models.control import LogEvents, ModelManager
+from agent.runtime.daemon import RunningAgent, start_agent
 
 T = TypeVar("T")
 

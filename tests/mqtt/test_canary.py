@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from agent.config import AgentConfig, ModelsConfig, ServerConfig
-from agent.fleet_cli import FleetClient
+from agent.cli.fleet import FleetClient
+from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from tests.agent.test_canary_e2e import scale_model, write_versions
 from tests.mqtt.conftest import LinkFactory, mqtt_config
 from tests.mqtt.support import AgentThread, Broker, agent_thread

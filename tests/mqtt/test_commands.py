@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from agent import commands as c
-from agent.canary import CanaryPolicy
-from agent.fleet_cli import parse_args
+from agent.canary.policy import CanaryPolicy
+from agent.cli.fleet import parse_args
+from agent.fleet import commands as c
 
 
 def parse(doc: object, limit: int = 4096) -> c.Command:

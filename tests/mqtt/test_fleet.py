@@ -10,9 +10,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from agent import fleet_cli
-from agent.fleet_cli import FleetClient
-from agent.mqtt import Message
+from agent.cli.fleet import FleetClient
+from agent.cli import fleet as fleet_cli
+from agent.fleet.mqtt import Message
 from tests.agent.test_cache_swap import infer
 from tests.mqtt.conftest import LinkFactory, mqtt_config
 from tests.mqtt.support import AgentThread, Broker

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agent.demo import mlp_model
-from agent.fleet_cli import FleetClient
+from agent.cli.fleet import FleetClient
+from agent.runtime.demo import mlp_model
 from tests.models import write_model
 from tests.mqtt.conftest import CONFIG
 from tests.mqtt.support import Broker

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from agent.mqtt import MqttClient, MqttSettings, Protocol
+from agent.fleet.mqtt import MqttClient, MqttSettings, Protocol
 
 
 async def _read_packet(reader: asyncio.StreamReader) -> tuple[int, bytes]:

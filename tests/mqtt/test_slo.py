@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from agent.slo import Sample, SloEvaluator, SloTarget, parse_slo_targets
+from agent.fleet.slo import Sample, SloEvaluator, SloTarget, parse_slo_targets
 
 
 def sample(

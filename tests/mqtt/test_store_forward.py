@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent.fleet_cli import FleetClient
+from agent.cli.fleet import FleetClient
 from tests.agent.test_cache_swap import infer
 from tests.mqtt.conftest import LinkFactory, mqtt_config
 from tests.mqtt.support import AgentThread, Broker

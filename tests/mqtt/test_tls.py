@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from agent.fleet_cli import FleetClient
-from agent.mqtt import MqttClient
+from agent.cli.fleet import FleetClient
+from agent.fleet.mqtt import MqttClient
 from tests.mqtt.conftest import LinkFactory, mqtt_config
 from tests.mqtt.support import Broker, Pki
 

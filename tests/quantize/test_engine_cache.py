@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import pytest
 from google.protobuf import text_format
 
-from agent import engine_build
+from agent.backends import tensorrt_build as engine_build
 from agent.backends.select import BackendKind, backend_kind, create_backend, ort_tensorrt_options
-from agent.engine_build import EngineSpec, Precision, cached_engine, engine_cache_key
+from agent.backends.tensorrt_build import EngineSpec, Precision, cached_engine, engine_cache_key
 from agent.errors import ModelLoadError
 from agent.proto import model_config_pb2 as mc
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.quantize import EXIT_BUDGET, main
-from agent.quantize_report import REPORT_SCHEMA, publish_custom_fields
+from agent.quantize.command import EXIT_BUDGET, main
+from agent.quantize.report import REPORT_SCHEMA, publish_custom_fields
 from tests.quantize.digits import Digits, write_calibration
 
 BUDGET = 2.0  # percentage points

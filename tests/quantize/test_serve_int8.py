@@ -8,8 +8,8 @@ import numpy as np
 import onnxruntime as ort
 import tritonclient.http as httpclient
 
-from agent.config import AgentConfig, ModelsConfig, ServerConfig
-from agent.quantize import main
+from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
+from agent.quantize.command import main
 from tests.quantize.digits import DIGITS_CONFIG, Digits
 from tests.server import running_agent
 

@@ -10,8 +10,8 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from agent.config import AgentConfig, CacheConfig, ModelsConfig, ServerConfig
-from agent.demo import mlp_model
+from agent.config.schema import AgentConfig, CacheConfig, ModelsConfig, ServerConfig
+from agent.runtime.demo import mlp_model
 from sync.cli import run
 from sync.cli_parser import add_commands
 from sync.config import SyncConfig

@@ -1,0 +1,165 @@
+"""KServe v2 gRPC messages ↔ the agent's protocol types (pure; no server, no I/O).
+
+Input tensors come either all as `raw_input_contents` (one little-endian buffer per input, the
+binary tensor format) or as typed `contents`; outputs always go back as `raw_output_contents`,
+as Triton sends them. Inputs in shared memory (`shared_memory_*` parameters) have no raw buffer,
+so the raw buffers belong to the other inputs in order; an output written to shared memory keeps
+an empty raw buffer, so raw buffers and outputs stay aligned.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from agent.errors import InvalidInputError
+from agent.proto import grpc_service_pb2 as pb
+from agent.tensors import datatypes
+from agent.tensors.request import (
+    InferInput,
+    InferRequest,
+    InferResponse,
+    RequestedOutput,
+    shared_memory_outputs,
+    shared_memory_ref,
+    tensor_from_bytes,
+    tensor_to_bytes,
+)
+
+# KServe datatype → the InferTensorContents field that carries it (FP16 and BF16: raw only).
+_CONTENTS_FIELD = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+
+def decode_infer_request(request: pb.ModelInferRequest) -> InferRequest:
+    """Turn a ModelInferRequest into the agent's request type.
+
+    Raises:
+        InvalidInputError: unknown datatype, negative dims, raw buffers that do not match the
+            inputs, typed contents of the wrong kind or count.
+    """
+    raw = request.raw_input_contents
+    refs = [
+        shared_memory_ref(_parameters(t.parameters), f"input '{t.name}'") for t in request.inputs
+    ]
+    in_band = sum(ref is None for ref in refs)
+    if raw and len(raw) != in_band:
+        raise InvalidInputError(
+            f"raw_input_contents has {len(raw)} buffers for {in_band} inputs not in shared "
+            "memory; send raw contents for every such input or for none"
+        )
+    if not request.inputs:
+        raise InvalidInputError("request must have at least one input")
+    inputs = []
+    index = 0
+    for tensor, ref in zip(request.inputs, refs, strict=True):
+        if datatypes.from_kserve(tensor.datatype) is None:
+            raise InvalidInputError(
+                f"input '{tensor.name}' has unsupported datatype {tensor.datatype!r}"
+            )
+        if any(d < 0 for d in tensor.shape):
+            raise InvalidInputError(f"input '{tensor.name}' has a negative dimension")
+        shape = tuple(int(d) for d in tensor.shape)
+        if ref is not None:
+            if tensor.HasField("contents"):
+                raise InvalidInputError(
+                    f"input '{tensor.name}' has shared memory parameters and also contents"
+                )
+            empty = np.empty(0, dtype=datatypes.BY_KSERVE[tensor.datatype].numpy)
+            inputs.append(InferInput(tensor.name, tensor.datatype, shape, empty, ref))
+            continue
+        if raw:
+            try:
+                data = tensor_from_bytes(raw[index], tensor.datatype, shape)
+            except InvalidInputError as exc:
+                raise InvalidInputError(f"input '{tensor.name}': {exc.message}") from None
+            index += 1
+        else:
+            data = _from_contents(tensor, shape)
+        inputs.append(InferInput(tensor.name, tensor.datatype, shape, data))
+    outputs = (
+        tuple(
+            RequestedOutput(
+                o.name, None, shared_memory_ref(_parameters(o.parameters), f"output '{o.name}'")
+            )
+            for o in request.outputs
+        )
+        or None
+    )
+    return InferRequest(
+        inputs=tuple(inputs),
+        id=request.id or None,
+        outputs=outputs,
+        parameters=_parameters(request.parameters),
+    )
+
+
+def encode_infer_response(
+    response: InferResponse, request: InferRequest | None = None
+) -> pb.ModelInferResponse:
+    """The agent's response as a ModelInferResponse with raw output contents (empty for the
+    outputs `request` asked for in shared memory)."""
+    message = pb.ModelInferResponse(
+        model_name=response.model_name,
+        model_version=response.model_version,
+        id=response.id or "",
+    )
+    in_shm = shared_memory_outputs(request) if request is not None else {}
+    for out in response.outputs:
+        message.outputs.add(name=out.name, datatype=out.datatype, shape=list(out.data.shape))
+        in_band = out.name not in in_shm
+        message.raw_output_contents.append(
+            tensor_to_bytes(out.data, out.datatype) if in_band else b""
+        )
+    return message
+
+
+def _from_contents(
+    tensor: pb.ModelInferRequest.InferInputTensor, shape: tuple[int, ...]
+) -> np.ndarray:
+    field = _CONTENTS_FIELD.get(tensor.datatype)
+    if field is None:
+        raise InvalidInputError(
+            f"input '{tensor.name}': {tensor.datatype} can only be sent in raw_input_contents"
+        )
+    values = list(getattr(tensor.contents, field))
+    count = math.prod(shape)
+    if len(values) != count:
+        raise InvalidInputError(
+            f"input '{tensor.name}' has {len(values)} elements in contents.{field} "
+            f"but shape {list(shape)} needs {count}"
+        )
+    dtype = datatypes.BY_KSERVE[tensor.datatype]
+    if tensor.datatype == "BYTES":
+        arr = np.empty(count, dtype=np.object_)
+        arr[:] = values
+        return arr.reshape(shape)
+    if dtype.numpy.kind in "iu":
+        info = np.iinfo(dtype.numpy)
+        if values and (min(values) < info.min or max(values) > info.max):
+            raise InvalidInputError(
+                f"input '{tensor.name}': a value is outside the range of {tensor.datatype}"
+            )
+    return np.asarray(values, dtype=dtype.numpy).reshape(shape)
+
+
+def _parameters(params: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, param in params.items():
+        choice = param.WhichOneof("parameter_choice")
+        out[key] = getattr(param, choice) if choice else None
+    return out

@@ -1,0 +1,259 @@
+"""KServe v2 gRPC endpoint (`grpc.aio`), Triton's GRPCInferenceService.
+
+Thin like the HTTP handlers: decode with `agent.api.grpc_codec`, call the shared data plane, encode.
+`STATUS_FOR_ERROR` is the one place where agent errors become gRPC status codes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf import json_format
+
+from agent.api import grpc_codec
+from agent.errors import (
+    AgentError,
+    BackendError,
+    ConflictError,
+    InvalidInputError,
+    ModelConfigError,
+    ModelControlError,
+    ModelLoadError,
+    ModelNotFoundError,
+    ModelNotReadyError,
+    OverloadedError,
+    PayloadTooLargeError,
+    RequestTimeoutError,
+    SharedMemoryNotFoundError,
+)
+from agent.proto import grpc_service_pb2 as pb
+from agent.proto import grpc_service_pb2_grpc as pb_grpc
+from agent.serving.dataplane import DataPlane
+
+logger = logging.getLogger(__name__)
+
+STATUS_FOR_ERROR: dict[type[AgentError], grpc.StatusCode] = {
+    InvalidInputError: grpc.StatusCode.INVALID_ARGUMENT,
+    ModelConfigError: grpc.StatusCode.INVALID_ARGUMENT,
+    ModelControlError: grpc.StatusCode.FAILED_PRECONDITION,
+    ModelNotFoundError: grpc.StatusCode.NOT_FOUND,
+    SharedMemoryNotFoundError: grpc.StatusCode.NOT_FOUND,
+    ConflictError: grpc.StatusCode.ALREADY_EXISTS,
+    PayloadTooLargeError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ModelNotReadyError: grpc.StatusCode.UNAVAILABLE,
+    OverloadedError: grpc.StatusCode.UNAVAILABLE,
+    RequestTimeoutError: grpc.StatusCode.UNAVAILABLE,
+    BackendError: grpc.StatusCode.INTERNAL,
+    ModelLoadError: grpc.StatusCode.INTERNAL,
+}
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+
+
+def status_for(error: AgentError) -> grpc.StatusCode:
+    """The gRPC status for an agent error (its nearest listed base class)."""
+    for cls in type(error).__mro__:
+        code = STATUS_FOR_ERROR.get(cls)
+        if code is not None:
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+def _mapped(
+    handler: Callable[[Any, Req], Awaitable[Resp]],
+) -> Callable[[Any, Req, grpc.aio.ServicerContext[Req, Resp]], Awaitable[Resp]]:
+    async def wrapper(
+        self: Any, request: Req, context: grpc.aio.ServicerContext[Req, Resp]
+    ) -> Resp:
+        try:
+            return await handler(self, request)
+        except AgentError as exc:
+            await context.abort(status_for(exc), exc.message)
+            raise  # abort raises; this keeps type checkers satisfied
+
+    return wrapper
+
+
+class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
+    """The gRPC servicer over the shared data plane."""
+
+    def __init__(self, dataplane: DataPlane) -> None:
+        self._dp = dataplane
+
+    @_mapped
+    async def ServerLive(self, request: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self._dp.server_live())
+
+    @_mapped
+    async def ServerReady(self, request: pb.ServerReadyRequest) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self._dp.server_ready())
+
+    @_mapped
+    async def ModelReady(self, request: pb.ModelReadyRequest) -> pb.ModelReadyResponse:
+        try:
+            ready = self._dp.model_ready(request.name, request.version or None)
+        except ModelNotFoundError:
+            ready = False
+        return pb.ModelReadyResponse(ready=ready)
+
+    @_mapped
+    async def ServerMetadata(self, request: pb.ServerMetadataRequest) -> pb.ServerMetadataResponse:
+        meta = self._dp.server_metadata()
+        return pb.ServerMetadataResponse(
+            name=meta["name"], version=meta["version"], extensions=meta["extensions"]
+        )
+
+    @_mapped
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest) -> pb.ModelMetadataResponse:
+        meta = self._dp.model_metadata(request.name, request.version or None)
+        response = pb.ModelMetadataResponse(
+            name=meta["name"], versions=meta["versions"], platform=meta["platform"]
+        )
+        for key, target in (("inputs", response.inputs), ("outputs", response.outputs)):
+            for tensor in meta[key]:
+                target.add(name=tensor["name"], datatype=tensor["datatype"], shape=tensor["shape"])
+        return response
+
+    @_mapped
+    async def ModelInfer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+        return await self._infer(request)
+
+    async def ModelStreamInfer(
+        self,
+        request_iterator: AsyncIterator[pb.ModelInferRequest],
+        context: grpc.aio.ServicerContext[pb.ModelInferRequest, pb.ModelStreamInferResponse],
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """One response per request; an error goes back as error_message, the stream goes on."""
+        async for request in request_iterator:
+            try:
+                response = await self._infer(request)
+            except AgentError as exc:
+                yield pb.ModelStreamInferResponse(error_message=exc.message)
+                continue
+            yield pb.ModelStreamInferResponse(infer_response=response)
+
+    @_mapped
+    async def ModelConfig(self, request: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
+        response = pb.ModelConfigResponse()
+        response.config.CopyFrom(
+            self._dp.model_config_message(request.name, request.version or None)
+        )
+        return response
+
+    @_mapped
+    async def ModelStatistics(
+        self, request: pb.ModelStatisticsRequest
+    ) -> pb.ModelStatisticsResponse:
+        doc = self._dp.statistics(request.name or None, request.version or None)
+        response = pb.ModelStatisticsResponse()
+        json_format.ParseDict(doc, response, ignore_unknown_fields=True)
+        return response
+
+    @_mapped
+    async def RepositoryIndex(
+        self, request: pb.RepositoryIndexRequest
+    ) -> pb.RepositoryIndexResponse:
+        response = pb.RepositoryIndexResponse()
+        for row in self._dp.repository_index(request.ready):
+            response.models.add(
+                name=row["name"],
+                version=row.get("version", ""),
+                state=row.get("state", ""),
+                reason=row.get("reason", ""),
+            )
+        return response
+
+    @_mapped
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest
+    ) -> pb.RepositoryModelLoadResponse:
+        config: dict[str, Any] | None = None
+        if "config" in request.parameters:
+            raw = request.parameters["config"].string_param
+            try:
+                parsed = json.loads(raw)
+            except ValueError as exc:
+                raise InvalidInputError(f"parameter 'config' is not valid JSON: {exc}") from None
+            if not isinstance(parsed, dict):
+                raise InvalidInputError("parameter 'config' must be a JSON object")
+            config = parsed
+        await self._dp.load_model(request.model_name, config)
+        return pb.RepositoryModelLoadResponse()
+
+    @_mapped
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest
+    ) -> pb.RepositoryModelUnloadResponse:
+        await self._dp.unload_model(request.model_name)
+        return pb.RepositoryModelUnloadResponse()
+
+    @_mapped
+    async def SystemSharedMemoryStatus(
+        self, request: pb.SystemSharedMemoryStatusRequest
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        response = pb.SystemSharedMemoryStatusResponse()
+        for region in self._dp.shared_memory.status(request.name or None):
+            response.regions[region.name].CopyFrom(
+                pb.SystemSharedMemoryStatusResponse.RegionStatus(
+                    name=region.name,
+                    key=region.key,
+                    offset=region.offset,
+                    byte_size=region.byte_size,
+                )
+            )
+        return response
+
+    @_mapped
+    async def SystemSharedMemoryRegister(
+        self, request: pb.SystemSharedMemoryRegisterRequest
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        self._dp.shared_memory.register(
+            request.name, request.key, request.offset, request.byte_size
+        )
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @_mapped
+    async def SystemSharedMemoryUnregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        if request.name:
+            self._dp.shared_memory.unregister(request.name)
+        else:
+            self._dp.shared_memory.unregister_all()
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+        infer_request = grpc_codec.decode_infer_request(request)
+        response = await self._dp.infer(
+            request.model_name, request.model_version or None, infer_request
+        )
+        return grpc_codec.encode_infer_response(response, infer_request)
+
+
+async def start_grpc_server(
+    dataplane: DataPlane, host: str, port: int, *, max_message_bytes: int
+) -> tuple[grpc.aio.Server, int]:
+    """Start the gRPC server; returns it and the bound port (useful with port 0).
+
+    Raises:
+        OSError: the port cannot be bound.
+    """
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ]
+    )
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(  # type: ignore[no-untyped-call]
+        InferenceService(dataplane), server
+    )
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot bind gRPC on {host}:{port}")
+    await server.start()
+    return server, bound

@@ -1,0 +1,321 @@
+"""KServe v2 HTTP/REST endpoints on aiohttp, plus Triton's repository index.
+
+Handlers are thin: parse with `agent.tensors.request`, call `agent.serving.dataplane`, serialize. One middleware
+maps every error to a status code and Triton's `{"error": "..."}` body.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from agent.canary.control import policy_from_request
+from agent.errors import (
+    AgentError,
+    BackendError,
+    ConflictError,
+    InvalidInputError,
+    ModelConfigError,
+    ModelControlError,
+    ModelLoadError,
+    ModelNotFoundError,
+    ModelNotReadyError,
+    OverloadedError,
+    PayloadTooLargeError,
+    RequestTimeoutError,
+    SharedMemoryNotFoundError,
+)
+from agent.serving.dataplane import DataPlane
+from agent.tensors.request import HEADER_LENGTH, decode_infer_request, encode_infer_response
+
+logger = logging.getLogger(__name__)
+
+DATAPLANE = web.AppKey("dataplane", DataPlane)
+
+# The one place where error types become HTTP status codes.
+STATUS_FOR_ERROR: dict[type[AgentError], int] = {
+    InvalidInputError: 400,
+    ModelControlError: 400,
+    ModelConfigError: 400,
+    ModelNotFoundError: 404,
+    SharedMemoryNotFoundError: 404,
+    ConflictError: 409,
+    PayloadTooLargeError: 413,
+    BackendError: 500,
+    ModelLoadError: 500,
+    ModelNotReadyError: 503,
+    OverloadedError: 503,
+    RequestTimeoutError: 503,
+}
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def status_for(error: AgentError) -> int:
+    """The HTTP status for an agent error (its nearest listed base class)."""
+    for cls in type(error).__mro__:
+        if cls in STATUS_FOR_ERROR:
+            return STATUS_FOR_ERROR[cls]
+    return 500
+
+
+def error_response(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+def error_middleware(max_request_bytes: int) -> Middleware:
+    """Turn agent errors and aiohttp's own HTTP errors into Triton-style JSON errors."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except AgentError as exc:
+            return error_response(status_for(exc), exc.message)
+        except web.HTTPRequestEntityTooLarge:
+            return error_response(413, f"request body over the limit of {max_request_bytes} bytes")
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            return error_response(exc.status, exc.reason)
+
+    return middleware
+
+
+def create_app(dataplane: DataPlane, *, max_request_bytes: int) -> web.Application:
+    """Build the HTTP application around a data plane."""
+    app = web.Application(
+        middlewares=[error_middleware(max_request_bytes)], client_max_size=max_request_bytes
+    )
+    app[DATAPLANE] = dataplane
+    model = "/v2/models/{model}"
+    version = "/v2/models/{model}/versions/{version}"
+    app.add_routes(
+        [
+            # Inference first: the router tries routes in order, and this is the hot path.
+            web.post(model + "/infer", _infer),
+            web.post(version + "/infer", _infer),
+            web.get("/v2/health/live", _live),
+            web.get("/v2/health/ready", _ready),
+            web.get("/v2", _server_metadata),
+            web.get("/v2/models/stats", _statistics),
+            web.get(model, _model_metadata),
+            web.get(version, _model_metadata),
+            web.get(model + "/ready", _model_ready),
+            web.get(version + "/ready", _model_ready),
+            web.get(model + "/config", _model_config),
+            web.get(version + "/config", _model_config),
+            web.get(model + "/stats", _statistics),
+            web.post(model + "/canary", _canary_start),
+            web.get(model + "/canary", _canary_status),
+            web.delete(model + "/canary", _canary_stop),
+            web.get(version + "/stats", _statistics),
+            web.post("/v2/repository/index", _repository_index),
+            web.post("/v2/repository/models/{model}/load", _load_model),
+            web.post("/v2/repository/models/{model}/unload", _unload_model),
+            web.get("/v2/repository/models/{model}/versions", _cached_versions),
+            web.post("/v2/repository/models/{model}/versions/{version}/activate", _activate),
+            web.post("/v2/repository/models/{model}/rollback", _rollback),
+            web.get("/v2/systemsharedmemory/status", _shm_status),
+            web.get("/v2/systemsharedmemory/region/{region}/status", _shm_status),
+            web.post("/v2/systemsharedmemory/region/{region}/register", _shm_register),
+            web.post("/v2/systemsharedmemory/unregister", _shm_unregister),
+            web.post("/v2/systemsharedmemory/region/{region}/unregister", _shm_unregister),
+        ]
+    )
+    return app
+
+
+def _dataplane(request: web.Request) -> DataPlane:
+    return request.app[DATAPLANE]
+
+
+def _target(request: web.Request) -> tuple[str, str | None]:
+    return request.match_info["model"], request.match_info.get("version")
+
+
+def _json(body: Any) -> web.Response:
+    return web.Response(
+        body=json.dumps(body, separators=(",", ":")), content_type="application/json"
+    )
+
+
+async def _live(request: web.Request) -> web.Response:
+    ok = _dataplane(request).server_live()
+    return web.Response(status=200 if ok else 503)
+
+
+async def _ready(request: web.Request) -> web.Response:
+    ok = _dataplane(request).server_ready()
+    return web.Response(status=200 if ok else 503)
+
+
+async def _server_metadata(request: web.Request) -> web.Response:
+    return _json(_dataplane(request).server_metadata())
+
+
+async def _model_metadata(request: web.Request) -> web.Response:
+    return _json(_dataplane(request).model_metadata(*_target(request)))
+
+
+async def _model_ready(request: web.Request) -> web.Response:
+    ok = _dataplane(request).model_ready(*_target(request))
+    return web.Response(status=200 if ok else 503)
+
+
+async def _model_config(request: web.Request) -> web.Response:
+    return _json(_dataplane(request).model_config(*_target(request)))
+
+
+async def _statistics(request: web.Request) -> web.Response:
+    name = request.match_info.get("model")
+    return _json(_dataplane(request).statistics(name, request.match_info.get("version")))
+
+
+async def _canary_start(request: web.Request) -> web.Response:
+    """Body: {"version": N, "share": 0.1, ...} (see `agent.canary.policy.parse_policy`)."""
+    policy = policy_from_request(await _optional_json(request))
+    return _json(_dataplane(request).canary.start(request.match_info["model"], policy))
+
+
+async def _canary_status(request: web.Request) -> web.Response:
+    return _json(_dataplane(request).canary.status(request.match_info["model"]))
+
+
+async def _canary_stop(request: web.Request) -> web.Response:
+    return _json(_dataplane(request).canary.stop(request.match_info["model"]))
+
+
+async def _repository_index(request: web.Request) -> web.Response:
+    ready_only = False
+    body = await request.read()
+    if body.strip():
+        try:
+            doc = json.loads(body)
+        except ValueError as exc:
+            raise InvalidInputError(f"malformed JSON in request: {exc}") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("ready", False), bool):
+            raise InvalidInputError('repository index body must be {"ready": true|false}')
+        ready_only = doc.get("ready", False)
+    return _json(_dataplane(request).repository_index(ready_only))
+
+
+async def _load_model(request: web.Request) -> web.Response:
+    """Triton's load: an optional body {"parameters": {"config": "<model config JSON>"}}."""
+    doc = await _optional_json(request)
+    params = doc.get("parameters", {})
+    if not isinstance(params, dict):
+        raise InvalidInputError("'parameters' must be an object")
+    config: dict[str, Any] | None = None
+    raw = params.get("config")
+    if raw is not None:
+        try:
+            config = json.loads(raw) if isinstance(raw, str) else raw
+        except ValueError as exc:
+            raise InvalidInputError(f"parameter 'config' is not valid JSON: {exc}") from None
+        if not isinstance(config, dict):
+            raise InvalidInputError("parameter 'config' must be a JSON object")
+    await _dataplane(request).load_model(request.match_info["model"], config)
+    return web.Response(status=200)
+
+
+async def _unload_model(request: web.Request) -> web.Response:
+    await _optional_json(request)
+    await _dataplane(request).unload_model(request.match_info["model"])
+    return web.Response(status=200)
+
+
+async def _cached_versions(request: web.Request) -> web.Response:
+    return _json(_dataplane(request).cached_versions(request.match_info["model"]))
+
+
+async def _activate(request: web.Request) -> web.Response:
+    await _optional_json(request)
+    version = _version_number(request.match_info["version"])
+    strategy = await _dataplane(request).activate_version(request.match_info["model"], version)
+    return _json({"model": request.match_info["model"], "version": version, "strategy": strategy})
+
+
+async def _rollback(request: web.Request) -> web.Response:
+    """Body {"version": N} picks the version; without it, the one served before."""
+    doc = await _optional_json(request)
+    raw = doc.get("version")
+    version = None if raw is None else _version_number(str(raw))
+    done = await _dataplane(request).rollback(request.match_info["model"], version)
+    return _json({"model": request.match_info["model"], "version": done})
+
+
+async def _shm_status(request: web.Request) -> web.Response:
+    regions = _dataplane(request).shared_memory.status(request.match_info.get("region"))
+    return _json([r.to_json() for r in regions])
+
+
+async def _shm_register(request: web.Request) -> web.Response:
+    """Body: {"key": "/name", "offset": 0, "byte_size": N} (Triton's register request)."""
+    doc = await _optional_json(request)
+    key, offset, byte_size = doc.get("key"), doc.get("offset", 0), doc.get("byte_size")
+    if not isinstance(key, str) or not isinstance(offset, int) or not isinstance(byte_size, int):
+        raise InvalidInputError(
+            'register request body must be {"key": string, "offset": integer, "byte_size": integer}'
+        )
+    _dataplane(request).shared_memory.register(request.match_info["region"], key, offset, byte_size)
+    return web.Response(status=200)
+
+
+async def _shm_unregister(request: web.Request) -> web.Response:
+    regions = _dataplane(request).shared_memory
+    name = request.match_info.get("region")
+    if name is None:
+        regions.unregister_all()
+    else:
+        regions.unregister(name)
+    return web.Response(status=200)
+
+
+def _version_number(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise InvalidInputError(f"version must be a positive integer, got {text!r}")
+    return int(text)
+
+
+async def _optional_json(request: web.Request) -> dict[str, Any]:
+    body = await request.read()
+    if not body.strip():
+        return {}
+    try:
+        doc = json.loads(body)
+    except ValueError as exc:
+        raise InvalidInputError(f"malformed JSON in request: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidInputError("request body must be a JSON object")
+    return doc
+
+
+async def _infer(request: web.Request) -> web.Response:
+    header_length = _header_length(request)
+    body = await request.read()
+    infer_request = decode_infer_request(body, header_length)
+    response = await _dataplane(request).infer(*_target(request), infer_request)
+    payload, json_length = encode_infer_response(response, infer_request)
+    if json_length is None:
+        return web.Response(body=payload, content_type="application/json")
+    return web.Response(
+        body=payload,
+        content_type="application/octet-stream",
+        headers={HEADER_LENGTH: str(json_length)},
+    )
+
+
+def _header_length(request: web.Request) -> int | None:
+    raw = request.headers.get(HEADER_LENGTH)
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise InvalidInputError(f"{HEADER_LENGTH} must be an integer, got {raw!r}") from None

@@ -1,0 +1,328 @@
+"""Prometheus metrics with Triton's names, read from the statistics at scrape time.
+
+`build_registry` returns a fresh `prometheus_client.CollectorRegistry` holding one collector; the
+default global registry is never touched, so two agents (or two tests) in one process do not
+share metrics. Nothing is pushed: each scrape snapshots `agent.scheduling.statistics` and the host.
+
+Naming: prometheus-client renders a family of type `counter` as `<name>_total` in the text
+format (both the `# TYPE` line and the samples), but Triton's counters carry no `_total`
+(`nv_inference_request_success`, ...). Dashboards and alerts written for Triton query the bare
+names, so the counters are emitted as *untyped* families, which keep their exact names. The
+values still only grow, so `rate()` works on them as on any counter. Summaries and gauges keep
+their Prometheus types.
+
+Emitted, per model version (labels `model`, `version`):
+    nv_inference_request_success, nv_inference_request_failure (+ `reason`), nv_inference_count,
+    nv_inference_exec_count, nv_inference_pending_request_count (gauge),
+    nv_inference_{request,queue,compute_input,compute_infer,compute_output}_duration_us,
+    nv_inference_{request,queue,compute_input,compute_infer,compute_output}_summary_us (summary),
+    nv_cache_num_hits_per_model, nv_cache_num_misses_per_model,
+    nv_cache_hit_duration_per_model, nv_cache_miss_duration_per_model (µs).
+Host-wide: nv_cpu_utilization, nv_cpu_memory_total_bytes, nv_cpu_memory_used_bytes, and, with a
+`MemorySource`, edge_agent_memory_budget_bytes and edge_agent_memory_used_bytes. With a
+`CanarySource`, edge_agent_canary_share{model,version}: each running canary's share of the
+model's unversioned traffic, for the candidate and the baseline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Final, Protocol
+
+import psutil
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric, UnknownMetricFamily
+
+from agent.scheduling.statistics import (
+    Duration,
+    InferStat,
+    Series,
+    StatisticsRegistry,
+    StatsSnapshot,
+)
+
+# The classic text format that `generate_latest` writes (Triton serves the same version).
+CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+
+_LABELS: Final = ("model", "version")
+
+# Each latency series, its words in Triton's help text, and the statistic it sums.
+_DURATIONS: Final[tuple[tuple[Series, str, InferStat], ...]] = (
+    ("request", "inference request", "success"),
+    ("queue", "inference queuing", "queue"),
+    ("compute_input", "compute input", "compute_input"),
+    ("compute_infer", "compute infer", "compute_infer"),
+    ("compute_output", "compute output", "compute_output"),
+)
+
+
+class MemorySource(Protocol):
+    """The agent's model-memory accounting: the budget it keeps to and what it uses now."""
+
+    def budget_bytes(self) -> int:
+        """Bytes the agent may spend on loaded models."""
+        ...
+
+    def used_bytes(self) -> int:
+        """Bytes the loaded models hold now."""
+        ...
+
+
+class CanarySource(Protocol):
+    """Running canaries (`agent.canary.control.CanaryManager`)."""
+
+    def shares(self) -> list[tuple[str, int, float]]:
+        """(model, version, share of the model's unversioned traffic) per routed version."""
+        ...
+
+
+class HostProbe(Protocol):
+    """Host CPU and RAM, as Triton's CPU metrics report them."""
+
+    def cpu_utilization(self) -> float:
+        """Busy share of all cores since the previous call, 0.0 to 1.0."""
+        ...
+
+    def memory_bytes(self) -> tuple[int, int]:
+        """(total, used) RAM in bytes; used is total minus available, as in /proc/meminfo."""
+        ...
+
+
+class PsutilHostProbe:
+    """`HostProbe` over psutil, keeping its own previous CPU sample (psutil's is global)."""
+
+    def __init__(self) -> None:
+        self._last = psutil.cpu_times()
+
+    def cpu_utilization(self) -> float:
+        """Busy share since the previous call (since construction for the first)."""
+        now = psutil.cpu_times()
+        before, self._last = self._last, now
+        idle = _idle(now) - _idle(before)
+        total = sum(now) - sum(before)
+        if total <= 0:
+            return 0.0
+        return min(1.0, max(0.0, 1.0 - idle / total))
+
+    def memory_bytes(self) -> tuple[int, int]:
+        """(total, total - available) from psutil.virtual_memory()."""
+        mem = psutil.virtual_memory()
+        return mem.total, mem.total - mem.available
+
+
+def _idle(times: object) -> float:
+    """Idle plus iowait seconds, as Triton counts idle in /proc/stat."""
+    return float(getattr(times, "idle", 0.0)) + float(getattr(times, "iowait", 0.0))
+
+
+class TritonCollector:
+    """A prometheus-client collector producing Triton's metric families on each scrape."""
+
+    def __init__(
+        self,
+        stats: StatisticsRegistry,
+        memory: MemorySource | None,
+        host: HostProbe,
+        canary: CanarySource | None = None,
+    ) -> None:
+        self._stats = stats
+        self._memory = memory
+        self._host = host
+        self._canary = canary
+
+    def describe(self) -> Iterable[Metric]:
+        """No fixed description: the families depend on the models loaded at scrape time."""
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        """Snapshot every model's statistics and the host, and yield the metric families."""
+        snaps = [m.snapshot() for m in self._stats.all()]
+        yield from _model_families(snaps)
+        yield from self._host_families()
+        if self._canary is not None:
+            family = GaugeMetricFamily(
+                "edge_agent_canary_share",
+                "Share of a model's unversioned requests routed to a version by a running canary",
+                labels=_LABELS,
+            )
+            for model, version, share in self._canary.shares():
+                family.add_metric([model, str(version)], share)
+            yield family
+
+    def _host_families(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "nv_cpu_utilization",
+            "CPU utilization rate [0.0 - 1.0]",
+            value=self._host.cpu_utilization(),
+        )
+        total, used = self._host.memory_bytes()
+        yield GaugeMetricFamily(
+            "nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes", value=total
+        )
+        yield GaugeMetricFamily(
+            "nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes", value=used
+        )
+        if self._memory is not None:
+            yield GaugeMetricFamily(
+                "edge_agent_memory_budget_bytes",
+                "Memory the agent may use for loaded models, in bytes",
+                value=self._memory.budget_bytes(),
+            )
+            yield GaugeMetricFamily(
+                "edge_agent_memory_used_bytes",
+                "Memory the agent's loaded models use, in bytes",
+                value=self._memory.used_bytes(),
+            )
+
+
+def _counter(
+    name: str, doc: str, snaps: list[StatsSnapshot], value: Callable[[StatsSnapshot], int]
+) -> Metric:
+    """An untyped family (see the module docstring) with one sample per model version."""
+    family = UnknownMetricFamily(name, doc, labels=_LABELS)
+    for s in snaps:
+        family.add_metric([s.name, s.version], float(value(s)))
+    return family
+
+
+def _summary(name: str, doc: str, snaps: list[StatsSnapshot], series: Series) -> Metric:
+    """A summary family: `_count` and `_sum` (cumulative) plus the window's quantiles."""
+    family = Metric(name, doc, "summary")
+    for s in snaps:
+        labels = {"model": s.name, "version": s.version}
+        summary = s.summary(series)
+        family.add_sample(name + "_count", labels, float(summary.count))
+        family.add_sample(name + "_sum", labels, float(summary.sum_us))
+        for q, v in summary.quantiles:
+            family.add_sample(name, {**labels, "quantile": repr(q)}, v)
+    return family
+
+
+def _us(duration: Duration) -> int:
+    """Nanoseconds to whole microseconds, Triton's unit for latency metrics."""
+    return duration.ns // 1000
+
+
+def _in_us(stat: InferStat) -> Callable[[StatsSnapshot], int]:
+    return lambda s: _us(s.stat(stat))
+
+
+def _model_families(snaps: list[StatsSnapshot]) -> Iterator[Metric]:
+    yield _counter(
+        "nv_inference_request_success",
+        "Number of successful inference requests, all batch sizes",
+        snaps,
+        lambda s: s.stat("success").count,
+    )
+    failure = UnknownMetricFamily(
+        "nv_inference_request_failure",
+        "Number of failed inference requests, all batch sizes",
+        labels=(*_LABELS, "reason"),
+    )
+    for s in snaps:
+        for reason, count in s.failures:
+            failure.add_metric([s.name, s.version, reason], float(count))
+    yield failure
+    yield _counter(
+        "nv_inference_count",
+        "Number of inferences performed (does not include cached requests)",
+        snaps,
+        lambda s: s.inference_count,
+    )
+    yield _counter(
+        "nv_inference_exec_count",
+        "Number of model executions performed (does not include cached requests)",
+        snaps,
+        lambda s: s.execution_count,
+    )
+    pending = GaugeMetricFamily(
+        "nv_inference_pending_request_count",
+        "Instantaneous number of pending requests awaiting execution per-model.",
+        labels=_LABELS,
+    )
+    for s in snaps:
+        pending.add_metric([s.name, s.version], float(s.pending))
+    yield pending
+    for series, what, stat in _DURATIONS:
+        cached = "includes" if series in {"request", "queue"} else "does not include"
+        yield _counter(
+            f"nv_inference_{series}_duration_us",
+            f"Cumulative {what} duration in microseconds ({cached} cached requests)",
+            snaps,
+            _in_us(stat),
+        )
+    for series, what, _ in _DURATIONS:
+        cached = "includes" if series == "queue" else "does not include"
+        yield _summary(
+            f"nv_inference_{series}_summary_us",
+            f"Summary of {what} duration in microseconds ({cached} cached requests)",
+            snaps,
+            series,
+        )
+    yield _counter(
+        "nv_cache_num_hits_per_model",
+        "Number of cache hits per model",
+        snaps,
+        lambda s: s.stat("cache_hit").count,
+    )
+    yield _counter(
+        "nv_cache_num_misses_per_model",
+        "Number of cache misses per model",
+        snaps,
+        lambda s: s.stat("cache_miss").count,
+    )
+    yield _counter(
+        "nv_cache_hit_duration_per_model",
+        "Total cache hit duration per model, in microseconds",
+        snaps,
+        _in_us("cache_hit"),
+    )
+    yield _counter(
+        "nv_cache_miss_duration_per_model",
+        "Total cache miss (insert + lookup) duration per model, in microseconds",
+        snaps,
+        _in_us("cache_miss"),
+    )
+
+
+def build_registry(
+    stats: StatisticsRegistry,
+    memory: MemorySource | None,
+    *,
+    host: HostProbe | None = None,
+    canary: CanarySource | None = None,
+) -> CollectorRegistry:
+    """A new registry exposing Triton's metrics for `stats` (never the global default one).
+
+    Args:
+        stats: the statistics the scheduler records into.
+        memory: the agent's memory accounting, or None to leave out the `edge_agent_memory_*`
+            gauges.
+        host: where CPU and RAM figures come from; psutil unless a test passes a fake.
+        canary: running canaries, or None to leave out `edge_agent_canary_share`.
+    """
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(TritonCollector(stats, memory, host or PsutilHostProbe(), canary))
+    return registry
+
+
+def render(registry: CollectorRegistry) -> tuple[bytes, str]:
+    """The registry in Prometheus text format, and its Content-Type."""
+    return generate_latest(registry), CONTENT_TYPE
+
+
+METRICS_REGISTRY = web.AppKey("metrics_registry", CollectorRegistry)
+
+
+def create_metrics_app(registry: CollectorRegistry) -> web.Application:
+    """An aiohttp app serving `GET /metrics` from `registry` (run on its own --metrics-port)."""
+    app = web.Application()
+    app[METRICS_REGISTRY] = registry
+    app.add_routes([web.get("/metrics", _metrics)])
+    return app
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    body, content_type = render(request.app[METRICS_REGISTRY])
+    return web.Response(body=body, headers={"Content-Type": content_type})

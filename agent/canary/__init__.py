@@ -1,0 +1,1 @@
+"""Canary rollouts: the pure split-and-judge policy and the controller that applies it."""

@@ -1,0 +1,261 @@
+"""The agent's settings: frozen dataclasses read once from TOML, with command-line flags on top.
+
+    [server]  host, http_port, grpc_port, metrics_port, max_request_bytes, shared_memory
+    [models]  repository, demo, strict_model_config, exit_on_error, intra_op_threads,
+              memory_budget_bytes, response_cache_bytes, max_queue_size, control_mode,
+              load_models, poll_quiet_ms
+    [cache]   dir, keep_last, disk_budget_bytes
+    [sync]    source, trusted_root, desired, interval_s, jitter_s, ... (see sync/config.py)
+    [mqtt]    host, port, device_id, tls_*, topic_prefix, telemetry_interval_ms, slo, ...
+              (see agent/fleet/config.py)
+    [log]     level
+    [canary.MODEL]  version, share, promote_after, window, min_requests, max_error_rate,
+              max_p95_ms (one table per model; see agent/canary/policy.py)
+
+An unknown section or key, or a value of the wrong type, stops start-up with a message that names
+the key. Relative paths in the file are relative to the file's own folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, get_type_hints
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+from agent.canary.policy import CanaryPolicy, CanaryPolicyError, parse_policy
+from agent.errors import AgentConfigError
+from agent.fleet.config import MqttConfig, validate_mqtt
+from sync.config import SyncConfig
+from sync.config import validate as validate_sync
+from sync.errors import SyncConfigError
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+CONTROL_MODES = ("none", "poll", "explicit")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """Network endpoints."""
+
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001  # KServe v2 gRPC; -1 turns it off
+    metrics_port: int = 8002  # Prometheus /metrics; -1 turns it off
+    max_request_bytes: int = 64 * 1024 * 1024
+    shared_memory: bool = True  # Triton's system shared-memory extension for local clients
+
+
+@dataclass(frozen=True, slots=True)
+class ModelsConfig:
+    """Which repository is served and how models load."""
+
+    repository: Path | None = None
+    demo: bool = False  # serve the built-in demo repository (generated on first use)
+    strict_model_config: bool = False  # True: no auto-complete from the model file
+    exit_on_error: bool = True  # a model that fails to load stops start-up
+    intra_op_threads: int = 0  # ONNX Runtime threads per session; 0: cores / instances
+    memory_budget_bytes: int = 0  # 0: the cgroup's memory.max, else 80% of RAM
+    response_cache_bytes: int = 64 * 1024 * 1024  # agent-wide, for models with response_cache
+    max_queue_size: int = 1024  # per model version, when the config sets no max_queue_size
+    control_mode: str = "none"  # none | poll | explicit (Triton's --model-control-mode)
+    load_models: tuple[str, ...] = ()  # explicit mode: models to load at start ("*": all)
+    poll_quiet_ms: int = 1000  # poll mode: act once a model folder has been quiet this long
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """The local model cache (content-addressed store, served through an atomic view)."""
+
+    dir: Path | None = None  # set: serve the cache's repository view unless a repository is given
+    keep_last: int = 2  # retained versions per model besides the active one
+    disk_budget_bytes: int = 0  # 0: no budget
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    """Logging."""
+
+    level: str = "info"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    """Every setting of the agent."""
+
+    server: ServerConfig = ServerConfig()
+    models: ModelsConfig = ModelsConfig()
+    cache: CacheConfig = CacheConfig()
+    sync: SyncConfig = dataclasses.field(default_factory=SyncConfig)
+    mqtt: MqttConfig = dataclasses.field(default_factory=MqttConfig)
+    log: LogConfig = LogConfig()
+    canary: tuple[tuple[str, CanaryPolicy], ...] = ()  # (model, policy), sorted by model
+
+
+_SECTIONS: dict[str, type[Any]] = {
+    "server": ServerConfig,
+    "models": ModelsConfig,
+    "cache": CacheConfig,
+    "sync": SyncConfig,
+    "mqtt": MqttConfig,
+    "log": LogConfig,
+}
+
+
+def load_config(path: Path | None, overrides: Mapping[str, Any]) -> AgentConfig:
+    """Read the TOML file (if any), apply `section.key` overrides from flags, and validate.
+
+    Raises:
+        AgentConfigError: unreadable file, bad TOML, unknown key, wrong type or invalid value.
+    """
+    doc: dict[str, Any] = {}
+    base = Path.cwd()
+    if path is not None:
+        try:
+            doc = tomllib.loads(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise AgentConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise AgentConfigError(f"{path}: invalid TOML: {exc}") from None
+        base = path.parent
+    for key in doc:
+        if key not in _SECTIONS and key != "canary":
+            raise AgentConfigError(
+                f"unknown config section [{key}] (known: {', '.join(_SECTIONS)}, canary)"
+            )
+    sections = {}
+    for name, cls in _SECTIONS.items():
+        raw = doc.get(name, {})
+        if not isinstance(raw, dict):
+            raise AgentConfigError(f"config key '{name}' must be a table [{name}]")
+        values = _section(name, cls, raw, base)
+        for dotted, value in overrides.items():
+            section, _, key = dotted.partition(".")
+            if section == name and value is not None:
+                values[key] = value
+        sections[name] = cls(**values)
+    config = AgentConfig(**sections, canary=_canaries(doc.get("canary", {})))
+    _validate(config)
+    return config
+
+
+def _section(name: str, cls: type[Any], raw: Mapping[str, Any], base: Path) -> dict[str, Any]:
+    hints = get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in known:
+            raise AgentConfigError(
+                f"unknown config key '{name}.{key}' (known in [{name}]: {', '.join(sorted(known))})"
+            )
+        values[key] = _coerce(f"{name}.{key}", hints[key], value, base)
+    return values
+
+
+def _canaries(raw: Any) -> tuple[tuple[str, CanaryPolicy], ...]:
+    """The `[canary.MODEL]` tables."""
+    if not isinstance(raw, dict):
+        raise AgentConfigError("config key 'canary' must hold tables [canary.MODEL]")
+    policies: list[tuple[str, CanaryPolicy]] = []
+    for model, table in sorted(raw.items()):
+        if not isinstance(table, dict):
+            raise AgentConfigError(f"config key 'canary.{model}' must be a table [canary.{model}]")
+        try:
+            policies.append((model, parse_policy(table)))
+        except CanaryPolicyError as exc:
+            raise AgentConfigError(
+                f"config key 'canary.{model}.{exc.key}': {exc.message}"
+            ) from None
+    return tuple(policies)
+
+
+def _coerce(key: str, hint: Any, value: Any, base: Path) -> Any:
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise AgentConfigError(f"config key '{key}' must be true or false, got {value!r}")
+        return value
+    if hint is int:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise AgentConfigError(f"config key '{key}' must be an integer, got {value!r}")
+        return value
+    if hint is str:
+        if not isinstance(value, str):
+            raise AgentConfigError(f"config key '{key}' must be a string, got {value!r}")
+        return value
+    if hint == tuple[str, ...]:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise AgentConfigError(f"config key '{key}' must be a list of strings, got {value!r}")
+        return tuple(value)
+    # Path | None
+    if not isinstance(value, str) or not value:
+        raise AgentConfigError(f"config key '{key}' must be a path string, got {value!r}")
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else base / path
+
+
+def _validate(config: AgentConfig) -> None:
+    server, models = config.server, config.models
+    if not 0 <= server.http_port <= 65535:
+        raise AgentConfigError(f"server.http_port must be 0..65535, got {server.http_port}")
+    if not -1 <= server.grpc_port <= 65535:
+        raise AgentConfigError(
+            f"server.grpc_port must be 0..65535 (or -1 for off), got {server.grpc_port}"
+        )
+    if not -1 <= server.metrics_port <= 65535:
+        raise AgentConfigError(
+            f"server.metrics_port must be 0..65535 (or -1 for off), got {server.metrics_port}"
+        )
+    if server.max_request_bytes < 1024:
+        raise AgentConfigError(
+            f"server.max_request_bytes must be at least 1024, got {server.max_request_bytes}"
+        )
+    if config.log.level.lower() not in LOG_LEVELS:
+        raise AgentConfigError(
+            f"log.level must be one of {', '.join(LOG_LEVELS)}, got {config.log.level!r}"
+        )
+    for key in ("intra_op_threads", "memory_budget_bytes", "response_cache_bytes"):
+        if getattr(models, key) < 0:
+            raise AgentConfigError(f"models.{key} must be >= 0")
+    if models.max_queue_size < 1:
+        raise AgentConfigError("models.max_queue_size must be >= 1")
+    if models.control_mode not in CONTROL_MODES:
+        raise AgentConfigError(
+            f"models.control_mode must be one of {', '.join(CONTROL_MODES)}, "
+            f"got {models.control_mode!r}"
+        )
+    if models.load_models and models.control_mode != "explicit":
+        raise AgentConfigError('models.load_models needs models.control_mode = "explicit"')
+    if models.poll_quiet_ms < 10:
+        raise AgentConfigError("models.poll_quiet_ms must be >= 10")
+    if models.repository is None and not models.demo and config.cache.dir is None:
+        raise AgentConfigError(
+            "no model repository: pass --model-repository DIR, --cache-dir DIR, set "
+            "models.repository, or use --demo"
+        )
+    if models.repository is not None and config.cache.dir is not None:
+        raise AgentConfigError(
+            "models.repository and cache.dir are exclusive: the cache serves its own repository"
+        )
+    if models.control_mode == "poll" and config.cache.dir is not None:
+        raise AgentConfigError(
+            'models.control_mode = "poll" watches a plain repository; the cache changes its '
+            "view itself (activate/rollback)"
+        )
+    if config.cache.keep_last < 0 or config.cache.disk_budget_bytes < 0:
+        raise AgentConfigError("cache.keep_last and cache.disk_budget_bytes must be >= 0")
+    try:
+        validate_sync(config.sync, config.cache.dir)
+    except SyncConfigError as exc:
+        raise AgentConfigError(exc.message) from None
+    validate_mqtt(config.mqtt)
+    if models.repository is not None and models.demo:
+        raise AgentConfigError("models.repository and models.demo are exclusive: choose one")
+    if models.repository is not None and not models.repository.is_dir():
+        raise AgentConfigError(f"models.repository: {models.repository} is not a directory")

@@ -1,0 +1,172 @@
+"""Run an ensemble: its steps as a DAG inside the agent, each through its model's own scheduler.
+
+Tensors stay numpy arrays between steps (no serialization). A step starts as soon as every tensor
+it reads exists, so independent branches run concurrently. Each step is an ordinary inference on
+its composing model through the `StepRunner` the data plane binds (its `infer`): the step's
+model batches it with other traffic, records it in its own statistics and metrics (the per-step
+figures), and honours hot swaps and canaries like any request. The ensemble records the whole
+request in its own statistics.
+
+The first failing step stops the ensemble: no new step starts, those running finish, and the
+error names the step; its type is kept (a composing model that is not ready stays a 503) except
+that runtime failures become plain `BackendError`s, so that a composing model's broken instance
+is never mistaken for the ensemble's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+
+from agent.ensemble.plan import EnsemblePlan, EnsembleStep
+from agent.errors import AgentError, BackendError, ModelControlError, ModelNotReadyError
+from agent.scheduling.batching import BatchingPolicy
+from agent.scheduling.scheduler import ExecutionResult
+from agent.tensors.request import InferInput, InferRequest, InferResponse, RequestedOutput
+from agent.tensors.signature import ValidatedRequest
+
+StepRunner = Callable[[str, str | None, InferRequest], Awaitable[InferResponse]]
+
+
+class StepRunnerSlot:
+    """Where the data plane plugs in its `infer` once it exists (models load before it)."""
+
+    def __init__(self) -> None:
+        self.runner: StepRunner | None = None
+
+    def get(self, ensemble: str) -> StepRunner:
+        if self.runner is None:
+            raise ModelNotReadyError(f"ensemble '{ensemble}' is not connected to a data plane")
+        return self.runner
+
+
+class EnsembleScheduler:
+    """The ensemble's counterpart of `ModelScheduler`: same submit/drain/close surface."""
+
+    def __init__(
+        self, plan: EnsemblePlan, version: int, policy: BatchingPolicy, slot: StepRunnerSlot
+    ) -> None:
+        self.model = plan.name
+        self.version = version
+        self.plan = plan
+        self.policy = policy
+        self._slot = slot
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._closed = False
+
+    @property
+    def pending(self) -> int:
+        return self._in_flight
+
+    def set_policy(self, policy: BatchingPolicy) -> None:
+        raise ModelControlError(
+            f"ensemble '{self.model}' has no batcher of its own: set batching on its composing "
+            f"models ({', '.join(self.plan.composing_models)})"
+        )
+
+    async def submit(
+        self,
+        request: ValidatedRequest,
+        *,
+        priority: int | None = None,
+        timeout_us: int | None = None,
+    ) -> ExecutionResult:
+        """Run every step and return the requested ensemble outputs.
+
+        Raises:
+            AgentError: the first failing step's error, its message prefixed with the step.
+        """
+        if self._closed:
+            raise ModelNotReadyError(f"ensemble '{self.model}' version {self.version} is unloading")
+        runner = self._slot.get(self.model)
+        parameters: dict[str, Any] = {}
+        if priority is not None:
+            parameters["priority"] = priority
+        if timeout_us is not None:
+            parameters["timeout"] = timeout_us
+        self._in_flight += 1
+        self._idle.clear()
+        started = time.perf_counter_ns()
+        try:
+            tensors = await self._run_steps(runner, dict(request.feeds), parameters)
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._idle.set()
+        return ExecutionResult(
+            outputs=[tensors[name] for name in request.output_names],
+            queue_ns=0,
+            compute_input_ns=0,
+            compute_infer_ns=time.perf_counter_ns() - started,
+            compute_output_ns=0,
+            batch_size=request.batch_size,
+        )
+
+    async def drain(self) -> None:
+        while self._in_flight:
+            await self._idle.wait()
+
+    def close(self, reason: str = "was unloaded") -> None:
+        self._closed = True  # running steps finish; their models fail or serve them
+
+    async def _run_steps(
+        self, runner: StepRunner, tensors: dict[str, np.ndarray], parameters: dict[str, Any]
+    ) -> dict[str, np.ndarray]:
+        waiting = list(self.plan.steps)
+        running: dict[asyncio.Task[InferResponse], EnsembleStep] = {}
+        failure: BaseException | None = None
+        while waiting or running:
+            if failure is None:
+                for step in [s for s in waiting if all(t in tensors for t in s.inputs.values())]:
+                    waiting.remove(step)
+                    call = runner(
+                        step.model_name,
+                        str(step.model_version) if step.model_version > 0 else None,
+                        self._step_request(step, tensors, parameters),
+                    )
+                    running[asyncio.ensure_future(call)] = step
+            if not running:
+                break  # only after a failure: the plan guarantees progress otherwise
+            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                step = running.pop(task)
+                exc = task.exception()
+                if exc is not None:
+                    failure = failure or _step_error(self.model, step, exc)
+                    continue
+                for output in task.result().outputs:
+                    tensors[step.outputs[output.name]] = output.data
+        if failure is not None:
+            raise failure
+        return tensors
+
+    @staticmethod
+    def _step_request(
+        step: EnsembleStep, tensors: dict[str, np.ndarray], parameters: dict[str, Any]
+    ) -> InferRequest:
+        inputs = tuple(
+            InferInput(
+                model_input,
+                step.input_specs[model_input].datatype,
+                tuple(int(d) for d in tensors[tensor].shape),
+                tensors[tensor],
+            )
+            for model_input, tensor in step.inputs.items()
+        )
+        outputs = tuple(RequestedOutput(name) for name in step.outputs)
+        return InferRequest(inputs, outputs=outputs, parameters=parameters)
+
+
+def _step_error(ensemble: str, step: EnsembleStep, exc: BaseException) -> BaseException:
+    if not isinstance(exc, AgentError):
+        return exc
+    message = f"ensemble '{ensemble}' {step.label}: {exc.message}"
+    if isinstance(exc, BackendError):
+        return BackendError(message)
+    return type(exc)(message)

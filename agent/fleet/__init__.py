@@ -1,0 +1,1 @@
+"""The fleet link: MQTT adapter, command parsing and execution, outbox, telemetry, SLO."""

@@ -1,0 +1,438 @@
+"""The fleet link: status, telemetry, events and commands between the agent and its fleet manager.
+
+Topics (`{prefix}/{device}/...`, see README):
+    status     retained; `online` on each connect, `offline` on a clean stop, and the same
+               `offline` document as the last will when the agent vanishes
+    telemetry  every `telemetry_interval_ms`, through the outbox
+    events     model events (this class is an `EventSink`) and SLO/drift alerts, through the outbox
+    commands   subscribed, QoS 1; parsed by `agent.fleet.commands`
+    responses  the default reply topic (MQTT 5 response topic and correlation data win)
+
+Invariants:
+    * Inference never depends on the broker: the link only reads statistics and calls the data
+      plane; all its publishing is asynchronous and bounded (outbox, command queue).
+    * Telemetry and events leave in order through the bounded outbox (`agent.fleet.outbox`).
+    * A command id executes at most once (`agent.fleet.state`); duplicates are answered with the
+      stored response (`"duplicate": true`). Mutating commands run one at a time, in arrival
+      order; `status` and `ping` are answered at once.
+    * Every input problem becomes an error response (error → code table: `agent.fleet.executor`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent import __version__
+from agent.errors import AgentError, ModelControlError, OverloadedError
+from agent.fleet.config import MqttConfig, Topics
+from agent.fleet.executor import CommandExecutor, SyncNow, error_code
+from agent.fleet import commands as cmd
+from agent.fleet.mqtt import Message, MqttClient, MqttError, MqttSettings, Protocol, Will
+from agent.fleet.outbox import Kind, Outbox
+from agent.fleet.slo import SloEvaluator
+from agent.fleet.state import FleetState
+from agent.fleet.telemetry import GpuProbe, TelemetrySampler
+from agent.models.control import EventSink
+from agent.models.memory_plan import MemoryLedger
+from agent.models.registry import ModelRegistry
+from agent.serving.dataplane import DataPlane
+
+logger = logging.getLogger(__name__)
+
+SCHEMA = 1
+_QUEUE = 32  # mutating commands waiting
+_STATUS_EVENTS = frozenset({"version_activated", "model_unloaded", "load_failed", "swap_failed"})
+
+
+@dataclass(frozen=True, slots=True)
+class _Reply:
+    topic: str
+    correlation: bytes | None
+
+
+class EventTee:
+    """An `EventSink` that forwards each event to several sinks (e.g. the cache and the link)."""
+
+    def __init__(self, *sinks: EventSink) -> None:
+        self._sinks = list(sinks)
+
+    def add(self, sink: EventSink) -> None:
+        """Forward to one more sink (the link is built after the model manager)."""
+        self._sinks.append(sink)
+
+    def remove(self, sink: EventSink) -> None:
+        """Stop forwarding to a sink (e.g. a stopped link)."""
+        self._sinks.remove(sink)
+
+    def record(
+        self, model: str, version: int | None, kind: str, detail: Mapping[str, object]
+    ) -> None:
+        """Record the event in every sink, in order."""
+        for sink in self._sinks:
+            sink.record(model, version, kind, detail)
+
+
+class FleetLink:
+    """Connects the agent to the fleet manager (see module docstring).
+
+    Args:
+        config: The `[mqtt]` section (validated).
+        dataplane: Executes load/unload/activate/rollback.
+        registry: Served models and their statistics and schedulers.
+        ledger: The memory budget for telemetry.
+        state_path: SQLite file for the outbox, command ids and desired state.
+        sync: Runs one sync cycle now; None: `sync` answers "sync is not configured".
+        on_desired: Called with `MODEL=POLICY` lines after `set-desired` (and at start).
+        sync_state: The sync loop's state, for telemetry.
+        cache_disk: Bytes the model cache uses, for telemetry.
+        gpu: A GPU probe, for telemetry.
+        clock: Monotonic seconds (telemetry cadence, SLO windows).
+    """
+
+    def __init__(
+        self,
+        config: MqttConfig,
+        dataplane: DataPlane,
+        registry: ModelRegistry,
+        ledger: MemoryLedger | None,
+        state_path: Path,
+        *,
+        sync: SyncNow | None = None,
+        on_desired: Callable[[tuple[str, ...]], None] | None = None,
+        sync_state: Callable[[], Mapping[str, Any]] | None = None,
+        cache_disk: Callable[[], int] | None = None,
+        gpu: GpuProbe | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.topics = Topics(config.topic_prefix, config.device())
+        self._dataplane = dataplane
+        self._registry = registry
+        self._state_path = state_path
+        self._sync = sync
+        self._on_desired = on_desired
+        self._executor: CommandExecutor | None = None
+        self._clock = clock
+        self._sampler = TelemetrySampler(
+            registry, ledger, started=clock(), cache_disk=cache_disk, sync_state=sync_state, gpu=gpu
+        )
+        self._slo = SloEvaluator(config.slo_targets())
+        self.outbox: Outbox | None = None
+        self._state: FleetState | None = None
+        self.client: MqttClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake = asyncio.Event()
+        self._queue: asyncio.Queue[tuple[cmd.Command, _Reply]] = asyncio.Queue(_QUEUE)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._inline: set[asyncio.Task[None]] = set()
+        self._subscribed: asyncio.Future[None] | None = None
+        self._running: dict[str, asyncio.Future[dict[str, Any]]] = {}
+
+    async def start(self) -> None:
+        """Open the stores, start connecting (in the background) and start the loops.
+
+        Raises:
+            StoreError: the state database cannot be opened.
+            MqttError: the TLS files cannot be read.
+        """
+        self._loop = asyncio.get_running_loop()
+        c = self.config
+        self.outbox = await asyncio.to_thread(
+            Outbox, self._state_path, max_messages=c.outbox_max_messages
+        )
+        self._state = await asyncio.to_thread(FleetState, self._state_path)
+        self._executor = CommandExecutor(
+            self._dataplane,
+            self._registry,
+            self._state,
+            status=self.status,
+            sync=self._sync,
+            on_desired=self._desired_changed,
+        )
+        will = Will(self.topics.status, self._status_payload("offline", "connection lost"))
+        settings = MqttSettings(
+            host=c.host,
+            port=c.port,
+            client_id=self.topics.device,
+            username=c.username,
+            password=c.password,
+            tls_ca=c.tls_ca,
+            tls_cert=c.tls_cert,
+            tls_key=c.tls_key,
+            protocol=Protocol(c.protocol),
+            keepalive_s=c.keepalive_s,
+            reconnect_min_s=c.reconnect_min_ms / 1000,
+            reconnect_max_s=c.reconnect_max_ms / 1000,
+            will=will,
+        )
+        self.client = MqttClient(
+            settings, on_message=self._on_message, on_connected=self._on_connected
+        )
+        await self.client.start()
+        self._subscribed = self.client.subscribe(self.topics.commands)
+        if self._on_desired is not None:
+            self._on_desired(tuple(f"{m}={p}" for m, p in self._state.desired()))
+        for loop in (self._telemetry_loop(), self._forward_loop(), self._command_loop()):
+            task = asyncio.create_task(loop)
+            task.add_done_callback(_report_crash)
+            self._tasks.append(task)
+
+    async def wait_subscribed(self) -> None:
+        """Wait until the broker has acknowledged the command subscription (bound it).
+
+        Commands published before that are not delivered (they are not retained), so a fleet
+        manager, like the tests, waits for this or for the retained `online` status.
+        """
+        if self._subscribed is None:
+            raise RuntimeError("wait_subscribed() before start()")
+        await asyncio.shield(self._subscribed)
+
+    async def stop(self) -> None:
+        """Publish `offline` (bounded wait), disconnect cleanly and close the stores."""
+        for task in [*self._tasks, *self._inline]:
+            task.cancel()
+        await asyncio.gather(*self._tasks, *self._inline, return_exceptions=True)
+        self._tasks.clear()
+        if self.client is not None:
+            if self.client.connected:
+                goodbye = self._status_payload("offline", "stopped")
+                done = self.client.publish(self.topics.status, goodbye, retain=True)
+                with contextlib.suppress(TimeoutError, MqttError):
+                    await asyncio.wait_for(done, 2.0)
+            await self.client.stop()
+        for store in (self.outbox, self._state):
+            if store is not None:
+                await asyncio.to_thread(store.close)
+        self.outbox = self._state = None
+
+    def record(
+        self, model: str, version: int | None, kind: str, detail: Mapping[str, object]
+    ) -> None:
+        """`EventSink`: queue an event for the events topic (thread-safe)."""
+        body = {"event": kind, "model": model, "version": version, "detail": dict(detail)}
+        if not self._enqueue("event", self.topics.events, body):
+            logger.warning("fleet link not started: event %s of %s not sent", kind, model)
+            return
+        if self._loop is not None and kind in _STATUS_EVENTS:
+            self._loop.call_soon_threadsafe(self._publish_status)
+
+    def status(self) -> dict[str, Any]:
+        """The status document (as the retained status message and the `status` command)."""
+        models = [
+            {"name": s.name, "versions": sorted(s.versions)}
+            for s in sorted(self._registry.served_models(), key=lambda s: s.name)
+        ]
+        doc = self._envelope("status")
+        doc.update(
+            state="online",
+            agent_version=__version__,
+            mqtt=self.client.protocol if self.client else None,
+            models=models,
+            desired=dict(self._state.desired()) if self._state else {},
+            outbox=self.outbox.stats().to_json() if self.outbox else None,
+        )
+        return doc
+
+    # --- telemetry, events and the outbox ------------------------------------------------------
+
+    def _envelope(self, kind: str) -> dict[str, Any]:
+        return {"schema": SCHEMA, "kind": kind, "device": self.topics.device, "ts": time.time()}
+
+    def _enqueue(self, kind: Kind, topic: str, body: Mapping[str, Any]) -> bool:
+        outbox, loop = self.outbox, self._loop
+        if outbox is None or loop is None:
+            return False
+        outbox.put(kind, topic, {**self._envelope("event" if kind == "event" else kind), **body})
+        loop.call_soon_threadsafe(self._wake.set)
+        return True
+
+    async def _telemetry_loop(self) -> None:
+        interval = self.config.telemetry_interval_ms / 1000
+        next_at = self._clock()
+        while True:
+            now = self._clock()
+            body, samples = await asyncio.to_thread(self._sampler.sample, now)
+            if self.outbox is not None:
+                body["outbox"] = self.outbox.stats().to_json()
+            self._enqueue("telemetry", self.topics.telemetry, body)
+            for alert in self._slo.evaluate(now, samples):
+                self.record(alert.model, alert.version, alert.kind, alert.figures)
+            next_at = max(next_at + interval, self._clock())
+            await asyncio.sleep(next_at - self._clock())
+
+    async def _forward_loop(self) -> None:
+        assert self.client is not None
+        assert self.outbox is not None
+        client, outbox = self.client, self.outbox
+        while True:
+            await client.wait_connected()
+            self._wake.clear()
+            rows = outbox.take(outbox.max_take)
+            if not rows:
+                await self._wake.wait()
+                continue
+            try:
+                sent = [client.publish(r.topic, r.payload, qos=1) for r in rows]
+            except MqttError as exc:  # paho's queue is full: let it drain
+                logger.warning("outbox: %s", exc)
+                outbox.release()
+                await asyncio.sleep(0.5)
+                continue
+            await asyncio.gather(*sent)  # paho resends across reconnects; order is kept
+            outbox.ack(r.seq for r in rows)
+
+    def _desired_changed(self, lines: tuple[str, ...]) -> None:
+        if self._on_desired is not None:
+            self._on_desired(lines)
+        self._publish_status()
+
+    def _on_connected(self) -> None:
+        self._publish_status()
+        self._wake.set()
+
+    def _publish_status(self) -> None:
+        if self.client is not None and self.client.connected:
+            payload = json.dumps(self.status(), separators=(",", ":")).encode()
+            _quiet(self.client.publish(self.topics.status, payload, retain=True))
+
+    def _status_payload(self, state: str, reason: str) -> bytes:
+        doc = {**self._envelope("status"), "state": state, "reason": reason}
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    # --- commands ------------------------------------------------------------------------------
+
+    def _on_message(self, message: Message) -> None:
+        if message.topic != self.topics.commands or message.retain:
+            return  # a retained command would run again on every connect
+        reply = _Reply(self._reply_topic(message.response_topic), message.correlation_data)
+        try:
+            command = cmd.parse_command(message.payload, max_bytes=self.config.max_command_bytes)
+        except (cmd.CommandError, cmd.CommandTooLargeError) as exc:
+            self._respond(reply, exc.command_id, None, error=exc)
+            return
+        if isinstance(command.body, cmd.READ_ONLY):
+            if len(self._inline) >= _QUEUE:
+                self._respond(reply, command.id, command.name, error=OverloadedError("busy"))
+                return
+            task = asyncio.get_running_loop().create_task(self._handle(command, reply))
+            self._inline.add(task)
+            task.add_done_callback(self._inline.discard)
+            return
+        try:
+            self._queue.put_nowait((command, reply))
+        except asyncio.QueueFull:
+            busy = OverloadedError(f"{_QUEUE} commands are waiting; retry later")
+            self._respond(reply, command.id, command.name, error=busy)
+
+    def _reply_topic(self, requested: str | None) -> str:
+        own = {self.topics.status, self.topics.telemetry, self.topics.events, self.topics.commands}
+        if (
+            requested
+            and len(requested) <= 256
+            and not any(c in requested for c in "+#\0")
+            and not requested.startswith("$")
+            and requested not in own
+        ):
+            return requested
+        return self.topics.responses
+
+    async def _command_loop(self) -> None:
+        while True:
+            command, reply = await self._queue.get()
+            await self._handle(command, reply)
+
+    async def _handle(self, command: cmd.Command, reply: _Reply) -> None:
+        assert self._state is not None
+        running = self._running.get(command.id)
+        if running is not None:  # a duplicate of a command still executing: answer when done
+            self._send(reply, {**await asyncio.shield(running), "duplicate": True})
+            return
+        seen = self._state.seen(command.id)
+        if seen is not None or not self._state.begin(command.id, command.name):
+            stored = seen.response if seen is not None else None
+            if stored is None:
+                again = ModelControlError(
+                    f"command {command.id} was received before and did not finish "
+                    "(the agent restarted): not executed again"
+                )
+                self._respond(reply, command.id, command.name, error=again, duplicate=True)
+            else:
+                self._send(reply, {**stored, "duplicate": True, "ts": time.time()})
+            return
+        done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._running[command.id] = done
+        try:
+            assert self._executor is not None
+            result = await self._executor.execute(command.body)
+            response = self._response(command.id, command.name, result=result)
+        except AgentError as exc:
+            response = self._response(command.id, command.name, error=exc)
+        except Exception as exc:  # the command path must survive a bug (logged with traceback)
+            logger.exception("command %s (%s) failed", command.id, command.name)
+            response = self._response(command.id, command.name, internal=repr(exc))
+        finally:
+            del self._running[command.id]
+        done.set_result(response)
+        self._state.finish(command.id, response)
+        self._send(reply, response)
+
+    def _response(
+        self,
+        command_id: str | None,
+        name: str | None,
+        *,
+        result: Mapping[str, Any] | None = None,
+        error: AgentError | None = None,
+        internal: str | None = None,
+    ) -> dict[str, Any]:
+        doc = self._envelope("response")
+        doc.update(id=command_id, command=name, ok=error is None and internal is None)
+        if error is not None:
+            doc["error"] = {"code": error_code(error), "message": error.message}
+        elif internal is not None:
+            doc["error"] = {"code": "internal", "message": f"internal error: {internal}"}
+        else:
+            doc["result"] = dict(result or {})
+        return doc
+
+    def _respond(
+        self,
+        reply: _Reply,
+        command_id: str | None,
+        name: str | None,
+        *,
+        error: AgentError,
+        duplicate: bool = False,
+    ) -> None:
+        doc = self._response(command_id, name, error=error)
+        if duplicate:
+            doc["duplicate"] = True
+        self._send(reply, doc)
+
+    def _send(self, reply: _Reply, doc: Mapping[str, Any]) -> None:
+        if self.client is None:
+            return
+        payload = json.dumps(doc, separators=(",", ":"), default=str).encode()
+        try:
+            _quiet(self.client.publish(reply.topic, payload, correlation_data=reply.correlation))
+        except MqttError as exc:
+            logger.warning("response to %s not sent: %s", doc.get("id"), exc)
+
+
+def _report_crash(task: asyncio.Task[None]) -> None:
+    """A link loop must not end silently: log the bug that stopped it."""
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("fleet link loop %s crashed", task.get_coro(), exc_info=task.exception())
+
+
+def _quiet(future: asyncio.Future[None]) -> None:
+    """Fire and forget: retrieve the outcome so a failure is not reported as never retrieved."""
+    future.add_done_callback(lambda f: f.cancelled() or f.exception())

@@ -1,0 +1,237 @@
+"""Model control: load, unload and hot-swap models while the agent serves.
+
+Two swap strategies, chosen per swap from the memory budget:
+
+* load-then-switch (default): the new build loads and warms up in a worker thread while the old
+  one serves; routing switches with one reference swap on the event loop; the old one drains its
+  queued and running requests, then unloads. A failed build leaves the old one serving.
+* drain-first (old and new do not both fit): new requests for the model wait at a gate (bounded:
+  503 past `max_waiting`), the old one drains and unloads, the new one loads, the gate opens. If
+  the new one fails, the old versions are loaded again.
+
+Switching happens on the event loop, and a request goes from `resolve` to its scheduler's queue
+without awaiting, so no request can reach a model after it stopped being routed to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Protocol
+
+from agent.errors import AgentError, MemoryBudgetError, OverloadedError
+from agent.faults import fault
+from agent.models.registry import ModelBuild, ModelRegistry, ServedModel
+from agent.proto import model_config_pb2 as mc
+
+logger = logging.getLogger(__name__)
+
+
+class ModelControlMode(str, Enum):
+    """Triton's --model-control-mode."""
+
+    NONE = "none"  # load what is there at start, never change
+    POLL = "poll"  # watch the repository and reload what changed
+    EXPLICIT = "explicit"  # load and unload on request only
+
+
+class EventSink(Protocol):
+    """Where model events go (the cache's state database, MQTT, the log)."""
+
+    def record(
+        self, model: str, version: int | None, kind: str, detail: Mapping[str, object]
+    ) -> None: ...
+
+
+class LogEvents:
+    """An event sink that only logs."""
+
+    def record(
+        self, model: str, version: int | None, kind: str, detail: Mapping[str, object]
+    ) -> None:
+        logger.info("event %s model=%s version=%s %s", kind, model, version, dict(detail))
+
+
+@dataclass(slots=True)
+class _Gate:
+    opened: asyncio.Event = field(default_factory=asyncio.Event)
+    waiting: int = 0
+
+
+class ModelManager:
+    """Serializes load/unload per model and performs hot swaps."""
+
+    def __init__(
+        self, registry: ModelRegistry, events: EventSink | None = None, *, max_waiting: int = 256
+    ) -> None:
+        self._registry = registry
+        self._events: EventSink = events or LogEvents()
+        self._max_waiting = max_waiting
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._gates: dict[str, _Gate] = {}
+
+    async def wait_if_swapping(self, name: str) -> None:
+        """Hold a request while its model is swapped drain-first (bounded).
+
+        Raises:
+            OverloadedError: too many requests are already waiting for this model.
+        """
+        gate = self._gates.get(name)
+        if gate is None:
+            return
+        if gate.waiting >= self._max_waiting:
+            raise OverloadedError(f"model '{name}' is being swapped; {gate.waiting} requests wait")
+        gate.waiting += 1
+        try:
+            await gate.opened.wait()
+        finally:
+            gate.waiting -= 1
+
+    async def load(
+        self,
+        name: str,
+        config: mc.ModelConfig | None = None,
+        *,
+        source: Path | None = None,
+        before_switch: Callable[[], None] | None = None,
+    ) -> str:
+        """Load a model, or swap it for what the repository (or `config`) now says.
+
+        Args:
+            name: the model.
+            config: a config to use instead of the model's config.pbtxt.
+            source: load from this model folder instead of the repository's.
+            before_switch: runs (in a worker thread) once the new build is ready and before
+                routing switches, e.g. to activate the version in the cache; if it raises, the
+                old model keeps serving.
+
+        Returns:
+            The strategy used: "load", "load-then-switch" or "drain-first".
+
+        Raises:
+            ModelNotFoundError: no such model directory.
+            AgentError: the new build failed; the old one (if any) still serves.
+        """
+        lock = self._locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            return await self._load(name, _Plan(config, source, before_switch))
+
+    async def unload(self, name: str) -> None:
+        """Stop serving a model; queued and running requests finish first.
+
+        Raises:
+            ModelNotFoundError: the model is not known.
+        """
+        lock = self._locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            old = self._registry.unload(name)
+            if old is not None:
+                await _drain(old)
+                await asyncio.to_thread(self._registry.release, old)
+            self._events.record(name, None, "model_unloaded", {})
+
+    async def _load(self, name: str, plan: _Plan) -> str:
+        held = self._registry.reserved_bytes(name)
+        ledger = self._registry.ledger
+        if held and ledger is not None and ledger.left() < held:
+            return await self._drain_first(name, plan, held, ledger.left())
+        build = await asyncio.to_thread(self._registry.build, name, plan.config, plan.source)
+        if build.served is None and isinstance(build.error, MemoryBudgetError) and held:
+            logger.info("model %s: new build does not fit beside the old one", name)
+            return await self._drain_first(name, plan, held, ledger.left() if ledger else 0)
+        strategy = "load-then-switch" if held else "load"
+        await self._switch(build, strategy, plan)
+        return strategy
+
+    async def _switch(self, build: ModelBuild, strategy: str, plan: _Plan) -> None:
+        if build.served is not None:
+            fault("swap-built")
+        if build.served is not None and plan.before_switch is not None:
+            try:
+                await asyncio.to_thread(plan.before_switch)
+            except AgentError as exc:
+                await asyncio.to_thread(self._registry.release, build.served)
+                self._events.record(
+                    build.name, None, "swap_failed", {"reason": exc.message, "strategy": strategy}
+                )
+                raise
+        old = self._registry.commit(build)
+        if build.served is None:
+            self._events.record(
+                build.name,
+                None,
+                "swap_failed" if old is None else "load_failed",
+                {"reason": build.reason, "strategy": strategy},
+            )
+            raise build.error or AgentError(build.reason)
+        fault("swap-switched")
+        versions = sorted(build.served.versions)
+        logger.info(
+            "model %s now serves versions %s (strategy %s)",
+            build.name,
+            versions,
+            strategy,
+            extra={"model": build.name, "version": max(versions), "strategy": strategy},
+        )
+        self._events.record(
+            build.name,
+            max(versions),
+            "version_activated",
+            {"versions": versions, "strategy": strategy},
+        )
+        if old is not None:
+            await _drain(old)
+            await asyncio.to_thread(self._registry.release, old)
+            fault("swap-old-released")
+
+    async def _drain_first(self, name: str, plan: _Plan, held: int, left: int) -> str:
+        logger.warning(
+            "model %s: swap strategy drain-first (old holds %d MiB, %d MiB left of the budget)",
+            name,
+            held >> 20,
+            left >> 20,
+        )
+        gate = self._gates[name] = _Gate()
+        try:
+            old = self._registry.unload(name)
+            restore: mc.ModelConfig | None = None
+            if old is not None:
+                restore = _pinned(old)
+                await _drain(old)
+                await asyncio.to_thread(self._registry.release, old)
+            fault("swap-old-released")
+            build = await asyncio.to_thread(self._registry.build, name, plan.config, plan.source)
+            try:
+                await self._switch(build, "drain-first", plan)
+            except AgentError:
+                if restore is not None:
+                    again = await asyncio.to_thread(self._registry.build, name, restore)
+                    self._registry.commit(again)
+                raise
+        finally:
+            del self._gates[name]
+            gate.opened.set()
+        return "drain-first"
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    config: mc.ModelConfig | None
+    source: Path | None
+    before_switch: Callable[[], None] | None
+
+
+def _pinned(served: ServedModel) -> mc.ModelConfig:
+    """The served config pinned to the versions it serves, to load exactly those again."""
+    config = mc.ModelConfig()
+    config.CopyFrom(served.config)
+    config.version_policy.specific.versions[:] = sorted(served.versions)
+    return config
+
+
+async def _drain(served: ServedModel) -> None:
+    await asyncio.gather(*(v.scheduler.drain() for v in served.versions.values()))

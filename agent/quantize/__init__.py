@@ -1,0 +1,1 @@
+"""INT8 calibration (`edge-agent quantize`): data readers, the command and its report."""

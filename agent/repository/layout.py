@@ -1,0 +1,60 @@
+"""Triton model repository layout: which models and versions are on disk, and which to serve.
+
+    REPOSITORY/MODEL/config.pbtxt      (optional when auto-complete is on)
+    REPOSITORY/MODEL/1/model.onnx      (model.py for Python models, or default_model_filename)
+    REPOSITORY/MODEL/2/...
+
+Pure path rules and the version policy; loading lives in `agent.models.registry`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from agent.proto import model_config_pb2 as mc
+
+DEFAULT_MODEL_FILENAME = {
+    "onnxruntime_onnx": "model.onnx",
+    "onnxruntime": "model.onnx",
+    "tensorrt_plan": "model.plan",
+    "tensorrt": "model.plan",
+    "python": "model.py",
+}
+
+
+def list_models(repository: Path) -> list[str]:
+    """Model names in a repository: its sub-directories, sorted, hidden ones skipped."""
+    return sorted(p.name for p in repository.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def list_versions(model_dir: Path) -> list[int]:
+    """Version numbers present as numeric sub-directories (`1/`, `2/`, ...), ascending."""
+    versions = []
+    for p in model_dir.iterdir():
+        if p.is_dir() and p.name.isdigit() and int(p.name) > 0:
+            versions.append(int(p.name))
+    return sorted(versions)
+
+
+def select_versions(policy: mc.ModelVersionPolicy, available: Sequence[int]) -> list[int]:
+    """The versions a policy serves, ascending. Triton's default policy is latest with 1 version.
+
+    A `specific` policy may name versions that are not on disk; those are returned too, so that
+    the caller reports them as unavailable instead of silently serving less.
+    """
+    ordered = sorted(available)
+    choice = policy.WhichOneof("policy_choice")
+    if choice == "all":
+        return ordered
+    if choice == "specific":
+        return sorted(set(policy.specific.versions))
+    count = policy.latest.num_versions if choice == "latest" else 1
+    return ordered[-max(count, 1) :] if ordered else []
+
+
+def model_filename(config: mc.ModelConfig) -> str:
+    """The file inside a version folder that holds the model."""
+    if config.default_model_filename:
+        return config.default_model_filename
+    return DEFAULT_MODEL_FILENAME.get(config.platform or config.backend, "model.onnx")

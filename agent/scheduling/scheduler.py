@@ -1,0 +1,440 @@
+"""Asyncio driver for one model version: queue requests, form batches, run them off the loop.
+
+The batch-forming policy lives in `agent.scheduling.batching` (pure, fed timestamps). This module only
+drives it: it calls `expire`/`take` when a request arrives, when an execution finishes and when
+the policy's deadline comes (a loop timer), runs each batch on the model's executor (one worker
+per instance), splits the outputs back per request and records statistics.
+
+Tiny models run inline: handing a batch to an executor thread and its result back costs the event
+loop about 300 µs of CPU per execution (thread wake-ups and GIL ping-pong, measured with
+`bench.cpu_per_request`), twenty times what the demo MLP takes to compute. Once a version's
+measured execution CPU time is below `inline_below_ns`, and its wall time below ten times that
+(a GPU model can wait for its device without using CPU), its batches run on the event loop
+thread instead; a slower execution moves it back to the executor. The wall time is that of the
+backend's `run` alone: on the executor it also holds the wait for the GIL afterwards, so the
+limit on it sits well above the CPU one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+import numpy as np
+
+from agent.backends.base import Backend
+from agent.errors import (
+    AgentError,
+    BackendError,
+    ModelNotReadyError,
+    OverloadedError,
+    RequestTimeoutError,
+)
+from agent.scheduling.batching import BatchFormer, BatchingPolicy
+from agent.scheduling.deadline_timer import DeadlineTimer
+from agent.scheduling.rate_limiter import RateLimiter, ResourceNeed
+from agent.scheduling.statistics import ModelStatistics
+from agent.tensors.signature import ValidatedRequest
+
+# Executions that may block the event loop: the hand-off they skip costs more than this.
+INLINE_BELOW_NS = 100_000
+_PROBE_RUNS = 4  # executions measured on the executor before inline is considered
+_WALL_FACTOR = 10  # wall-time limit for inline, as a multiple of the CPU-time limit
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionResult:
+    """One request's outputs (in its requested order) and where its time went."""
+
+    outputs: list[np.ndarray]
+    queue_ns: int
+    compute_input_ns: int
+    compute_infer_ns: int
+    compute_output_ns: int
+    batch_size: int
+
+
+@dataclass(slots=True)
+class _Job:
+    request: ValidatedRequest
+    future: asyncio.Future[ExecutionResult]
+    enqueued_ns: int
+    seq: int
+
+
+class LimiterGate:
+    """Shares one RateLimiter between schedulers and wakes the one whose waiter was granted."""
+
+    def __init__(self, limiter: RateLimiter) -> None:
+        self.limiter = limiter
+        self._callbacks: dict[str, Callable[[], None]] = {}
+
+    def acquire(self, key: str, need: ResourceNeed, on_grant: Callable[[], None]) -> bool:
+        if self.limiter.try_acquire(key, need):
+            return True
+        self._callbacks[key] = on_grant
+        return False
+
+    def release(self, need: ResourceNeed) -> None:
+        for key in self.limiter.release(need):
+            callback = self._callbacks.pop(key, None)
+            if callback is not None:
+                callback()
+
+
+class ModelScheduler:
+    """Queues and executes the requests of one loaded model version."""
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        version: int,
+        backend: Backend,
+        policy: BatchingPolicy,
+        instances: int,
+        executor: Executor,
+        stats: ModelStatistics | None = None,
+        gate: LimiterGate | None = None,
+        need: ResourceNeed | None = None,
+        max_pending: int = 1024,
+        inline_below_ns: int = INLINE_BELOW_NS,
+    ) -> None:
+        self.model = model
+        self.version = version
+        self.policy = policy
+        self._backend = backend
+        self._former: BatchFormer[_Job] = BatchFormer(policy)
+        self._free = max(1, instances)
+        self._instances = max(1, instances)
+        self._executor = executor
+        self._stats = stats
+        self._gate = gate
+        self._need = need or ResourceNeed()
+        self._max_pending = max_pending
+        self._seq = itertools.count()
+        self._timer: DeadlineTimer | None = None  # made on the loop, at the first deadline
+        self._timer_at: float | None = None
+        self._closed = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._holding = 0  # batches taken but waiting for rate-limiter resources
+        # preserve_ordering: results released strictly in arrival order.
+        self._next_release = 0
+        self._done: dict[int, tuple[_Job, ExecutionResult | BaseException]] = {}
+        self._inline_below_ns = inline_below_ns
+        self._runs = 0
+        self._exec_ns = 0.0  # moving average of one execution's CPU time on its thread
+        self._wall_ns = 0.0  # moving average of its wall time
+
+    @property
+    def pending(self) -> int:
+        """Requests queued or executing."""
+        return len(self._former) + (self._instances - self._free) + self._holding
+
+    def set_policy(self, policy: BatchingPolicy) -> None:
+        """Change batching parameters live; queued requests move to the new former in order."""
+        old = self._former
+        self.policy = policy
+        self._former = BatchFormer(policy)
+        now = time.monotonic()
+        for job in old.drain():
+            try:
+                self._former.add(job, job.request.batch_size, now)
+            except AgentError as exc:  # e.g. the new cap is below this request's rows
+                self._finish(job, exc)
+        self._dispatch()
+
+    async def submit(
+        self,
+        request: ValidatedRequest,
+        *,
+        priority: int | None = None,
+        timeout_us: int | None = None,
+    ) -> ExecutionResult:
+        """Queue a validated request and wait for its outputs.
+
+        Raises:
+            OverloadedError: the queue is full (503).
+            InvalidInputError: bad priority or a batch over the cap.
+            RequestTimeoutError: its queue timeout expired with action REJECT.
+            ModelNotReadyError: the version was unloaded before it ran.
+            BackendError: the runtime failed.
+        """
+        if self._closed:
+            raise ModelNotReadyError(f"model '{self.model}' version {self.version} is unloading")
+        if len(self._former) >= self._max_pending:
+            raise OverloadedError(
+                f"model '{self.model}' has {self._max_pending} requests queued; retry later"
+            )
+        if (
+            priority is None
+            and timeout_us is None
+            and self._free == self._instances
+            and self._holding == 0
+            and not self._former
+            and self.inline
+            and self._alone_now(request)
+        ):
+            return self._run_now(request)
+        loop = asyncio.get_running_loop()
+        job = _Job(request, loop.create_future(), time.perf_counter_ns(), -1)
+        self._former.add(
+            job, request.batch_size, time.monotonic(), priority=priority, timeout_us=timeout_us
+        )
+        job.seq = next(self._seq)  # only accepted requests take a place in the release order
+        self._idle.clear()
+        if self._stats is not None:
+            self._stats.pending_inc()
+        self._dispatch()
+        try:
+            return await job.future
+        finally:
+            if self._stats is not None:
+                self._stats.pending_dec()
+
+    def _alone_now(self, request: ValidatedRequest) -> bool:
+        """Whether the policy would run this request, alone in an empty queue, at once."""
+        policy = self.policy
+        return (
+            not (self._gate is not None and self._need.resources)
+            and 1 <= request.batch_size <= policy.max_batch_size
+            and (not policy.dynamic_batching or policy.max_queue_delay_us == 0)
+        )
+
+    def _run_now(self, request: ValidatedRequest) -> ExecutionResult:
+        """Run one request inline, bypassing queue, future and batch forming.
+
+        Only when nothing is queued or executing, so the order of results cannot change; the
+        statistics and errors are those of a one-request batch on the normal path.
+        """
+        cpu_start = time.thread_time_ns()
+        t0 = time.perf_counter_ns()
+        try:
+            outputs = self._backend.run(request.feeds, request.output_names)
+        except AgentError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - as _complete: the runtime failed
+            raise BackendError(f"execution failed: {exc}") from None
+        t1 = time.perf_counter_ns()
+        if self._stats is not None:
+            self._stats.record_execution(
+                batch_size=request.batch_size,
+                compute_input_ns=0,
+                compute_infer_ns=t1 - t0,
+                compute_output_ns=0,
+            )
+        self._measured(time.thread_time_ns() - cpu_start, t1 - t0)
+        return ExecutionResult(outputs, 0, 0, t1 - t0, 0, request.batch_size)
+
+    async def drain(self) -> None:
+        """Wait until nothing is queued or executing."""
+        while self.pending:
+            self._idle.clear()
+            await self._idle.wait()
+
+    def close(self, reason: str = "was unloaded") -> None:
+        """Refuse new work and fail whatever is still queued, saying why (`reason`)."""
+        self._closed = True
+        if self._timer is not None:
+            self._timer.close()
+        for job in self._former.drain():
+            self._finish(job, ModelNotReadyError(f"model '{self.model}' {reason}"))
+        self._check_idle()
+
+    def _dispatch(self) -> None:
+        loop = asyncio.get_running_loop()
+        now = time.monotonic()
+        for job in self._former.expire(now):
+            self._finish(job, RequestTimeoutError("request timeout expired in the queue"))
+        while self._free > 0 and self._holding == 0:
+            batch = self._former.take(now)
+            if batch is None:
+                break
+            self._free -= 1
+            jobs = list(batch.items)
+            if self._gate is not None and self._need.resources:
+                key = f"{self.model}:{self.version}#{jobs[0].seq}"
+                if not self._gate.acquire(key, self._need, functools.partial(self._granted, jobs)):
+                    self._holding += 1
+                    break
+            self._launch(jobs)
+            now = time.monotonic()  # an inline execution moved the clock on
+        self._arm_timer(loop)
+        self._check_idle()
+
+    def _granted(self, jobs: list[_Job]) -> None:
+        self._holding -= 1
+        self._launch(jobs)
+        self._dispatch()
+
+    @property
+    def inline(self) -> bool:
+        """Whether batches now run on the event loop (measured fast enough), not the executor."""
+        return (
+            self._runs >= _PROBE_RUNS
+            and self._exec_ns < self._inline_below_ns
+            and self._wall_ns < self._inline_below_ns * _WALL_FACTOR
+        )
+
+    def _launch(self, jobs: list[_Job]) -> None:
+        started = time.perf_counter_ns()
+        if self.inline:
+            # Completes here; the caller's dispatch loop takes the next batch (no recursion).
+            try:
+                outcome: list[ExecutionResult] | BaseException = self._execute(jobs, started)
+            except Exception as exc:  # noqa: BLE001 - reported to the requests as BackendError
+                outcome = exc
+            self._complete(jobs, outcome)
+            return
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self._executor, self._execute, jobs, started)
+        future.add_done_callback(lambda f: self._on_done(jobs, f))
+
+    def _arm_timer(self, loop: asyncio.AbstractEventLoop) -> None:
+        # With every instance busy, the next dispatch comes from a finishing execution; a timer
+        # for a batch that is already due would only spin. Queue timeouts are still checked then.
+        idle = self._free > 0 and self._holding == 0
+        deadline = self._former.deadline() if idle else self._former.expiry_deadline()
+        if deadline == self._timer_at or self._closed:
+            return
+        self._timer_at = deadline
+        if self._timer is None:
+            if deadline is None:
+                return
+            self._timer = DeadlineTimer(loop, self._on_timer)
+        self._timer.arm(deadline)
+
+    def _on_timer(self) -> None:
+        self._timer_at = None
+        self._dispatch()
+
+    def _execute(self, jobs: Sequence[_Job], started_ns: int) -> list[ExecutionResult]:
+        """Run in an executor thread (or inline): concatenate, run, split."""
+        cpu_start = time.thread_time_ns()
+        run_ns = 0  # wall time inside the backend (where a device wait shows)
+        results: list[ExecutionResult | None] = [None] * len(jobs)
+        groups = [[0]] if len(jobs) == 1 else _group_by_shape(jobs)
+        for group in groups:
+            t0 = time.perf_counter_ns()
+            names = (
+                list(jobs[group[0]].request.output_names)
+                if len(group) == 1
+                else _union_outputs(jobs[i].request.output_names for i in group)
+            )
+            if len(group) == 1:
+                feeds = jobs[group[0]].request.feeds
+            else:
+                feeds = {
+                    n: np.concatenate([jobs[i].request.feeds[n] for i in group])
+                    for n in jobs[group[0]].request.feeds
+                }
+            t1 = time.perf_counter_ns()
+            outputs = self._backend.run(feeds, names)
+            t2 = time.perf_counter_ns()
+            run_ns += t2 - t1
+            by_name = dict(zip(names, outputs, strict=True))
+            rows = sum(jobs[i].request.batch_size for i in group)
+            offset = 0
+            split: dict[int, list[np.ndarray]] = {}
+            for i in group:
+                n = jobs[i].request.batch_size
+                if len(group) == 1:
+                    split[i] = [by_name[o] for o in jobs[i].request.output_names]
+                else:
+                    split[i] = [
+                        by_name[o][offset : offset + n] for o in jobs[i].request.output_names
+                    ]
+                offset += n
+            t3 = time.perf_counter_ns()
+            for i in group:
+                results[i] = ExecutionResult(
+                    outputs=split[i],
+                    queue_ns=max(0, started_ns - jobs[i].enqueued_ns),
+                    compute_input_ns=t1 - t0,
+                    compute_infer_ns=t2 - t1,
+                    compute_output_ns=t3 - t2,
+                    batch_size=rows,
+                )
+            if self._stats is not None:
+                self._stats.record_execution(
+                    batch_size=rows,
+                    compute_input_ns=t1 - t0,
+                    compute_infer_ns=t2 - t1,
+                    compute_output_ns=t3 - t2,
+                )
+        self._measured(time.thread_time_ns() - cpu_start, run_ns)
+        return [r for r in results if r is not None]
+
+    def _measured(self, ns: int, wall_ns: int) -> None:
+        # One writer at a time per instance thread; a lost update only delays the switch.
+        first = self._runs == 0
+        self._exec_ns = ns if first else 0.75 * self._exec_ns + 0.25 * ns
+        self._wall_ns = wall_ns if first else 0.75 * self._wall_ns + 0.25 * wall_ns
+        self._runs += 1
+
+    def _on_done(self, jobs: list[_Job], future: asyncio.Future[list[ExecutionResult]]) -> None:
+        error = future.exception()
+        self._complete(jobs, future.result() if error is None else error)
+        if not self._closed:
+            self._dispatch()
+        self._check_idle()
+
+    def _complete(self, jobs: list[_Job], outcome: list[ExecutionResult] | BaseException) -> None:
+        self._free += 1
+        if self._gate is not None and self._need.resources:
+            self._gate.release(self._need)
+        if isinstance(outcome, BaseException):
+            error = outcome
+            if not isinstance(error, AgentError):
+                error = BackendError(f"execution failed: {error}")
+            for job in jobs:
+                self._finish(job, error)
+        else:
+            for job, result in zip(jobs, outcome, strict=True):
+                self._finish(job, result)
+
+    def _finish(self, job: _Job, outcome: ExecutionResult | BaseException) -> None:
+        if not self.policy.preserve_ordering:
+            _settle(job, outcome)
+            return
+        self._done[job.seq] = (job, outcome)
+        while self._next_release in self._done:
+            ready, result = self._done.pop(self._next_release)
+            _settle(ready, result)
+            self._next_release += 1
+
+    def _check_idle(self) -> None:
+        if not self.pending:
+            self._idle.set()
+
+
+def _settle(job: _Job, outcome: ExecutionResult | BaseException) -> None:
+    if job.future.done():  # the client went away
+        return
+    if isinstance(outcome, BaseException):
+        job.future.set_exception(outcome)
+    else:
+        job.future.set_result(outcome)
+
+
+def _group_by_shape(jobs: Sequence[_Job]) -> list[list[int]]:
+    """Requests can share a batch only when every input has the same non-batch shape."""
+    groups: dict[tuple[tuple[str, tuple[int, ...]], ...], list[int]] = {}
+    for i, job in enumerate(jobs):
+        key = tuple((n, a.shape[1:]) for n, a in job.request.feeds.items())
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
+
+
+def _union_outputs(lists: Iterable[Sequence[str]]) -> list[str]:
+    seen: dict[str, None] = {}
+    for names in lists:
+        for n in names:
+            seen[n] = None
+    return list(seen)

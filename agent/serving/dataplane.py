@@ -1,0 +1,288 @@
+"""Transport-agnostic server logic: health, metadata, config, repository index and inference.
+
+HTTP (and later gRPC and MQTT) parse their own wire format into `agent.tensors.request` types, call this,
+and serialize the result. Inference runs on the model's executor (or inline, for tiny models:
+see `agent.scheduling.scheduler`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from agent import __version__
+from agent.canary.control import CanaryManager
+from agent.errors import (
+    AgentError,
+    BackendError,
+    InvalidInputError,
+    ModelControlError,
+    ModelInstanceFailedError,
+    ModelNotFoundError,
+    ModelNotReadyError,
+    OverloadedError,
+    RequestTimeoutError,
+)
+from agent.models.cache_control import CachedVersions
+from agent.models.control import ModelControlMode, ModelManager
+from agent.models.registry import ModelRegistry
+from agent.proto import model_config_pb2 as mc
+from agent.repository.model_config import config_from_json, config_to_json
+from agent.scheduling.statistics import FailureReason
+from agent.serving.response_cache import ResponseCache, cache_key
+from agent.serving.shared_memory import SharedMemoryRegistry
+from agent.tensors.request import InferRequest, InferResponse, OutputTensor, shared_memory_outputs
+
+SERVER_NAME = "edge-agent"
+EXTENSIONS = (
+    "binary_tensor_data",
+    "model_configuration",
+    "model_repository",
+    "parameters",
+    "schedule_policy",
+    "statistics",
+    "system_shared_memory",
+)
+
+
+class DataPlane:
+    """The agent's request handling, shared by every transport."""
+
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        cache: ResponseCache | None = None,
+        manager: ModelManager | None = None,
+        mode: ModelControlMode = ModelControlMode.NONE,
+        versions: CachedVersions | None = None,
+        canary: CanaryManager | None = None,
+        shared_memory: SharedMemoryRegistry | None = None,
+    ) -> None:
+        self._registry = registry
+        self._cache = cache
+        self.manager = manager or ModelManager(registry)
+        self.mode = mode
+        self.versions = versions
+        self.canary = canary or CanaryManager(registry)
+        self.shared_memory = shared_memory or SharedMemoryRegistry()
+        self._ready = False
+        registry.step_runner.runner = self.infer  # ensemble steps are ordinary inferences
+
+    def set_ready(self, ready: bool) -> None:
+        """Ready once start-up loading is done; not ready again while shutting down."""
+        self._ready = ready
+
+    def server_live(self) -> bool:
+        return True
+
+    def server_ready(self) -> bool:
+        return self._ready
+
+    def server_metadata(self) -> dict[str, Any]:
+        extensions = [
+            e for e in EXTENSIONS if e != "system_shared_memory" or self.shared_memory.enabled
+        ]
+        return {"name": SERVER_NAME, "version": __version__, "extensions": extensions}
+
+    def model_ready(self, name: str, version: str | None) -> bool:
+        """Whether the addressed model version is READY (raises ModelNotFoundError if unknown)."""
+        try:
+            self._registry.resolve(name, version)
+        except ModelNotReadyError:
+            return False
+        return True
+
+    def model_metadata(self, name: str, version: str | None) -> dict[str, Any]:
+        """KServe model metadata; -1 marks a dimension of any size."""
+        served, _ = self._registry.resolve(name, version)
+        sig = served.signature
+        versions = [version] if version else [str(v) for v in sorted(served.versions)]
+        return {
+            "name": served.name,
+            "versions": versions,
+            "platform": served.config.platform,
+            "inputs": [c.metadata(sig.batched) for c in sig.inputs.values()],
+            "outputs": [c.metadata(sig.batched) for c in sig.outputs.values()],
+        }
+
+    def model_config(self, name: str, version: str | None) -> dict[str, Any]:
+        """The completed config in Triton's JSON form."""
+        served, _ = self._registry.resolve(name, version)
+        return config_to_json(served.config)
+
+    def model_config_message(self, name: str, version: str | None) -> mc.ModelConfig:
+        """The completed config as the protobuf message (for gRPC)."""
+        served, _ = self._registry.resolve(name, version)
+        return served.config
+
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        rows = self._registry.index()
+        if ready_only:
+            rows = [r for r in rows if r.get("state") == "READY"]
+        return rows
+
+    async def load_model(self, name: str, config: dict[str, Any] | None) -> str:
+        """Explicit load (or reload) of a model, with an optional JSON config override.
+
+        Raises:
+            ModelControlError: the agent is not in explicit model-control mode.
+            ModelConfigError: the override is not a valid config.
+            ModelNotFoundError, ModelLoadError: as `ModelManager.load`.
+        """
+        self._require_explicit("load")
+        override = config_from_json(config) if config is not None else None
+        strategy = await self.manager.load(name, override)
+        if self._cache is not None:
+            self._cache.invalidate(name)
+        return strategy
+
+    async def unload_model(self, name: str) -> None:
+        """Explicit unload; queued requests finish first."""
+        self._require_explicit("unload")
+        await self.manager.unload(name)
+        if self._cache is not None:
+            self._cache.invalidate(name)
+
+    async def activate_version(self, name: str, version: int) -> str:
+        """Hot-swap a model to a version the cache holds; returns the strategy used."""
+        strategy = await self._cached().activate(name, version)
+        if self._cache is not None:
+            self._cache.invalidate(name)
+        return strategy
+
+    async def rollback(self, name: str, to_version: int | None) -> int:
+        """Go back to a retained version (by default the previous one); returns it."""
+        version = await self._cached().rollback(name, to_version)
+        if self._cache is not None:
+            self._cache.invalidate(name)
+        return version
+
+    def cached_versions(self, name: str) -> list[dict[str, Any]]:
+        return self._cached().versions(name)
+
+    def _cached(self) -> CachedVersions:
+        if self.versions is None:
+            raise ModelControlError(
+                "the agent serves a plain repository: versions are activated and rolled back "
+                "only with a model cache (--cache-dir)"
+            )
+        return self.versions
+
+    def _require_explicit(self, action: str) -> None:
+        if self.mode is not ModelControlMode.EXPLICIT:
+            raise ModelControlError(
+                f"explicit model {action} is not allowed in model-control mode "
+                f"'{self.mode.value}' (start with --model-control-mode explicit)"
+            )
+
+    def statistics(self, name: str | None, version: str | None) -> dict[str, Any]:
+        """Triton's statistics extension for all models, one model, or one version.
+
+        Raises:
+            ModelNotFoundError: the model or version is unknown.
+        """
+        if name is not None:
+            served, number = self._registry.resolve(name, version)
+            return self._registry.stats.snapshot(served.name, str(number) if version else None)
+        return self._registry.stats.snapshot()
+
+    async def infer(self, name: str, version: str | None, request: InferRequest) -> InferResponse:
+        """Validate a request, answer from the response cache or queue it on the scheduler.
+
+        Raises:
+            ModelNotFoundError, ModelNotReadyError: the model or version cannot serve.
+            InvalidInputError: the request does not match the model.
+            OverloadedError, RequestTimeoutError: the queue is full or its timeout expired.
+            BackendError: the runtime failed.
+            ModelInstanceFailedError: an instance hung or died; the version is UNAVAILABLE now.
+        """
+        start = time.perf_counter_ns()
+        await self.manager.wait_if_swapping(name)
+        routed = None if version else self.canary.route(name)  # canary: unversioned only
+        served, number = self._registry.resolve(name, str(routed) if routed else version)
+        loaded = served.versions[number]
+        stats = loaded.stats
+        version_text = str(number)
+        key: bytes | None = None
+        in_shm = shared_memory_outputs(request)
+        try:
+            if in_shm or any(t.shm is not None for t in request.inputs):
+                request = self.shared_memory.resolve_inputs(request)
+            valid = served.signature.validate(request)
+            priority, timeout_us = _scheduling_parameters(request.parameters)
+            if self._cache is not None and served.config.response_cache.enable:
+                lookup = time.perf_counter_ns()
+                key = cache_key(served.name, version_text, request.inputs, valid.output_names)
+                hit = self._cache.get(key)
+                if hit is not None:
+                    self.shared_memory.place_outputs(hit, in_shm)
+                    now = time.perf_counter_ns()
+                    stats.record_cache_hit(
+                        ns=now - lookup, now_ms=_now_ms(), request_ns=now - start
+                    )
+                    self._canary_outcome(name, routed, start, None)
+                    return InferResponse(served.name, version_text, hit, request.id)
+                stats.record_cache_miss(ns=time.perf_counter_ns() - lookup)
+            result = await loaded.scheduler.submit(valid, priority=priority, timeout_us=timeout_us)
+            sig = served.signature
+            outputs = tuple(
+                OutputTensor(n, sig.outputs[n].datatype, sig.shape_output(n, data))
+                for n, data in zip(valid.output_names, result.outputs, strict=True)
+            )
+            self.shared_memory.place_outputs(outputs, in_shm)
+        except AgentError as exc:
+            if isinstance(exc, ModelInstanceFailedError):
+                self._registry.mark_failed(served.name, number, exc.message, loaded=loaded)
+            stats.record_failure(
+                request_ns=time.perf_counter_ns() - start,
+                reason=_failure_reason(exc),
+                now_ms=_now_ms(),
+            )
+            self._canary_outcome(name, routed, start, exc)
+            raise
+        stats.record_success(
+            request_ns=time.perf_counter_ns() - start,
+            queue_ns=result.queue_ns,
+            compute_input_ns=result.compute_input_ns,
+            compute_infer_ns=result.compute_infer_ns,
+            compute_output_ns=result.compute_output_ns,
+            now_ms=_now_ms(),
+        )
+        if key is not None and self._cache is not None:
+            self._cache.put(key, outputs, model=served.name, version=version_text)
+        self._canary_outcome(name, routed, start, None)
+        return InferResponse(served.name, version_text, outputs, request.id)
+
+    def _canary_outcome(
+        self, name: str, routed: int | None, start_ns: int, error: AgentError | None
+    ) -> None:
+        """Tell the canary how a request it routed went (latency from arrival to answer)."""
+        if routed is not None:
+            self.canary.record(name, routed, (time.perf_counter_ns() - start_ns) // 1000, error)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _failure_reason(error: AgentError) -> FailureReason:
+    if isinstance(error, OverloadedError | RequestTimeoutError):
+        return "REJECTED"
+    if isinstance(error, BackendError):
+        return "BACKEND"
+    if isinstance(error, ModelNotReadyError | ModelNotFoundError):
+        return "CANCELED"
+    return "OTHER"
+
+
+def _scheduling_parameters(params: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """The request parameters `priority` and `timeout` (microseconds), as Triton reads them."""
+    priority = params.get("priority")
+    timeout = params.get("timeout")
+    for label, value in (("priority", priority), ("timeout", timeout)):
+        if value is not None and (
+            not isinstance(value, int) or isinstance(value, bool) or value < 0
+        ):
+            raise InvalidInputError(f"parameter '{label}' must be a non-negative integer")
+    return priority, timeout
