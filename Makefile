@@ -24,6 +24,7 @@ test: $(BIN)/.installed perf-analyzer systemd-tools lint lint-ansible typecheck 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports  # the layering contract in pyproject.toml
 
 typecheck: $(BIN)/.installed
 	$(BIN)/mypy

@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from sync.keys import Expiry, RoleSpec, init_keys, rotate_keys
     from sync.policy import Desired, Kind, parse_desired
     from sync.publish import Publisher, PublishReport
-    from sync.store import ObjectStore, S3Settings, open_store
+    from sync.store import ObjectStore, S3Settings
+    from sync.stores import open_store
 
 # Imported on first use: the agent reads `sync.config` at every start, but boto3 and python-tuf
 # (about 26 MiB of RSS) are only needed when a [sync] section is configured.
@@ -67,7 +68,7 @@ _HOME = {
     "VerificationError": "sync.errors",
     "activate_in_cache": "sync.client",
     "init_keys": "sync.keys",
-    "open_store": "sync.store",
+    "open_store": "sync.stores",
     "parse_desired": "sync.policy",
     "rotate_keys": "sync.keys",
 }

@@ -22,7 +22,8 @@ from sync.keys import RoleSpec, init_keys, rotate_keys
 from sync.policy import parse_desired
 from sync.publish import Publisher
 from sync.roles import ROLES
-from sync.store import S3Settings, open_store
+from sync.store import S3Settings
+from sync.stores import open_store
 
 
 def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None) -> int:

@@ -9,7 +9,8 @@
     s3_endpoint = "http://127.0.0.1:5000"     # "" : AWS; credentials from the environment
     s3_region = ""
 
-Field types are those `agent/config/schema.py` knows (str, int, tuple[str, ...], Path | None), so the
+Field types are those `agent/config/schema.py` knows (str, int, tuple[str, ...], Path | None), so
+the
 agent's loader reads this section like its own. `validate` checks what the types cannot.
 """
 

@@ -32,7 +32,7 @@ from sync.client import SyncClient, SyncReport
 from sync.config import SyncConfig, validate
 from sync.errors import SyncConfigError, SyncError
 from sync.policy import parse_desired
-from sync.store import open_store
+from sync.stores import open_store
 
 logger = logging.getLogger(__name__)
 

@@ -39,7 +39,6 @@ from typing import Any
 
 from tuf.api.metadata import Metadata, MetaFile, Root, Snapshot, TargetFile, Targets, Timestamp
 
-from agent.quantize.report import publish_custom_fields
 from model_cache import CacheError
 from model_cache.atomic import atomic_write_bytes, ensure_dir
 from model_cache.layout import validate_model_name, validate_version
@@ -55,6 +54,7 @@ from sync.keys import (
     sign_role,
     utc_now,
 )
+from sync.quantize_fields import publish_custom_fields
 from sync.store import ObjectStore
 
 logger = logging.getLogger(__name__)

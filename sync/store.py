@@ -29,12 +29,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
-from urllib.parse import quote, unquote, urlparse
+from urllib.parse import quote
 
 import urllib3
 
 from model_cache.atomic import ensure_dir, fsync_dir, temp_name
-from sync.errors import DownloadError, NotFoundError, PublishError, SyncConfigError
+from sync.errors import DownloadError, NotFoundError, PublishError
 
 logger = logging.getLogger(__name__)
 
@@ -226,34 +226,3 @@ def _http_chunks(resp: urllib3.BaseHTTPResponse, skip: int, url: str, key: str) 
         raise DownloadError(f"{url}: transfer broke off: {exc}", path=key) from None
     finally:
         resp.release_conn()
-
-
-def open_store(url: str, s3: S3Settings | None = None) -> ObjectStore:
-    """Build the store a URL names.
-
-    Args:
-        url: `file:///abs/folder`, `http(s)://host/prefix` or `s3://bucket[/prefix]`.
-        s3: Endpoint, region and timeouts for `s3://` (defaults: the AWS environment).
-
-    Raises:
-        SyncConfigError: An unknown scheme or a malformed URL.
-
-    Returns:
-        The store.
-    """
-    parsed = urlparse(url)
-    if parsed.scheme == "file":
-        if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
-            raise SyncConfigError(f"file URL must be file:///absolute/path, got {url!r}")
-        return FileStore(Path(unquote(parsed.path)))
-    if parsed.scheme in ("http", "https"):
-        if not parsed.netloc:
-            raise SyncConfigError(f"HTTP URL without a host: {url!r}")
-        return HttpStore(url)
-    if parsed.scheme == "s3":
-        from sync.s3 import S3Store  # noqa: PLC0415 - boto3 is heavy; load it only for s3://
-
-        if not parsed.netloc:
-            raise SyncConfigError(f"S3 URL without a bucket: {url!r}")
-        return S3Store(parsed.netloc, parsed.path.strip("/"), s3 or S3Settings())
-    raise SyncConfigError(f"unsupported store URL {url!r} (use s3://, https://, http://, file://)")

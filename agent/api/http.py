@@ -1,6 +1,7 @@
 """KServe v2 HTTP/REST endpoints on aiohttp, plus Triton's repository index.
 
-Handlers are thin: parse with `agent.tensors.request`, call `agent.serving.dataplane`, serialize. One middleware
+Handlers are thin: parse with `agent.api.http_codec`, call `agent.serving.dataplane`, serialize.
+One middleware
 maps every error to a status code and Triton's `{"error": "..."}` body.
 """
 
@@ -14,6 +15,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from agent.api.http_codec import HEADER_LENGTH, decode_infer_request, encode_infer_response
 from agent.canary.control import policy_from_request
 from agent.errors import (
     AgentError,
@@ -31,7 +33,6 @@ from agent.errors import (
     SharedMemoryNotFoundError,
 )
 from agent.serving.dataplane import DataPlane
-from agent.tensors.request import HEADER_LENGTH, decode_infer_request, encode_infer_response
 
 logger = logging.getLogger(__name__)
 

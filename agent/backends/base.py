@@ -3,26 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
-from agent.tensors.datatypes import DataType
-
-
-@dataclass(frozen=True, slots=True)
-class ModelTensor:
-    """An input or output as the model file declares it.
-
-    `datatype` is None when the agent cannot serve the element type; `shape` holds None for a
-    dimension the model leaves dynamic.
-    """
-
-    name: str
-    datatype: DataType | None
-    type_name: str  # the runtime's own spelling, for messages
-    shape: tuple[int | None, ...]
+from agent.tensors.datatypes import ModelTensor
 
 
 class Backend(Protocol):

@@ -17,10 +17,11 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from agent.backends.base import ModelTensor
+from agent.backends.tensorrt_build import ort_tensorrt_options
 from agent.errors import BackendError, ModelLoadError
 from agent.proto import model_config_pb2 as mc
 from agent.tensors import datatypes
+from agent.tensors.datatypes import ModelTensor
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +56,6 @@ def choose_providers(
         options: dict[str, Any] = {}
         if name == "TensorrtExecutionProvider":
             # Same fields as the native engine build; engine cache inside the model cache.
-            from agent.backends.select import ort_tensorrt_options  # noqa: PLC0415
-
             options.update(ort_tensorrt_options(config, cache_root))
         wanted.append((name, options))
     gpu_group = any(g.kind == mc.ModelInstanceGroup.KIND_GPU for g in config.instance_group)

@@ -50,12 +50,12 @@ import numpy as np
 
 import agent
 from agent.backends import python_ipc as ipc
-from agent.backends.base import ModelTensor
 from agent.errors import BackendError, ModelConfigError, ModelInstanceFailedError, ModelLoadError
 from agent.proto import model_config_pb2 as mc
 from agent.repository.autocomplete import complete_config
 from agent.repository.model_config import config_to_json
 from agent.tensors import datatypes
+from agent.tensors.datatypes import ModelTensor
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,8 @@
   engine cache inside the model cache.
 * `platform: "tensorrt_plan"` / `backend: "tensorrt"` → `TensorRTBackend`. The version folder
   holds `model.plan`, or only `model.onnx`: then the engine is built on the device on first load and
-  cached (`agent.backends.tensorrt_build.cached_engine`), so later loads, restarts and swaps reuse it.
+  cached (`agent.backends.tensorrt_build.cached_engine`), so later loads, restarts and swaps reuse
+  it.
 * `backend: "python"` → `PythonBackend`: `model.py` run in one worker process per instance.
 """
 
@@ -14,10 +15,9 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Any
 
 from agent.backends.base import Backend
-from agent.backends.tensorrt_build import cached_engine, engine_cache_dir, spec_from_config
+from agent.backends.tensorrt_build import cached_engine, spec_from_config
 from agent.errors import ModelLoadError
 from agent.proto import model_config_pb2 as mc
 
@@ -43,31 +43,6 @@ def backend_kind(config: mc.ModelConfig) -> BackendKind:
     if config.platform == TENSORRT_PLATFORM or config.backend == TENSORRT_BACKEND:
         return BackendKind.TENSORRT
     return BackendKind.ONNXRUNTIME
-
-
-def ort_tensorrt_options(config: mc.ModelConfig, cache_root: Path | None) -> dict[str, Any]:
-    """ONNX Runtime TensorRT provider options from the config's `tensorrt` accelerator.
-
-    Precision and workspace come from `precision_mode` / `max_workspace_size_bytes` (as for the
-    native engine build). With a cache root, ORT's engine and timing caches go in
-    `CACHE_ROOT/engines/ort/MODEL/`, which ORT keys by model, TensorRT version and GPU itself.
-    """
-    spec = spec_from_config(config)
-    options: dict[str, Any] = {
-        "trt_fp16_enable": spec.precision.value in ("fp16", "int8"),
-        "trt_int8_enable": spec.precision.value == "int8",
-        "trt_max_workspace_size": spec.workspace_bytes,
-    }
-    if cache_root is not None:
-        folder = engine_cache_dir(cache_root) / "ort" / (config.name or "model")
-        folder.mkdir(parents=True, exist_ok=True)
-        options.update(
-            trt_engine_cache_enable=True,
-            trt_engine_cache_path=str(folder),
-            trt_timing_cache_enable=True,
-            trt_timing_cache_path=str(folder),
-        )
-    return options
 
 
 def engine_path(version_dir: Path, config: mc.ModelConfig, cache_root: Path | None) -> Path:
@@ -103,6 +78,8 @@ def create_backend(
             UNAVAILABLE with that reason), the file is missing or refused.
     """
     kind = backend_kind(config)
+    # Each runtime is imported when a model first needs it (not to dodge a cycle): a device that
+    # serves only Python models never loads onnxruntime, and TensorRT exists on GPU hosts only.
     if kind is BackendKind.PYTHON:
         from agent.backends.python import PythonBackend  # noqa: PLC0415
 

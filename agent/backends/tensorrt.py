@@ -28,43 +28,12 @@ from typing import Any
 
 import numpy as np
 
-from agent.backends.base import ModelTensor
+from agent.backends.cuda import cuda_check, cuda_runtime
 from agent.backends.tensorrt_build import import_tensorrt
 from agent.errors import BackendError, InvalidInputError, ModelLoadError
 from agent.proto import model_config_pb2 as mc
 from agent.tensors import datatypes
-
-
-def cuda_runtime() -> Any:
-    """cuda-python's runtime module (`cuda.bindings.runtime`, or `cuda.cudart` before 12.6).
-
-    Raises:
-        ModelLoadError: cuda-python is not installed.
-    """
-    try:
-        from cuda.bindings import runtime  # type: ignore[import-not-found]  # noqa: PLC0415
-    except ImportError:
-        try:
-            from cuda import cudart as runtime  # type: ignore[import-not-found]  # noqa: PLC0415
-        except ImportError as exc:
-            raise ModelLoadError(
-                f"TensorRT is not installed on this device: cuda-python missing ({exc})"
-            ) from None
-    return runtime
-
-
-def cuda_check(result: Any, what: str) -> Any:
-    """Unpack a cuda-python `(error, *values)` tuple; raise on an error code.
-
-    Raises:
-        BackendError: the call failed.
-    """
-    err, *values = result if isinstance(result, tuple) else (result,)
-    if int(err) != 0:
-        raise BackendError(f"CUDA {what} failed: {err}")
-    if not values:
-        return None
-    return values[0] if len(values) == 1 else tuple(values)
+from agent.tensors.datatypes import ModelTensor
 
 
 def _numpy_dtype(trt: Any, dtype: Any) -> np.dtype[Any]:

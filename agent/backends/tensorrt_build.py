@@ -30,6 +30,7 @@ from typing import Any
 
 from google.protobuf import text_format
 
+from agent.backends.cuda import cuda_check, cuda_runtime
 from agent.errors import ModelLoadError
 from agent.proto import model_config_pb2 as mc
 from model_cache.atomic import atomic_write_bytes
@@ -125,7 +126,6 @@ def compute_capability(device: int = 0) -> str:
     Raises:
         ModelLoadError: cuda-python is missing or no CUDA device answers.
     """
-    from agent.backends.tensorrt import cuda_check, cuda_runtime  # noqa: PLC0415
 
     cudart = cuda_runtime()
     major = cuda_check(
@@ -307,3 +307,28 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(plan)
     return 0
+
+
+def ort_tensorrt_options(config: mc.ModelConfig, cache_root: Path | None) -> dict[str, Any]:
+    """ONNX Runtime TensorRT provider options from the config's `tensorrt` accelerator.
+
+    Precision and workspace come from `precision_mode` / `max_workspace_size_bytes` (as for the
+    native engine build). With a cache root, ORT's engine and timing caches go in
+    `CACHE_ROOT/engines/ort/MODEL/`, which ORT keys by model, TensorRT version and GPU itself.
+    """
+    spec = spec_from_config(config)
+    options: dict[str, Any] = {
+        "trt_fp16_enable": spec.precision.value in ("fp16", "int8"),
+        "trt_int8_enable": spec.precision.value == "int8",
+        "trt_max_workspace_size": spec.workspace_bytes,
+    }
+    if cache_root is not None:
+        folder = engine_cache_dir(cache_root) / "ort" / (config.name or "model")
+        folder.mkdir(parents=True, exist_ok=True)
+        options.update(
+            trt_engine_cache_enable=True,
+            trt_engine_cache_path=str(folder),
+            trt_timing_cache_enable=True,
+            trt_timing_cache_path=str(folder),
+        )
+    return options

@@ -1,6 +1,7 @@
 """Canary rollouts on a running agent: the per-model canaries, their draws, pins and events.
 
-`CanaryManager` is the edge around the pure `agent.canary.policy` core. HTTP, MQTT and the config file
+`CanaryManager` is the edge around the pure `agent.canary.policy` core. HTTP, MQTT and the config
+file
 all start and stop canaries through it, and the data plane asks it where each request that names
 no version goes (`route`) and tells it how the request went (`record`).
 

@@ -1,6 +1,7 @@
 """Executing fleet commands against the running agent, and the error → response code table.
 
-`CommandExecutor.execute(body)` does what one typed command (`agent.fleet.commands`) asks, through the
+`CommandExecutor.execute(body)` does what one typed command (`agent.fleet.commands`) asks, through
+the
 same `DataPlane` calls as HTTP, and returns the `result` object of the response. Errors are
 `AgentError`s; `error_code` maps them to the response's `error.code` in one table, the MQTT
 counterpart of the HTTP layer's status table.

@@ -32,9 +32,9 @@ from typing import Any
 
 from agent import __version__
 from agent.errors import AgentError, ModelControlError, OverloadedError
+from agent.fleet import commands as cmd
 from agent.fleet.config import MqttConfig, Topics
 from agent.fleet.executor import CommandExecutor, SyncNow, error_code
-from agent.fleet import commands as cmd
 from agent.fleet.mqtt import Message, MqttClient, MqttError, MqttSettings, Protocol, Will
 from agent.fleet.outbox import Kind, Outbox
 from agent.fleet.slo import SloEvaluator

@@ -35,8 +35,8 @@ from agent.errors import (
 )
 from agent.models.memory_plan import Footprint, MemoryLedger, measure_footprint, plan_capacity
 from agent.proto import model_config_pb2 as mc
-from agent.repository.autocomplete import DEFAULT_MAX_BATCH_SIZE, complete_config
 from agent.repository import layout as repository
+from agent.repository.autocomplete import DEFAULT_MAX_BATCH_SIZE, complete_config
 from agent.repository.model_config import load_model_config
 from agent.repository.warmup import warmup_requests
 from agent.scheduling.batching import BatchingPolicy

@@ -1,6 +1,7 @@
 """The `quantize` sub-command's arguments and choices (cheap to import: no onnx).
 
-`agent.quantize.command.run` does the work; the CLI imports it only for that command, so a serving agent
+`agent.quantize.command.run` does the work; the CLI imports it only for that command, so a serving
+agent
 never loads onnxruntime's quantization tools (and onnx with them).
 """
 

@@ -34,8 +34,8 @@ import onnxruntime as ort
 from onnxruntime import quantization as oq
 from onnxruntime.quantization import calibrate as oq_calibrate
 
-from agent.quantize.args import Method, Target, add_commands
 from agent.quantize import report as quantize_report
+from agent.quantize.args import Method, Target, add_commands
 from agent.quantize.data import (
     FolderCalibrationReader,
     InputSpec,

@@ -4,24 +4,22 @@
 top-1 agreement, each model's accuracy and the drop, max/mean absolute output error. The budget is
 in percentage points: with labels it bounds the accuracy drop, without labels (reference data) the
 share of samples whose top-1 class changed. The report is JSON for tools and a table for people;
-`publish_custom_fields` turns a written report into the custom field the publisher signs into the
+`sync.quantize_fields.publish_custom_fields` turns a written report into the custom field the
+publisher signs into the
 version's TUF targets metadata.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-REPORT_SCHEMA = "edge-agent.quantize-report/1"
-MAX_REPORT_BYTES = 64 * 1024  # the signed metadata carries it; keep it small
+from sync.quantize_fields import REPORT_SCHEMA
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,49 +132,3 @@ def format_table(report: Report) -> str:
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
-
-
-def publish_custom_fields(report_path: Path) -> dict[str, Any]:
-    """The `quantization` custom field to sign into a version's TUF target entries.
-
-    Only the numbers a device or an operator decides on are kept (no free text from the file), so
-    the signed metadata stays small and its shape fixed.
-
-    Args:
-        report_path: a report written by `edge-agent quantize --report`.
-
-    Raises:
-        ValueError: the file is too large, not a quantize report, or lacks a field.
-        OSError: the file cannot be read.
-
-    Returns:
-        `{"quantization": {...}}`, to merge into the target's `custom` dict.
-    """
-    if report_path.stat().st_size > MAX_REPORT_BYTES:
-        raise ValueError(f"{report_path} is over {MAX_REPORT_BYTES} bytes")
-    body = json.loads(report_path.read_text())
-    if not isinstance(body, dict) or body.get("schema") != REPORT_SCHEMA:
-        raise ValueError(f"{report_path} is not an edge-agent quantize report")
-    keys = (
-        "samples",
-        "top1_agreement_pct",
-        "fp32_accuracy_pct",
-        "int8_accuracy_pct",
-        "drop_pct",
-        "max_abs_error",
-        "mean_abs_error",
-        "budget_pct",
-        "within_budget",
-    )
-    missing = [k for k in keys if k not in body]
-    if missing:
-        raise ValueError(f"{report_path} lacks {', '.join(missing)}")
-    calibration = body.get("calibration", {})
-    fields: dict[str, Any] = {k: body[k] for k in keys}
-    fields["calibration"] = {
-        k: calibration[k]
-        for k in ("method", "per_channel", "samples", "target")
-        if isinstance(calibration, dict) and k in calibration
-    }
-    fields["report_sha256"] = hashlib.sha256(report_path.read_bytes()).hexdigest()
-    return {"quantization": fields}

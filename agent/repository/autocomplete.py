@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from agent.backends.base import ModelTensor
 from agent.errors import ModelConfigError
 from agent.proto import model_config_pb2 as mc
+from agent.tensors.datatypes import ModelTensor
 
 ONNX_PLATFORM = "onnxruntime_onnx"
 ONNX_BACKEND = "onnxruntime"

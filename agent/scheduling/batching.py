@@ -1,7 +1,8 @@
 """Dynamic batch forming as Triton's dynamic batcher does it, with no clock, no asyncio and no I/O.
 
 `BatchFormer` holds queued requests and decides, for an instant `now` that the caller passes in
-(seconds of `time.monotonic()`), which of them run together next. `agent/scheduling/scheduler.py` drives it:
+(seconds of `time.monotonic()`), which of them run together next. `agent/scheduling/scheduler.py`
+drives it:
 `add()` on each arrival; on each wake-up `expire(now)` (fail what it returns), then `take(now)`
 until it returns None, then sleep until `deadline()` or the next arrival.
 

@@ -1,6 +1,7 @@
 """Asyncio driver for one model version: queue requests, form batches, run them off the loop.
 
-The batch-forming policy lives in `agent.scheduling.batching` (pure, fed timestamps). This module only
+The batch-forming policy lives in `agent.scheduling.batching` (pure, fed timestamps). This module
+only
 drives it: it calls `expire`/`take` when a request arrives, when an execution finishes and when
 the policy's deadline comes (a loop timer), runs each batch on the model's executor (one worker
 per instance), splits the outputs back per request and records statistics.

@@ -1,1 +1,2 @@
-"""The data plane shared by every transport: infer, metadata, readiness, response cache, shared memory."""
+"""The data plane shared by every transport: infer, metadata, readiness, response cache, shared
+memory."""

@@ -1,6 +1,7 @@
 """Transport-agnostic server logic: health, metadata, config, repository index and inference.
 
-HTTP (and later gRPC and MQTT) parse their own wire format into `agent.tensors.request` types, call this,
+HTTP (and later gRPC and MQTT) parse their own wire format into `agent.tensors.request` types, call
+this,
 and serialize the result. Inference runs on the model's executor (or inline, for tiny models:
 see `agent.scheduling.scheduler`).
 """

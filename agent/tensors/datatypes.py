@@ -59,3 +59,17 @@ def from_config(name: str) -> DataType | None:
 def from_onnx(name: str) -> DataType | None:
     """The type for an ONNX Runtime type string such as tensor(float), or None when unsupported."""
     return BY_ONNX.get(name)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelTensor:
+    """An input or output as the model file declares it.
+
+    `datatype` is None when the agent cannot serve the element type; `shape` holds None for a
+    dimension the model leaves dynamic.
+    """
+
+    name: str
+    datatype: DataType | None
+    type_name: str  # the runtime's own spelling, for messages
+    shape: tuple[int | None, ...]

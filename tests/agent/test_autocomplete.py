@@ -6,12 +6,12 @@ from collections.abc import Sequence
 
 import pytest
 
-from agent.backends.base import ModelTensor
 from agent.errors import ModelConfigError
 from agent.proto import model_config_pb2 as mc
 from agent.repository.autocomplete import complete_config
 from agent.repository.model_config import parse_model_config
 from agent.tensors import datatypes
+from agent.tensors.datatypes import ModelTensor
 
 
 def tensor(name: str, kserve: str, shape: tuple[int | None, ...]) -> ModelTensor:

@@ -12,7 +12,6 @@ import numpy as np
 import onnx
 import pytest
 
-from agent.backends.base import ModelTensor
 from agent.backends.onnx import OnnxBackend
 from agent.errors import BackendError
 from agent.proto import model_config_pb2 as mc
@@ -20,6 +19,7 @@ from agent.runtime.demo import mlp_model
 from agent.scheduling.batching import BatchingPolicy
 from agent.scheduling.scheduler import ModelScheduler
 from agent.scheduling.statistics import ModelStatistics
+from agent.tensors.datatypes import ModelTensor
 from agent.tensors.signature import ValidatedRequest
 
 

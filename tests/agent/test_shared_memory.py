@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from agent.api.http_codec import decode_infer_request, encode_infer_response
 from agent.errors import ConflictError, InvalidInputError, SharedMemoryNotFoundError
 from agent.serving.shared_memory import SHM_DIR, SharedMemoryRegistry
 from agent.tensors.request import (
@@ -22,8 +23,6 @@ from agent.tensors.request import (
     OutputTensor,
     RequestedOutput,
     SharedMemoryRef,
-    decode_infer_request,
-    encode_infer_response,
 )
 
 

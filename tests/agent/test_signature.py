@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agent.backends.base import ModelTensor
 from agent.errors import InvalidInputError, ModelConfigError
 from agent.proto import model_config_pb2 as mc
 from agent.repository.autocomplete import complete_config
 from agent.repository.model_config import parse_model_config
 from agent.tensors import datatypes
+from agent.tensors.datatypes import ModelTensor
 from agent.tensors.request import InferInput, InferRequest, RequestedOutput
 from agent.tensors.signature import ModelSignature, TensorContract
 

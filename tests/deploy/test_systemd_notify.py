@@ -1,4 +1,5 @@
-"""sd_notify pieces on their own (agent/runtime/systemd_notify.py): addresses, no-ops, intervals, pings."""
+"""sd_notify pieces on their own (agent/runtime/systemd_notify.py): addresses, no-ops, intervals,
+pings."""
 
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from agent.cli.fleet import FleetClient
 from agent.cli import fleet as fleet_cli
+from agent.cli.fleet import FleetClient
 from agent.fleet.mqtt import Message
 from tests.agent.test_cache_swap import infer
 from tests.mqtt.conftest import LinkFactory, mqtt_config

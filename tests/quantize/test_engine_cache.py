@@ -10,8 +10,14 @@ import pytest
 from google.protobuf import text_format
 
 from agent.backends import tensorrt_build as engine_build
-from agent.backends.select import BackendKind, backend_kind, create_backend, ort_tensorrt_options
-from agent.backends.tensorrt_build import EngineSpec, Precision, cached_engine, engine_cache_key
+from agent.backends.select import BackendKind, backend_kind, create_backend
+from agent.backends.tensorrt_build import (
+    EngineSpec,
+    Precision,
+    cached_engine,
+    engine_cache_key,
+    ort_tensorrt_options,
+)
 from agent.errors import ModelLoadError
 from agent.proto import model_config_pb2 as mc
 

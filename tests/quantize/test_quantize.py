@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from agent.quantize.command import EXIT_BUDGET, main
-from agent.quantize.report import REPORT_SCHEMA, publish_custom_fields
+from sync.quantize_fields import REPORT_SCHEMA, publish_custom_fields
 from tests.quantize.digits import Digits, write_calibration
 
 BUDGET = 2.0  # percentage points

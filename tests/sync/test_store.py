@@ -8,7 +8,8 @@ import pytest
 
 from sync.errors import DownloadError, NotFoundError, PublishError, SyncConfigError
 from sync.s3 import S3Store
-from sync.store import FileStore, HttpStore, ObjectStore, S3Settings, check_key, open_store
+from sync.store import FileStore, HttpStore, ObjectStore, S3Settings, check_key
+from sync.stores import open_store
 from tests.sync.support import free_port
 
 

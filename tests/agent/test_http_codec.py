@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from agent.api.http_codec import decode_infer_request, encode_infer_response
 from agent.errors import InvalidInputError
 from agent.tensors.request import (
     InferInput,
@@ -16,8 +17,6 @@ from agent.tensors.request import (
     InferResponse,
     OutputTensor,
     RequestedOutput,
-    decode_infer_request,
-    encode_infer_response,
     tensor_from_bytes,
     tensor_to_bytes,
 )
