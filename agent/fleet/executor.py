@@ -32,7 +32,8 @@ from agent.errors import (
 )
 from agent.fleet import commands as cmd
 from agent.fleet.state import FleetState
-from agent.models.registry import LoadedVersion, ModelRegistry
+from agent.models.registry import ModelRegistry
+from agent.models.served import LoadedVersion
 from agent.scheduling.batching import BatchingPolicy
 from agent.serving.dataplane import DataPlane
 

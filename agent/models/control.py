@@ -25,7 +25,8 @@ from typing import Protocol
 
 from agent.errors import AgentError, MemoryBudgetError, OverloadedError
 from agent.faults import fault
-from agent.models.registry import ModelBuild, ModelRegistry, ServedModel
+from agent.models.registry import ModelRegistry
+from agent.models.served import ModelBuild, ServedModel
 from agent.proto import model_config_pb2 as mc
 
 logger = logging.getLogger(__name__)

@@ -28,8 +28,9 @@ from agent.fleet.link import EventTee, FleetLink
 from agent.fleet.telemetry import detect_gpu
 from agent.models.cache_control import CachedVersions, CacheEvents
 from agent.models.control import LogEvents, ModelControlMode, ModelManager
+from agent.models.loader import LoadSettings
 from agent.models.memory_plan import MemoryLedger, detect_budget_bytes, process_rss_bytes
-from agent.models.registry import LoadSettings, ModelRegistry
+from agent.models.registry import ModelRegistry
 from agent.repository.watch import RepositoryWatcher
 from agent.runtime.demo import default_demo_dir, ensure_demo_repository
 from agent.runtime.reload import Reloader

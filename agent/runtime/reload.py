@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 from agent.config.schema import AgentConfig
 from agent.errors import AgentConfigError, AgentError
-from agent.models.registry import ModelRegistry, ServedModel
+from agent.models.registry import ModelRegistry
+from agent.models.served import ServedModel
 from agent.proto import model_config_pb2 as mc
 from agent.repository.model_config import load_model_config
 from agent.runtime.systemd_notify import Notifier

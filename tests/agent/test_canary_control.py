@@ -20,7 +20,8 @@ from agent.errors import (
     ModelNotFoundError,
     RequestTimeoutError,
 )
-from agent.models.registry import LoadSettings, ModelRegistry
+from agent.models.loader import LoadSettings
+from agent.models.registry import ModelRegistry
 from tests.agent.test_canary_e2e import scale_model, write_versions
 
 

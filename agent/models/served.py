@@ -1,0 +1,106 @@
+"""What the registry holds: each model's versions, their states and reasons, and one build.
+
+Plain data shared by the state table (`agent.models.registry`) and the loading pipeline
+(`agent.models.loader`); neither owns the other's types.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from enum import Enum
+
+from agent.backends.base import Backend
+from agent.ensemble.runner import EnsembleScheduler
+from agent.errors import AgentError
+from agent.models.memory_plan import Footprint
+from agent.proto import model_config_pb2 as mc
+from agent.scheduling.scheduler import ModelScheduler
+from agent.scheduling.statistics import ModelStatistics
+from agent.tensors.signature import ModelSignature
+
+
+class ModelState(str, Enum):
+    """Triton's model states as the repository index reports them."""
+
+    LOADING = "LOADING"
+    READY = "READY"
+    UNAVAILABLE = "UNAVAILABLE"
+
+
+@dataclass(frozen=True, slots=True)
+class VersionStatus:
+    """A version's state and, when not READY, why."""
+
+    state: ModelState
+    reason: str = ""
+
+
+@dataclass(slots=True)
+class LoadedVersion:
+    """One READY version: its runtime, its scheduler and what it holds of the memory budget.
+
+    An ensemble has no runtime or executor of its own (None): its scheduler runs its steps on
+    the composing models.
+    """
+
+    version: int
+    backend: Backend | None
+    scheduler: ModelScheduler | EnsembleScheduler
+    executor: ThreadPoolExecutor | None  # one worker per instance: N executions in flight
+    stats: ModelStatistics
+    footprint: Footprint | None
+    ledger_key: tuple[str, str]
+
+    def close(self) -> None:
+        self.scheduler.close()
+        if self.executor is not None:
+            self.executor.shutdown(wait=True)
+        if self.backend is not None:
+            self.backend.close()
+
+
+@dataclass(slots=True)
+class ServedModel:
+    """A model with at least one READY version."""
+
+    name: str
+    config: mc.ModelConfig
+    signature: ModelSignature
+    versions: dict[int, LoadedVersion]
+
+    @property
+    def latest_version(self) -> int:
+        return max(self.versions)
+
+    def close(self) -> None:
+        for loaded in self.versions.values():
+            loaded.close()
+
+
+@dataclass(slots=True)
+class ModelRecord:
+    """One model's row in the registry: what is served, and every known version's state."""
+
+    served: ServedModel | None = None
+    versions: dict[int, VersionStatus] = field(default_factory=dict)
+    reason: str = ""  # why the whole model is unavailable
+
+
+def instance_count(config: mc.ModelConfig) -> int:
+    """Executions in flight for a model: the sum of its instance groups' counts (default 1)."""
+    return max(1, sum(max(1, g.count) for g in config.instance_group))
+
+
+@dataclass(frozen=True, slots=True)
+class ModelBuild:
+    """A freshly loaded model, not yet served (or why it could not be loaded)."""
+
+    name: str
+    served: ServedModel | None
+    record: ModelRecord
+    error: AgentError | None
+
+    @property
+    def reason(self) -> str:
+        return self.record.reason

@@ -1,0 +1,97 @@
+"""Checks on a model's config.pbtxt that need no model file: sizes, dims, names, policies.
+
+Pure: a parsed `ModelConfig` in, a `ModelConfigError` naming the first problem out. The loader runs
+it before it opens the model file or allocates anything, so an absurd value (a negative batch
+size, a dimension of 0, a million instances) fails that one model with its reason instead of
+reaching the runtime, the memory planner or the thread pool. What needs the model file (types and
+shapes against the model's own) is checked by auto-complete (`agent.repository.autocomplete`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from agent.errors import ModelConfigError
+from agent.proto import model_config_pb2 as mc
+
+# Far above what a device serves; past these a value is a typo, not a plan.
+MAX_BATCH_SIZE = 1 << 20
+MAX_INSTANCES_PER_GROUP = 256
+VARIABLE_DIM = -1
+
+
+def validate_config(config: mc.ModelConfig, model_name: str) -> None:
+    """Refuse a config whose values no model could be served with.
+
+    Args:
+        config: the parsed config (before auto-complete fills what it leaves out).
+        model_name: the model's directory name, for messages.
+
+    Raises:
+        ModelConfigError: the first problem found, naming the field.
+    """
+    where = f"model '{model_name}'"
+    if not 0 <= config.max_batch_size <= MAX_BATCH_SIZE:
+        raise ModelConfigError(
+            f"{where}: max_batch_size {config.max_batch_size} is not in 0..{MAX_BATCH_SIZE}"
+        )
+    _check_tensors(config.input, "input", where)
+    _check_tensors(config.output, "output", where)
+    for number, group in enumerate(config.instance_group):
+        if not 0 <= group.count <= MAX_INSTANCES_PER_GROUP:
+            raise ModelConfigError(
+                f"{where}: instance_group {number} count {group.count} is not in "
+                f"0..{MAX_INSTANCES_PER_GROUP} (0 means 1)"
+            )
+    _check_version_policy(config.version_policy, where)
+    if config.HasField("dynamic_batching"):
+        _check_dynamic_batching(config, where)
+
+
+def _check_tensors(
+    tensors: Iterable[mc.ModelInput | mc.ModelOutput], kind: str, where: str
+) -> None:
+    seen: set[str] = set()
+    for number, tensor in enumerate(tensors):
+        if not tensor.name:
+            raise ModelConfigError(f"{where}: {kind} {number} has no name")
+        if tensor.name in seen:
+            raise ModelConfigError(f"{where}: {kind} '{tensor.name}' is declared twice")
+        seen.add(tensor.name)
+        label = f"{where} {kind} '{tensor.name}'"
+        _check_dims(tensor.dims, f"{label} dims", allow_empty=True)
+        if tensor.HasField("reshape"):
+            _check_dims(tensor.reshape.shape, f"{label} reshape", allow_empty=True)
+
+
+def _check_dims(dims: Sequence[int], label: str, *, allow_empty: bool) -> None:
+    if not dims and not allow_empty:
+        raise ModelConfigError(f"{label}: no dimensions")
+    bad = [d for d in dims if d < 1 and d != VARIABLE_DIM]
+    if bad:
+        raise ModelConfigError(
+            f"{label} {list(dims)}: each dimension must be >= 1, or -1 for a variable size"
+        )
+
+
+def _check_version_policy(policy: mc.ModelVersionPolicy, where: str) -> None:
+    choice = policy.WhichOneof("policy_choice")
+    if choice == "latest" and policy.latest.num_versions < 1:
+        raise ModelConfigError(f"{where}: version_policy latest.num_versions must be >= 1")
+    if choice == "specific":
+        if not policy.specific.versions:
+            raise ModelConfigError(f"{where}: version_policy specific lists no versions")
+        bad = [v for v in policy.specific.versions if v < 1]
+        if bad:
+            raise ModelConfigError(
+                f"{where}: version_policy specific versions {bad} are not positive numbers"
+            )
+
+
+def _check_dynamic_batching(config: mc.ModelConfig, where: str) -> None:
+    batching = config.dynamic_batching
+    bad = [s for s in batching.preferred_batch_size if s < 1]
+    if bad:
+        raise ModelConfigError(
+            f"{where}: dynamic_batching.preferred_batch_size {bad} are not positive sizes"
+        )
