@@ -11,12 +11,13 @@ import argparse
 import logging
 import sys
 import time
-from typing import Any, TextIO
+from pathlib import Path
+from typing import TextIO
 
 from model_cache import CacheError, ModelCache
 from sync.cli_parser import EXIT_CONFIG, EXIT_ERROR
 from sync.client import Progress, SyncClient, activate_in_cache
-from sync.config import SyncConfig, load_file, validate
+from sync.config import SyncConfig, validate
 from sync.errors import SyncConfigError, SyncError
 from sync.keys import RoleSpec, init_keys, rotate_keys
 from sync.policy import parse_desired
@@ -27,10 +28,10 @@ from sync.stores import open_store
 
 
 def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    """Run a `keys`, `publish` or `sync` command.
+    """Run a `keys` or `publish` command (`sync --once` is `sync_once`, after the config is read).
 
     Args:
-        args: Parsed arguments (`args.command` in `SYNC_COMMANDS`).
+        args: Parsed arguments (`args.command` is `keys` or `publish`).
         out: Where results go (default stdout).
         err: Where errors and the progress bar go (default stderr).
 
@@ -43,9 +44,7 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | No
     try:
         if args.command == "keys":
             return _keys(args, out)
-        if args.command == "publish":
-            return _publish(args, out)
-        return _sync(args, out, err)
+        return _publish(args, out)
     except SyncConfigError as exc:
         print(f"edge-agent: error: {exc.message}", file=err)
         return EXIT_CONFIG
@@ -100,19 +99,42 @@ def _publish(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def _sync(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    config, cache_dir = load_file(args.config) if args.config else (SyncConfig(), None)
-    changes = {
-        "source": args.source,
-        "trusted_root": args.trusted_root,
-        "desired": tuple(args.desired) if args.desired else None,
-        "s3_endpoint": args.s3_endpoint,
-        "s3_region": args.s3_region,
-    }
-    config = SyncConfig(
-        **{**_as_dict(config), **{k: v for k, v in changes.items() if v is not None}}
-    )
-    cache_dir = args.cache_dir or cache_dir
+def sync_once(
+    config: SyncConfig,
+    cache_dir: Path | None,
+    *,
+    activate: bool = True,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
+    """`edge-agent sync --once`: one sync cycle into the cache, then exit.
+
+    Args:
+        config: The `[sync]` section as the agent's loader read it (file, environment, flags).
+        cache_dir: The agent's `cache.dir`.
+        activate: Serve what the cycle installed (the cache's active version), or only install.
+        out: Where results go (default stdout).
+        err: Where errors and the progress bar go (default stderr).
+
+    Returns:
+        The exit code: 0, 1 (an operation failed) or 2 (bad configuration).
+    """
+    out = out or sys.stdout
+    err = err or sys.stderr
+    logging.basicConfig(level="WARNING", format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return _sync(config, cache_dir, activate, out, err)
+    except SyncConfigError as exc:
+        print(f"edge-agent: error: {exc.message}", file=err)
+        return EXIT_CONFIG
+    except (SyncError, CacheError) as exc:
+        print(f"edge-agent: error: {exc}", file=err)
+        return EXIT_ERROR
+
+
+def _sync(
+    config: SyncConfig, cache_dir: Path | None, activate: bool, out: TextIO, err: TextIO
+) -> int:
     if not config.enabled:
         raise SyncConfigError("no repository: pass --source URL or set sync.source")
     validate(config, cache_dir)
@@ -132,10 +154,10 @@ def _sync(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         )
         report = client.sync_once()
         bar.finish()
-        failures = [] if args.no_activate else activate_in_cache(cache, report.activate)
+        failures = activate_in_cache(cache, report.activate) if activate else []
     for model, version in report.installed:
         print(f"installed {model} version {version}", file=out)
-    if not args.no_activate:
+    if activate:
         for model, version in report.activate:
             print(f"serving {model} version {version}", file=out)
     for message in [f"{m}: {r}" for m, r in report.errors] + failures:
@@ -143,10 +165,6 @@ def _sync(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if not (report.installed or report.activate or report.errors):
         print("up to date", file=out)
     return EXIT_ERROR if report.errors or failures else 0
-
-
-def _as_dict(config: SyncConfig) -> dict[str, Any]:
-    return {name: getattr(config, name) for name in SyncConfig.__dataclass_fields__}
 
 
 class ProgressBar:

@@ -54,13 +54,23 @@ def add_commands(subparsers: Any) -> None:  # argparse's _SubParsersAction is pr
 
     sync = subparsers.add_parser("sync", help="fetch signed model versions into the cache")
     sync.add_argument("--once", action="store_true", required=True, help="one cycle, then exit")
+    # `section.key` destinations: the agent's config loader applies them over the file and the
+    # EDGE_AGENT_* environment, exactly as for `serve`.
     sync.add_argument("--config", type=Path, help="agent TOML file ([sync], [cache] dir)")
-    sync.add_argument("--source", help="s3://, http(s):// or file:/// repository URL")
-    sync.add_argument("--trusted-root", type=Path, help="the root.json shipped to the device")
-    sync.add_argument("--cache-dir", type=Path)
-    sync.add_argument("--desired", action="append", metavar="MODEL=POLICY")
+    sync.add_argument(
+        "--source", dest="sync.source", help="s3://, http(s):// or file:/// repository URL"
+    )
+    sync.add_argument(
+        "--trusted-root",
+        type=Path,
+        dest="sync.trusted_root",
+        help="the root.json shipped to the device",
+    )
+    sync.add_argument("--cache-dir", type=Path, dest="cache.dir")
+    sync.add_argument("--desired", action="append", dest="sync.desired", metavar="MODEL=POLICY")
     sync.add_argument("--no-activate", action="store_true", help="install, do not serve")
-    _s3_flags(sync)
+    sync.add_argument("--s3-endpoint", dest="sync.s3_endpoint", help="e.g. http://127.0.0.1:5000")
+    sync.add_argument("--s3-region", dest="sync.s3_region")
 
 
 def _s3_flags(parser: argparse.ArgumentParser) -> None:

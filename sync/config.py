@@ -9,23 +9,15 @@
     s3_endpoint = "http://127.0.0.1:5000"     # "" : AWS; credentials from the environment
     s3_region = ""
 
-Field types are those `agent/config/schema.py` knows (str, int, tuple[str, ...], Path | None), so
-the
-agent's loader reads this section like its own. `validate` checks what the types cannot.
+Field types are those the agent's config loader knows (str, int, tuple[str, ...], Path | None):
+it reads this section like its own, from the file, the environment and flags, for `serve` and
+`sync --once` alike. `validate` checks what the types cannot.
 """
 
 from __future__ import annotations
 
-import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
-
 
 from sync.errors import SyncConfigError
 from sync.policy import parse_desired
@@ -88,59 +80,3 @@ def validate(config: SyncConfig, cache_dir: Path | None) -> None:
     if config.max_version_bytes < 1:
         raise SyncConfigError("sync.max_version_bytes must be >= 1")
     parse_desired(config.desired)
-
-
-def load_file(path: Path) -> tuple[SyncConfig, Path | None]:
-    """Read `[sync]` and `cache.dir` from an agent config file (for `edge-agent sync --once`).
-
-    Args:
-        path: The agent's TOML file; relative paths in it are relative to its folder.
-
-    Raises:
-        SyncConfigError: Unreadable file, bad TOML, an unknown key or a wrong type.
-
-    Returns:
-        The sync section and the cache folder (None when not set).
-    """
-    try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise SyncConfigError(f"cannot read {path}: {exc.strerror}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise SyncConfigError(f"{path}: invalid TOML: {exc}") from None
-    raw_sync = doc.get("sync", {})
-    raw_cache = doc.get("cache", {})
-    if not isinstance(raw_sync, dict) or not isinstance(raw_cache, dict):
-        raise SyncConfigError(f"{path}: [sync] and [cache] must be tables")
-    defaults = SyncConfig()
-    values: dict[str, Any] = {}
-    for item in fields(SyncConfig):
-        if item.name not in raw_sync:
-            continue
-        value = raw_sync[item.name]
-        default = getattr(defaults, item.name)
-        if item.name in ("trusted_root", "work_dir"):
-            value = _path(f"sync.{item.name}", value, path.parent)
-        elif isinstance(default, tuple):
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise SyncConfigError(f"sync.{item.name} must be a list of strings")
-            value = tuple(value)
-        elif type(value) is not type(default):
-            raise SyncConfigError(
-                f"sync.{item.name} must be {type(default).__name__}, got {value!r}"
-            )
-        values[item.name] = value
-    unknown = set(raw_sync) - {f.name for f in fields(SyncConfig)}
-    if unknown:
-        raise SyncConfigError(f"unknown config key(s) in [sync]: {', '.join(sorted(unknown))}")
-    cache_dir = raw_cache.get("dir")
-    return SyncConfig(**values), (
-        _path("cache.dir", cache_dir, path.parent) if cache_dir is not None else None
-    )
-
-
-def _path(key: str, value: object, base: Path) -> Path:
-    if not isinstance(value, str) or not value:
-        raise SyncConfigError(f"{key} must be a path string, got {value!r}")
-    found = Path(value).expanduser()
-    return found if found.is_absolute() else base / found

@@ -19,8 +19,9 @@ from typing import Any
 from agent import __version__
 from agent.backends import tensorrt_build as engine_build
 from agent.cli import fleet as fleet_cli
+from agent.config.loader import load_config
 from agent.config.schema import AgentConfig
-from agent.config.tools import check_command, load_with_env, show_command
+from agent.config.tools import check_command, show_command
 from agent.errors import AgentConfigError, AgentError
 from agent.faults import fault
 from agent.quantize import args as quantize_args
@@ -178,6 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "sync":
+        return sync_command(args)
     if args.command in SYNC_COMMANDS:
         from sync.cli import run as run_sync  # noqa: PLC0415 - boto3 and tuf only when needed
 
@@ -198,12 +201,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.config_command == "check":
             return check_command(args.file)
         return show_command(args.config, os.environ)
-    overrides: dict[str, Any] = {k: v for k, v in vars(args).items() if "." in k}
-    if overrides.get("models.load_models") is not None:
-        overrides["models.load_models"] = tuple(overrides["models.load_models"])
+    overrides = _flags(args)
     try:
         # Precedence: flags, then EDGE_AGENT_<SECTION>_<KEY> variables, then the file.
-        config = load_with_env(args.config, overrides, os.environ)
+        config = load_config(args.config, overrides, os.environ)
     except AgentConfigError as exc:
         print(f"edge-agent: error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
@@ -212,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # second; with the default 5 ms switch interval a waiting thread stalls for up to 5 ms.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
-        reload_config = functools.partial(load_with_env, args.config, overrides, os.environ)
+        reload_config = functools.partial(load_config, args.config, overrides, os.environ)
         return _run(run_agent(config, reload_config))
     except AgentError as exc:
         logging.getLogger("agent").critical("%s", exc.message)
@@ -221,6 +222,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         print(f"edge-agent: error: cannot listen: {exc.strerror}", file=sys.stderr)
         return EXIT_LOAD
+
+
+def sync_command(args: argparse.Namespace) -> int:
+    """`edge-agent sync --once`: the config as `serve` reads it (file, environment, flags)."""
+    try:
+        config = load_config(args.config, _flags(args), os.environ, serving=False)
+    except AgentConfigError as exc:
+        print(f"edge-agent: error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    from sync.cli import sync_once  # noqa: PLC0415 - boto3 and tuf only when needed
+
+    return sync_once(config.sync, config.cache.dir, activate=not args.no_activate)
+
+
+def _flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The parsed flags whose destination is a `section.key` of the config (None: not given)."""
+    flags: dict[str, Any] = {k: v for k, v in vars(args).items() if "." in k}
+    for key in ("models.load_models", "sync.desired"):
+        if flags.get(key) is not None:
+            flags[key] = tuple(flags[key])
+    return flags
 
 
 def cache_command(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""The agent's settings: frozen dataclasses read once from TOML, with command-line flags on top.
+"""The agent's settings: frozen dataclasses, read once at start-up by `agent.config.loader`.
 
     [server]  host, http_port, grpc_port, metrics_port, max_request_bytes, shared_memory
     [models]  repository, demo, strict_model_config, exit_on_error, intra_op_threads,
@@ -12,25 +12,23 @@
     [canary.MODEL]  version, share, promote_after, window, min_requests, max_error_rate,
               max_p95_ms (one table per model; see agent/canary/policy.py)
 
-An unknown section or key, or a value of the wrong type, stops start-up with a message that names
-the key. Relative paths in the file are relative to the file's own folder.
+`validate` checks what the types cannot (ranges, exclusive keys, what `serve` needs).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_type_hints
 
 if sys.version_info >= (3, 11):
-    import tomllib
+    pass
 else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+    pass
 
-from agent.canary.policy import CanaryPolicy, CanaryPolicyError, parse_policy
+from agent.canary.policy import CanaryPolicy
 from agent.errors import AgentConfigError
 from agent.fleet.config import MqttConfig, validate_mqtt
 from sync.config import SyncConfig
@@ -99,108 +97,22 @@ class AgentConfig:
     canary: tuple[tuple[str, CanaryPolicy], ...] = ()  # (model, policy), sorted by model
 
 
-_SECTIONS: dict[str, type[Any]] = {
-    "server": ServerConfig,
-    "models": ModelsConfig,
-    "cache": CacheConfig,
-    "sync": SyncConfig,
-    "mqtt": MqttConfig,
-    "log": LogConfig,
-}
+def config_sections() -> dict[str, type[Any]]:
+    """`AgentConfig`'s sections: name → dataclass (`canary`, a table per model, is not one)."""
+    hints = get_type_hints(AgentConfig)
+    return {
+        f.name: hints[f.name]
+        for f in dataclasses.fields(AgentConfig)
+        if dataclasses.is_dataclass(hints[f.name])
+    }
 
 
-def load_config(path: Path | None, overrides: Mapping[str, Any]) -> AgentConfig:
-    """Read the TOML file (if any), apply `section.key` overrides from flags, and validate.
+def validate(config: AgentConfig, *, serving: bool = True) -> None:
+    """Check values beyond their types; `serving`: also what `serve` needs (a repository).
 
     Raises:
-        AgentConfigError: unreadable file, bad TOML, unknown key, wrong type or invalid value.
+        AgentConfigError: the first problem, naming the key.
     """
-    doc: dict[str, Any] = {}
-    base = Path.cwd()
-    if path is not None:
-        try:
-            doc = tomllib.loads(path.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise AgentConfigError(f"cannot read config file {path}: {exc.strerror}") from None
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise AgentConfigError(f"{path}: invalid TOML: {exc}") from None
-        base = path.parent
-    for key in doc:
-        if key not in _SECTIONS and key != "canary":
-            raise AgentConfigError(
-                f"unknown config section [{key}] (known: {', '.join(_SECTIONS)}, canary)"
-            )
-    sections = {}
-    for name, cls in _SECTIONS.items():
-        raw = doc.get(name, {})
-        if not isinstance(raw, dict):
-            raise AgentConfigError(f"config key '{name}' must be a table [{name}]")
-        values = _section(name, cls, raw, base)
-        for dotted, value in overrides.items():
-            section, _, key = dotted.partition(".")
-            if section == name and value is not None:
-                values[key] = value
-        sections[name] = cls(**values)
-    config = AgentConfig(**sections, canary=_canaries(doc.get("canary", {})))
-    _validate(config)
-    return config
-
-
-def _section(name: str, cls: type[Any], raw: Mapping[str, Any], base: Path) -> dict[str, Any]:
-    hints = get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
-    values: dict[str, Any] = {}
-    for key, value in raw.items():
-        if key not in known:
-            raise AgentConfigError(
-                f"unknown config key '{name}.{key}' (known in [{name}]: {', '.join(sorted(known))})"
-            )
-        values[key] = _coerce(f"{name}.{key}", hints[key], value, base)
-    return values
-
-
-def _canaries(raw: Any) -> tuple[tuple[str, CanaryPolicy], ...]:
-    """The `[canary.MODEL]` tables."""
-    if not isinstance(raw, dict):
-        raise AgentConfigError("config key 'canary' must hold tables [canary.MODEL]")
-    policies: list[tuple[str, CanaryPolicy]] = []
-    for model, table in sorted(raw.items()):
-        if not isinstance(table, dict):
-            raise AgentConfigError(f"config key 'canary.{model}' must be a table [canary.{model}]")
-        try:
-            policies.append((model, parse_policy(table)))
-        except CanaryPolicyError as exc:
-            raise AgentConfigError(
-                f"config key 'canary.{model}.{exc.key}': {exc.message}"
-            ) from None
-    return tuple(policies)
-
-
-def _coerce(key: str, hint: Any, value: Any, base: Path) -> Any:
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise AgentConfigError(f"config key '{key}' must be true or false, got {value!r}")
-        return value
-    if hint is int:
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise AgentConfigError(f"config key '{key}' must be an integer, got {value!r}")
-        return value
-    if hint is str:
-        if not isinstance(value, str):
-            raise AgentConfigError(f"config key '{key}' must be a string, got {value!r}")
-        return value
-    if hint == tuple[str, ...]:
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise AgentConfigError(f"config key '{key}' must be a list of strings, got {value!r}")
-        return tuple(value)
-    # Path | None
-    if not isinstance(value, str) or not value:
-        raise AgentConfigError(f"config key '{key}' must be a path string, got {value!r}")
-    path = Path(value).expanduser()
-    return path if path.is_absolute() else base / path
-
-
-def _validate(config: AgentConfig) -> None:
     server, models = config.server, config.models
     if not 0 <= server.http_port <= 65535:
         raise AgentConfigError(f"server.http_port must be 0..65535, got {server.http_port}")
@@ -234,6 +146,19 @@ def _validate(config: AgentConfig) -> None:
         raise AgentConfigError('models.load_models needs models.control_mode = "explicit"')
     if models.poll_quiet_ms < 10:
         raise AgentConfigError("models.poll_quiet_ms must be >= 10")
+    if config.cache.keep_last < 0 or config.cache.disk_budget_bytes < 0:
+        raise AgentConfigError("cache.keep_last and cache.disk_budget_bytes must be >= 0")
+    try:
+        validate_sync(config.sync, config.cache.dir)
+    except SyncConfigError as exc:
+        raise AgentConfigError(exc.message) from None
+    validate_mqtt(config.mqtt)
+    if serving:
+        _validate_repository(config)
+
+
+def _validate_repository(config: AgentConfig) -> None:
+    models = config.models
     if models.repository is None and not models.demo and config.cache.dir is None:
         raise AgentConfigError(
             "no model repository: pass --model-repository DIR, --cache-dir DIR, set "
@@ -248,13 +173,6 @@ def _validate(config: AgentConfig) -> None:
             'models.control_mode = "poll" watches a plain repository; the cache changes its '
             "view itself (activate/rollback)"
         )
-    if config.cache.keep_last < 0 or config.cache.disk_budget_bytes < 0:
-        raise AgentConfigError("cache.keep_last and cache.disk_budget_bytes must be >= 0")
-    try:
-        validate_sync(config.sync, config.cache.dir)
-    except SyncConfigError as exc:
-        raise AgentConfigError(exc.message) from None
-    validate_mqtt(config.mqtt)
     if models.repository is not None and models.demo:
         raise AgentConfigError("models.repository and models.demo are exclusive: choose one")
     if models.repository is not None and not models.repository.is_dir():

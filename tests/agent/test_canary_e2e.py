@@ -18,7 +18,8 @@ import tritonclient.http as httpclient
 from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
-from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig, load_config
+from agent.config.loader import load_config
+from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.runtime.daemon import RunningAgent
 from tests.models import save_ready
 from tests.server import running_agent

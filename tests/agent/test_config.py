@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from agent.config.schema import AgentConfig, LogConfig, ModelsConfig, ServerConfig, load_config
+from agent.config.loader import load_config
+from agent.config.schema import AgentConfig, LogConfig, ModelsConfig, ServerConfig
 from agent.errors import AgentConfigError
 
 

@@ -1,4 +1,4 @@
-"""Environment overrides, `config check` and `config show` (agent/config/tools.py)."""
+"""Environment overrides, `config check` and `config show` (agent/config/{environment,tools}.py)."""
 
 from __future__ import annotations
 
@@ -13,21 +13,15 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-from agent.config.schema import load_config
-from agent.config.tools import (
-    MASK,
-    check_command,
-    env_overrides,
-    is_secret_key,
-    load_with_env,
-    render_toml,
-    show_command,
-)
+from agent.config.environment import env_values
+from agent.config.loader import load_config
+from agent.config.render import MASK, is_secret_key, render_toml
+from agent.config.tools import check_command, show_command
 from agent.errors import AgentConfigError
 
 
-def test_env_overrides_convert_by_the_key_type() -> None:
-    overrides = env_overrides(
+def test_env_values_parse_by_the_key_type() -> None:
+    overrides = env_values(
         {
             "EDGE_AGENT_SERVER_HTTP_PORT": "9000",
             "EDGE_AGENT_MODELS_EXIT_ON_ERROR": "no",
@@ -44,25 +38,25 @@ def test_env_overrides_convert_by_the_key_type() -> None:
         "models.exit_on_error": False,
         "models.load_models": ("a", "b"),
         "sync.desired": ("x=1", "y=latest"),
-        "cache.dir": Path("/var/lib/edge-agent"),
+        "cache.dir": "/var/lib/edge-agent",  # the loader resolves paths
         "log.level": "debug",
     }
 
 
 def test_env_override_errors_name_the_variable_and_key() -> None:
     with pytest.raises(AgentConfigError, match=r"EDGE_AGENT_SERVER_HTTP_PORT.*'server.http_port'"):
-        env_overrides({"EDGE_AGENT_SERVER_HTTP_PORT": "eighty"})
+        env_values({"EDGE_AGENT_SERVER_HTTP_PORT": "eighty"})
     with pytest.raises(AgentConfigError, match=r"EDGE_AGENT_SERVER_HTTP_PROT.*'server.http_prot'"):
-        env_overrides({"EDGE_AGENT_SERVER_HTTP_PROT": "1"})
+        env_values({"EDGE_AGENT_SERVER_HTTP_PROT": "1"})
     with pytest.raises(AgentConfigError, match="must be true or false"):
-        env_overrides({"EDGE_AGENT_MODELS_DEMO": "maybe"})
+        env_values({"EDGE_AGENT_MODELS_DEMO": "maybe"})
 
 
 def test_flags_win_over_env_and_env_over_file(tmp_path: Path) -> None:
     config = tmp_path / "agent.toml"
     config.write_text("[server]\nhttp_port = 1\nmetrics_port = 2\n[models]\ndemo = true\n")
     env = {"EDGE_AGENT_SERVER_HTTP_PORT": "10", "EDGE_AGENT_SERVER_METRICS_PORT": "20"}
-    loaded = load_with_env(config, {"server.http_port": 100, "server.host": None}, env)
+    loaded = load_config(config, {"server.http_port": 100, "server.host": None}, env)
     assert loaded.server.http_port == 100  # flag
     assert loaded.server.metrics_port == 20  # environment
     assert loaded.server.host == "127.0.0.1"  # default: a flag left unset does not override
@@ -105,10 +99,10 @@ def test_show_masks_secrets_and_reads_back(tmp_path: Path) -> None:
 def test_render_toml_round_trips_through_load_config(tmp_path: Path) -> None:
     config = tmp_path / "agent.toml"
     config.write_text('[models]\ndemo = true\nload_models = []\n[log]\nlevel = "debug"\n')
-    loaded = load_config(config, {})
+    loaded = load_config(config)
     again = tmp_path / "again.toml"
     again.write_text(render_toml(loaded))
-    assert load_config(again, {}) == loaded
+    assert load_config(again) == loaded
 
 
 def test_canary_tables_round_trip_and_stay_out_of_the_environment(tmp_path: Path) -> None:
@@ -116,13 +110,13 @@ def test_canary_tables_round_trip_and_stay_out_of_the_environment(tmp_path: Path
     config.write_text(
         '[models]\ndemo = true\n[canary."m.x"]\nversion = 2\nshare = 0.1\nmax_p95_ms = 20\n'
     )
-    loaded = load_config(config, {})
+    loaded = load_config(config)
     again = tmp_path / "again.toml"
     again.write_text(render_toml(loaded))
-    assert load_config(again, {}) == loaded
+    assert load_config(again) == loaded
     assert loaded.canary[0][0] == "m.x"
     with pytest.raises(AgentConfigError, match="EDGE_AGENT_CANARY_M_SHARE"):
-        env_overrides({"EDGE_AGENT_CANARY_M_SHARE": "0.5"})
+        env_values({"EDGE_AGENT_CANARY_M_SHARE": "0.5"})
 
 
 @pytest.mark.parametrize(

@@ -2,25 +2,26 @@
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import io
 import uuid
 from pathlib import Path
 
+import pytest
+
+from agent.cli.main import main
 from model_cache import ModelCache
-from sync.cli import run
-from sync.cli_parser import SYNC_COMMANDS, add_commands
+from sync.cli_parser import SYNC_COMMANDS
 from sync.keys import keys_dir
 from tests.sync.support import make_model, payload
 
 
 def _run(*argv: str) -> tuple[int, str, str]:
-    parser = argparse.ArgumentParser(prog="edge-agent")
-    add_commands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    assert args.command in SYNC_COMMANDS
+    """`edge-agent ARGV` through the agent's own entry point (its config loader included)."""
+    assert argv[0] in SYNC_COMMANDS
     out, err = io.StringIO(), io.StringIO()
-    code = run(args, out=out, err=err)
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
     return code, out.getvalue(), err.getvalue()
 
 
@@ -108,6 +109,49 @@ def test_sync_reads_the_agent_config_file(tmp_path: Path) -> None:
     assert "serving demo version 3" in out
     code, out, _err = _run("sync", "--once", "--config", str(config))
     assert out.strip() == "up to date"
+
+
+def _published(tmp_path: Path) -> tuple[Path, Path]:
+    """A signed repository on a folder store holding demo versions 3 and 4."""
+    repo = tmp_path / "repo"
+    assert _run("keys", "init", "--repo", str(repo))[0] == 0
+    bucket = tmp_path / "bucket"
+    for version in (3, 4):
+        model = make_model(tmp_path / f"src{version}", "demo", version, payload(version))
+        code, _out, err = _run(
+            "publish", "--repo", str(repo), "--store", bucket.as_uri(), "demo", str(version),
+            str(model),
+        )  # fmt: skip
+        assert code == 0, err
+    return repo, bucket
+
+
+def test_sync_once_honours_the_environment_like_serve(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo, bucket = _published(tmp_path)
+    monkeypatch.setenv("EDGE_AGENT_SYNC_SOURCE", bucket.as_uri())
+    monkeypatch.setenv("EDGE_AGENT_SYNC_TRUSTED_ROOT", str(repo / "metadata" / "root.json"))
+    monkeypatch.setenv("EDGE_AGENT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("EDGE_AGENT_SYNC_DESIRED", "demo=3")
+    code, out, err = _run("sync", "--once")
+    assert code == 0, err
+    assert "serving demo version 3" in out
+    # A flag wins over the environment, the environment over the file.
+    config = tmp_path / "agent.toml"
+    config.write_text('[sync]\ndesired = ["demo=4"]\n[cache]\ndir = "elsewhere"\n')
+    code, out, err = _run("sync", "--once", "--config", str(config), "--desired", "demo=4")
+    assert code == 0, err
+    assert "serving demo version 4" in out
+    with ModelCache(tmp_path / "cache") as cache:
+        served = cache.active_version("demo")
+        assert served is not None
+        assert served.version == 4
+    assert not (tmp_path / "elsewhere").exists()
+    monkeypatch.setenv("EDGE_AGENT_SYNC_INTERVAL_S", "soon")
+    code, _out, err = _run("sync", "--once")
+    assert code == 2
+    assert "EDGE_AGENT_SYNC_INTERVAL_S" in err
 
 
 def test_errors_have_exit_codes(tmp_path: Path) -> None:

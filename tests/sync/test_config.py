@@ -4,7 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from sync.config import SyncConfig, load_file, validate
+from agent.config.loader import load_config
+from agent.errors import AgentConfigError
+from sync.config import SyncConfig, validate
 from sync.errors import SyncConfigError
 
 
@@ -13,34 +15,34 @@ def test_defaults_are_off() -> None:
     validate(SyncConfig(), None)
 
 
-def test_load_file_resolves_paths(tmp_path: Path) -> None:
+def test_the_agent_loader_reads_the_sync_section_and_resolves_paths(tmp_path: Path) -> None:
     (tmp_path / "root.json").write_text("{}")
     path = tmp_path / "a.toml"
     path.write_text(
         '[sync]\nsource = "s3://b/p"\ntrusted_root = "root.json"\ninterval_s = 60\n'
         'desired = ["m=2"]\n[cache]\ndir = "c"\n'
     )
-    config, cache_dir = load_file(path)
-    assert config.trusted_root == tmp_path / "root.json"
-    assert config.desired == ("m=2",)
-    assert cache_dir == tmp_path / "c"
-    validate(config, cache_dir)
+    config = load_config(path, serving=False)
+    assert config.sync.trusted_root == tmp_path / "root.json"
+    assert config.sync.desired == ("m=2",)
+    assert config.sync.interval_s == 60
+    assert config.cache.dir == tmp_path / "c"
 
 
 @pytest.mark.parametrize(
     ("body", "match"),
     [
-        ("[sync]\nbogus = 1\n", "unknown"),
-        ('[sync]\ninterval_s = "5"\n', "must be int"),
+        ("[sync]\nbogus = 1\n", "unknown config key 'sync.bogus'"),
+        ('[sync]\ninterval_s = "5"\n', "'sync.interval_s' must be an integer"),
         ("[sync]\ndesired = [1]\n", "list of strings"),
         ("[sync\n", "invalid TOML"),
     ],
 )
-def test_load_file_refuses(tmp_path: Path, body: str, match: str) -> None:
+def test_the_agent_loader_refuses_a_bad_sync_section(tmp_path: Path, body: str, match: str) -> None:
     path = tmp_path / "a.toml"
     path.write_text(body)
-    with pytest.raises(SyncConfigError, match=match):
-        load_file(path)
+    with pytest.raises(AgentConfigError, match=match):
+        load_config(path, serving=False)
 
 
 def test_validate_refuses(tmp_path: Path) -> None:
