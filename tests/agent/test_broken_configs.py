@@ -117,7 +117,7 @@ def _infer_good(client: httpclient.InferenceServerClient) -> np.ndarray:
     result = client.infer("good", [data])
     out = result.as_numpy("OUTPUT0")
     assert out is not None
-    return out
+    return np.asarray(out)
 
 
 def test_each_broken_config_fails_its_model_and_the_good_one_serves(
