@@ -6,6 +6,7 @@ Thin like the HTTP handlers: decode with `agent.api.grpc_codec`, call the shared
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -252,8 +253,11 @@ async def start_grpc_server(
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(  # type: ignore[no-untyped-call]
         InferenceService(dataplane), server
     )
-    bound = server.add_insecure_port(f"{host}:{port}")
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:  # grpcio >= 1.60 raises where older versions returned port 0
+        bound = 0
     if bound == 0:
-        raise OSError(f"cannot bind gRPC on {host}:{port}")
+        raise OSError(errno.EADDRINUSE, f"cannot bind gRPC on {host}:{port}")
     await server.start()
     return server, bound

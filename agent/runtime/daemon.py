@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import grpc
 from aiohttp import web
 
 from agent.api.grpc_server import start_grpc_server
@@ -25,6 +24,8 @@ from agent.canary.control import STATE_FILE, CanaryManager
 from agent.config.schema import AgentConfig
 from agent.errors import AgentError, ModelLoadError, ModelNotFoundError
 from agent.fleet.link import EventTee, FleetLink
+from agent.fleet.mqtt import MqttError
+from agent.fleet.outbox import StoreError
 from agent.fleet.telemetry import detect_gpu
 from agent.models.cache_control import CachedVersions, CacheEvents
 from agent.models.control import LogEvents, ModelControlMode, ModelManager
@@ -59,55 +60,55 @@ DRAIN_TIMEOUT_S = 30.0  # SIGTERM: bound on in-flight requests (unit: TimeoutSto
 
 @dataclass(slots=True)
 class RunningAgent:
-    """A started agent: its parts and the port it listens on."""
+    """A started agent: its parts, the ports it listens on, and how to stop it."""
 
     registry: ModelRegistry
     dataplane: DataPlane
-    runner: web.AppRunner
     http_port: int
-    metrics_runner: web.AppRunner | None = None
+    stack: contextlib.AsyncExitStack
     metrics_port: int | None = None
     model_cache: ModelCache | None = None
-    watcher: RepositoryWatcher | None = None
-    sync_stop: asyncio.Event | None = None
-    sync_task: asyncio.Task[None] | None = None
-    grpc_server: grpc.aio.Server | None = None
     grpc_port: int | None = None
     fleet: FleetLink | None = None
 
     async def stop(self) -> None:
-        """Stop accepting work, let in-flight requests finish, unload models."""
+        """Stop being ready, then stop every part in the reverse order of its start.
+
+        The sync cycle in progress finishes (an install is never cut short), the fleet link
+        publishes its retained "offline" status, the listeners let in-flight requests finish
+        (within DRAIN_TIMEOUT_S), then the models are unloaded and the cache is closed.
+        """
         self.dataplane.set_ready(False)
-        if self.sync_stop is not None:
-            self.sync_stop.set()
-        if self.sync_task is not None:
-            await self.sync_task  # finish the cycle in progress; never cut an install short
-        if self.fleet is not None:
-            await self.fleet.stop()  # publishes the retained "offline" status
-        if self.watcher is not None:
-            await self.watcher.stop()
-        if self.grpc_server is not None:
-            await self.grpc_server.stop(grace=30)  # in-flight calls finish within the bound
-        await self.runner.cleanup()
-        if self.metrics_runner is not None:
-            await self.metrics_runner.cleanup()
-        await asyncio.to_thread(self.registry.close)
-        if self.model_cache is not None:
-            self.model_cache.close()
+        await self.stack.aclose()
         logger.info("agent stopped")
 
 
 async def start_agent(config: AgentConfig) -> RunningAgent:
     """Load the repository and start listening.
 
+    Every part is entered into one exit stack as it starts: if start-up fails half way, the
+    parts already started are stopped in reverse order before the error propagates, and
+    `RunningAgent.stop` unwinds the same stack.
+
     Raises:
-        ModelLoadError: with exit_on_error, a model failed to load (the message names each one).
-        OSError: the HTTP port cannot be bound.
+        ModelLoadError: with exit_on_error, a model failed to load (the message names each one);
+            the model cache or sync could not be set up.
+        OSError: a port cannot be bound.
     """
+    stack = contextlib.AsyncExitStack()
+    try:
+        return await _start(config, stack)
+    except BaseException:
+        await stack.aclose()
+        raise
+
+
+async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> RunningAgent:
     repo = config.models.repository
     model_cache: ModelCache | None = None
     if config.cache.dir is not None:
         model_cache = await asyncio.to_thread(_open_cache, config)
+        stack.callback(model_cache.close)
         repo = model_cache.repository_path
     elif repo is None:
         try:
@@ -133,10 +134,10 @@ async def start_agent(config: AgentConfig) -> RunningAgent:
         ledger=ledger,
         gate=LimiterGate(RateLimiter()),
     )
+    stack.push_async_callback(asyncio.to_thread, registry.close)
     mode = ModelControlMode(config.models.control_mode)
     events = EventTee(CacheEvents(model_cache) if model_cache is not None else LogEvents())
     manager = ModelManager(registry, events)
-    watcher: RepositoryWatcher | None = None
     if mode is ModelControlMode.POLL:
         # Started before the initial load so that no change in between is missed.
         watcher = RepositoryWatcher(
@@ -146,16 +147,11 @@ async def start_agent(config: AgentConfig) -> RunningAgent:
             quiet_s=config.models.poll_quiet_ms / 1000,
         )
         await watcher.start()
+        stack.push_async_callback(watcher.stop)
     failures = await asyncio.to_thread(_initial_load, registry, mode, config.models.load_models)
     if failures and config.models.exit_on_error:
-        if watcher is not None:
-            await watcher.stop()
-        await asyncio.to_thread(registry.close)
-        if model_cache is not None:
-            model_cache.close()
         detail = "; ".join(f"{name}: {reason}" for name, reason in sorted(failures.items()))
         raise ModelLoadError(f"failed to load {len(failures)} model(s): {detail}")
-    cache = ResponseCache(config.models.response_cache_bytes)
     versions = (
         CachedVersions(
             model_cache,
@@ -175,95 +171,114 @@ async def start_agent(config: AgentConfig) -> RunningAgent:
     canary.startup(config.canary)
     dataplane = DataPlane(
         registry,
-        cache,
+        ResponseCache(config.models.response_cache_bytes),
         manager,
         mode,
         versions,
         canary,
         shared_memory=SharedMemoryRegistry(enabled=config.server.shared_memory),
     )
-    sync_stop = asyncio.Event()
-    sync_task: asyncio.Task[None] | None = None
-    sync_client: SyncClient | None = None
-    if config.sync.enabled and versions is not None and model_cache is not None:
-        try:
-            # boto3 and python-tuf (~26 MiB) are imported only for an agent that syncs.
-            from sync.periodic import build_client, run_periodic  # noqa: PLC0415
-
-            sync_client = build_client(config.sync, model_cache)
-        except SyncError as exc:
-            raise ModelLoadError(f"sync: {exc.message}") from None
-        sync_task = asyncio.create_task(
-            run_periodic(config.sync, model_cache, versions.activate, sync_stop, client=sync_client)
-        )
-    app = create_app(dataplane, max_request_bytes=config.server.max_request_bytes)
-    runner = web.AppRunner(
-        app, access_log=None, handle_signals=False, shutdown_timeout=DRAIN_TIMEOUT_S
+    sync_client = _build_sync_client(config, model_cache) if versions is not None else None
+    port = await _serve_http(
+        stack,
+        create_app(dataplane, max_request_bytes=config.server.max_request_bytes),
+        config.server.host,
+        config.server.http_port,
+        drain=True,
     )
-    metrics_runner: web.AppRunner | None = None
-    grpc_server: grpc.aio.Server | None = None
     grpc_port: int | None = None
-    try:
-        port = await _listen(runner, config.server.host, config.server.http_port)
-        if config.server.grpc_port >= 0:
-            grpc_server, grpc_port = await start_grpc_server(
-                dataplane,
-                config.server.host,
-                config.server.grpc_port,
-                max_message_bytes=config.server.max_request_bytes,
-            )
-        metrics_port = None
-        if config.server.metrics_port >= 0:
-            metrics_runner = web.AppRunner(
-                create_metrics_app(build_registry(stats, ledger, canary=canary)),
-                access_log=None,
-                handle_signals=False,
-            )
-            metrics_port = await _listen(
-                metrics_runner, config.server.host, config.server.metrics_port
-            )
-    except OSError:
-        if watcher is not None:
-            await watcher.stop()
-        if grpc_server is not None:
-            await grpc_server.stop(None)
-        await runner.cleanup()
-        if metrics_runner is not None:
-            await metrics_runner.cleanup()
-        await asyncio.to_thread(registry.close)
-        if model_cache is not None:
-            model_cache.close()
-        raise
+    if config.server.grpc_port >= 0:
+        grpc_server, grpc_port = await start_grpc_server(
+            dataplane,
+            config.server.host,
+            config.server.grpc_port,
+            max_message_bytes=config.server.max_request_bytes,
+        )
+        stack.push_async_callback(grpc_server.stop, DRAIN_TIMEOUT_S)
+        logger.info("gRPC on %s:%d", config.server.host, grpc_port)
+    metrics_port: int | None = None
+    if config.server.metrics_port >= 0:
+        metrics_app = create_metrics_app(build_registry(stats, ledger, canary=canary))
+        metrics_port = await _serve_http(
+            stack, metrics_app, config.server.host, config.server.metrics_port, drain=False
+        )
+        logger.info("metrics on http://%s:%d/metrics", config.server.host, metrics_port)
     fleet: FleetLink | None = None
     if config.mqtt.enabled:
         fleet = await _start_fleet_link(
-            config, dataplane, registry, ledger, model_cache, versions, sync_client, events
+            stack, config, dataplane, registry, ledger, model_cache, versions, sync_client, events
         )
+    if sync_client is not None and versions is not None and model_cache is not None:
+        # Last in, first out: on shutdown the cycle in progress finishes before anything else
+        # stops (an install is never cut short).
+        await _start_periodic_sync(stack, config, model_cache, versions, sync_client)
     dataplane.set_ready(True)
     served = ", ".join(sorted(m.name for m in registry.served_models())) or "none"
-    if metrics_port is not None:
-        logger.info("metrics on http://%s:%d/metrics", config.server.host, metrics_port)
-    if grpc_port is not None:
-        logger.info("gRPC on %s:%d", config.server.host, grpc_port)
     logger.info("listening on http://%s:%d (models: %s)", config.server.host, port, served)
     return RunningAgent(
         registry,
         dataplane,
-        runner,
         port,
-        metrics_runner,
-        metrics_port,
-        model_cache,
-        watcher,
-        sync_stop,
-        sync_task,
-        grpc_server,
-        grpc_port,
-        fleet,
+        stack,
+        metrics_port=metrics_port,
+        model_cache=model_cache,
+        grpc_port=grpc_port,
+        fleet=fleet,
     )
 
 
+def _build_sync_client(config: AgentConfig, model_cache: ModelCache | None) -> SyncClient | None:
+    """The signed-sync client when `[sync]` is on (it needs the cache)."""
+    if not config.sync.enabled or model_cache is None:
+        return None
+    try:
+        # boto3 and python-tuf (~26 MiB) are imported only for an agent that syncs.
+        from sync.periodic import build_client  # noqa: PLC0415
+
+        return build_client(config.sync, model_cache)
+    except SyncError as exc:
+        raise ModelLoadError(f"sync: {exc.message}") from None
+
+
+async def _start_periodic_sync(
+    stack: contextlib.AsyncExitStack,
+    config: AgentConfig,
+    model_cache: ModelCache,
+    versions: CachedVersions,
+    client: SyncClient,
+) -> None:
+    from sync.periodic import run_periodic  # noqa: PLC0415 - with build_client, above
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        run_periodic(config.sync, model_cache, versions.activate, stop, client=client)
+    )
+
+    async def finish() -> None:
+        stop.set()
+        await task  # the cycle in progress completes
+
+    stack.push_async_callback(finish)
+
+
+async def _serve_http(
+    stack: contextlib.AsyncExitStack, app: web.Application, host: str, port: int, *, drain: bool
+) -> int:
+    """Listen on host:port (0: any free port) until the stack unwinds; returns the bound port."""
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        handle_signals=False,
+        shutdown_timeout=DRAIN_TIMEOUT_S if drain else 1.0,
+    )
+    await runner.setup()
+    stack.push_async_callback(runner.cleanup)
+    await web.TCPSite(runner, host, port).start()
+    return int(runner.addresses[0][1])
+
+
 async def _start_fleet_link(
+    stack: contextlib.AsyncExitStack,
     config: AgentConfig,
     dataplane: DataPlane,
     registry: ModelRegistry,
@@ -273,7 +288,12 @@ async def _start_fleet_link(
     sync_client: SyncClient | None,
     events: EventTee,
 ) -> FleetLink:
-    """Connect to the fleet manager's broker (returns at once; the broker may be away)."""
+    """Connect to the fleet manager's broker (returns at once; the broker may be away).
+
+    Raises:
+        AgentError: the link's state database or TLS files cannot be opened (what it had opened
+            is closed again).
+    """
     sync_now: Callable[[], Awaitable[dict[str, object]]] | None = None
     if sync_client is not None and versions is not None:
         client, cached = sync_client, versions
@@ -306,8 +326,14 @@ async def _start_fleet_link(
         cache_disk=model_cache.disk_usage if model_cache is not None else None,
         gpu=await asyncio.to_thread(detect_gpu),
     )
+    # Entered before it starts: a start that fails half way (state database opened, TLS files
+    # unreadable) is undone like the rest. Stopping publishes the retained "offline" status.
+    stack.push_async_callback(fleet.stop)
+    try:
+        await fleet.start()
+    except (StoreError, MqttError, OSError) as exc:
+        raise AgentError(f"fleet link: {exc}") from None
     events.add(fleet)
-    await fleet.start()
     return fleet
 
 
@@ -351,13 +377,6 @@ def _initial_load(
     return failures
 
 
-async def _listen(runner: web.AppRunner, host: str, port: int) -> int:
-    """Start a runner on host:port; returns the bound port (useful with port 0)."""
-    await runner.setup()
-    await web.TCPSite(runner, host, port).start()
-    return int(runner.addresses[0][1])
-
-
 async def run_agent(
     config: AgentConfig, reload_config: Callable[[], AgentConfig] | None = None
 ) -> int:
@@ -369,38 +388,33 @@ async def run_agent(
     environment, flags) on SIGHUP; None: SIGHUP is logged and ignored.
     """
     loop = asyncio.get_running_loop()
-    notifier = Notifier.from_environ()
-    pinger = WatchdogPinger.from_environ(notifier)
-    # Until the reloader is installed, SIGHUP must not kill the agent (its default action).
-    loop.add_signal_handler(signal.SIGHUP, logger.warning, "SIGHUP ignored: not running yet")
-    install_stall_hook(loop)  # test-only: does nothing unless EDGE_AGENT_STALL_ON_SIGUSR1 is set
-    pinger.start()
-    progress = StatusLogHandler(notifier)
-    logging.getLogger("agent").addHandler(progress)
-    notifier.status("loading models")
-    try:
-        agent = await start_agent(config)
-    except BaseException:
-        await pinger.stop()
-        raise
-    finally:
-        logging.getLogger("agent").removeHandler(progress)
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    reloader: Reloader | None = None
-    if reload_config is not None:
-        reloader = Reloader(config, reload_config, agent.registry, notifier)
-        reloader.install(loop)
-    served = len(agent.registry.served_models())
-    notifier.ready(f"serving {served} model(s) on port {agent.http_port}")
-    await stop.wait()
-    logger.info("stopping on signal")
-    notifier.stopping("draining in-flight requests")
-    loop.remove_signal_handler(signal.SIGHUP)
-    try:
-        await agent.stop()
-    finally:
-        await pinger.stop()  # pings go on during the drain
-        notifier.close()
+    async with contextlib.AsyncExitStack() as stack:
+        notifier = Notifier.from_environ()
+        stack.callback(notifier.close)
+        pinger = WatchdogPinger.from_environ(notifier)
+        # Until the reloader is installed, SIGHUP must not kill the agent (its default action).
+        loop.add_signal_handler(signal.SIGHUP, logger.warning, "SIGHUP ignored: not running yet")
+        stack.callback(loop.remove_signal_handler, signal.SIGHUP)
+        install_stall_hook(loop)  # test-only: nothing unless EDGE_AGENT_STALL_ON_SIGUSR1 is set
+        pinger.start()
+        stack.push_async_callback(pinger.stop)  # pings go on during the drain
+        progress = StatusLogHandler(notifier)
+        logging.getLogger("agent").addHandler(progress)
+        notifier.status("loading models")
+        try:
+            agent = await start_agent(config)
+        finally:
+            logging.getLogger("agent").removeHandler(progress)
+        stack.push_async_callback(agent.stop)
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        if reload_config is not None:
+            Reloader(config, reload_config, agent.registry, notifier).install(loop)
+        served = len(agent.registry.served_models())
+        notifier.ready(f"serving {served} model(s) on port {agent.http_port}")
+        await stop.wait()
+        logger.info("stopping on signal")
+        notifier.stopping("draining in-flight requests")
+        loop.remove_signal_handler(signal.SIGHUP)
     return 0
