@@ -33,9 +33,9 @@ from agent.errors import (
     ModelNotFoundError,
 )
 from agent.models.memory_plan import (
-    CapacityPlan,
     Footprint,
     MemoryLedger,
+    fit_config,
     measure_footprint,
     plan_capacity,
 )
@@ -46,12 +46,11 @@ from agent.models.served import (
     ModelState,
     ServedModel,
     VersionStatus,
-    instance_count,
 )
 from agent.proto import model_config_pb2 as mc
 from agent.repository import layout as repository
 from agent.repository.autocomplete import DEFAULT_MAX_BATCH_SIZE, complete_config
-from agent.repository.model_config import load_model_config
+from agent.repository.model_config import instance_count, load_model_config
 from agent.repository.validation import validate_config
 from agent.repository.warmup import warmup_requests
 from agent.scheduling.batching import BatchingPolicy
@@ -356,32 +355,6 @@ class ModelLoader:
                 raise ModelConfigError(f"model_warmup '{sample_name}': {exc.message}") from None
             for _ in range(count):
                 backend.run(valid.feeds, valid.output_names)
-
-
-def fit_config(config: mc.ModelConfig, plan: CapacityPlan) -> mc.ModelConfig:
-    """The config with the plan's batch cap and instance count (the same object when unchanged).
-
-    Preferred batch sizes above the new cap are dropped; the plan's reason is recorded in the
-    `edge_agent_memory_plan` parameter so the model's config shows why it was lowered.
-    """
-    instances = instance_count(config)
-    if plan.max_batch_size == config.max_batch_size and plan.instances == instances:
-        return config
-    fitted = mc.ModelConfig()
-    fitted.CopyFrom(config)
-    fitted.max_batch_size = plan.max_batch_size
-    if plan.instances != instances:
-        group = mc.ModelInstanceGroup()
-        group.CopyFrom(fitted.instance_group[0])
-        group.count = plan.instances
-        del fitted.instance_group[:]
-        fitted.instance_group.append(group)
-    if fitted.HasField("dynamic_batching"):
-        kept = [s for s in fitted.dynamic_batching.preferred_batch_size if s <= plan.max_batch_size]
-        del fitted.dynamic_batching.preferred_batch_size[:]
-        fitted.dynamic_batching.preferred_batch_size.extend(kept)
-    fitted.parameters["edge_agent_memory_plan"].string_value = plan.reason
-    return fitted
 
 
 def load_order(root: Path, names: list[str]) -> list[str]:

@@ -28,6 +28,8 @@ from typing import TypeAlias, TypeVar
 import psutil
 
 from agent.errors import MemoryBudgetError
+from agent.proto import model_config_pb2 as mc
+from agent.repository.model_config import instance_count
 
 logger = logging.getLogger(__name__)
 
@@ -349,3 +351,29 @@ def _read_limit(path: Path) -> int | None:
 
 def _mib(nbytes: int) -> str:
     return f"{nbytes / MIB:.1f}".removesuffix(".0") + " MiB"
+
+
+def fit_config(config: mc.ModelConfig, plan: CapacityPlan) -> mc.ModelConfig:
+    """The config with the plan's batch cap and instance count (the same object when unchanged).
+
+    Preferred batch sizes above the new cap are dropped; the plan's reason is recorded in the
+    `edge_agent_memory_plan` parameter so the model's config shows why it was lowered.
+    """
+    instances = instance_count(config)
+    if plan.max_batch_size == config.max_batch_size and plan.instances == instances:
+        return config
+    fitted = mc.ModelConfig()
+    fitted.CopyFrom(config)
+    fitted.max_batch_size = plan.max_batch_size
+    if plan.instances != instances:
+        group = mc.ModelInstanceGroup()
+        group.CopyFrom(fitted.instance_group[0])
+        group.count = plan.instances
+        del fitted.instance_group[:]
+        fitted.instance_group.append(group)
+    if fitted.HasField("dynamic_batching"):
+        kept = [s for s in fitted.dynamic_batching.preferred_batch_size if s <= plan.max_batch_size]
+        del fitted.dynamic_batching.preferred_batch_size[:]
+        fitted.dynamic_batching.preferred_batch_size.extend(kept)
+    fitted.parameters["edge_agent_memory_plan"].string_value = plan.reason
+    return fitted

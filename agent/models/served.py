@@ -87,11 +87,6 @@ class ModelRecord:
     reason: str = ""  # why the whole model is unavailable
 
 
-def instance_count(config: mc.ModelConfig) -> int:
-    """Executions in flight for a model: the sum of its instance groups' counts (default 1)."""
-    return max(1, sum(max(1, g.count) for g in config.instance_group))
-
-
 @dataclass(frozen=True, slots=True)
 class ModelBuild:
     """A freshly loaded model, not yet served (or why it could not be loaded)."""

@@ -131,3 +131,8 @@ def _scalar_or_message(field: Any, value: Any) -> Any:
     if field.type in _INT64_TYPES:
         return int(value)
     return value
+
+
+def instance_count(config: mc.ModelConfig) -> int:
+    """Executions in flight for a model: the sum of its instance groups' counts (default 1)."""
+    return max(1, sum(max(1, g.count) for g in config.instance_group))
