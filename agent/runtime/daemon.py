@@ -1,6 +1,10 @@
-"""Composition root: build the registry, data plane and HTTP server; run until SIGTERM/SIGINT.
+"""Composition root: build every part, serve until SIGTERM/SIGINT, stop every part.
 
-Shutdown order: stop being ready, close the listener and finish in-flight requests, unload models.
+Start-up enters each part into one `AsyncExitStack` as it starts: the model cache, the registry
+(and with it every loaded model), the repository watcher, the HTTP, gRPC and metrics listeners,
+the fleet link, the periodic sync. Shutdown unwinds that stack in reverse order after the agent
+stops being ready, and a start-up that fails half way unwinds it too, so no path leaves a port,
+task, thread or lock behind.
 """
 
 from __future__ import annotations
