@@ -21,7 +21,7 @@ from agent.errors import (
     RequestTimeoutError,
 )
 from agent.models.registry import LoadSettings, ModelRegistry
-from tests.agent.test_canary_e2e import scale_model, write_versions
+from tests.models import scale_model, write_versions
 
 
 class Events:
