@@ -51,6 +51,19 @@ def flat_model() -> onnx.ModelProto:
     return save_ready(graph)
 
 
+def scale_model(factor: float) -> onnx.ModelProto:
+    """FP32 [1, 4] → Y = X * factor (no batch dimension): versions that answer differently."""
+    k = helper.make_tensor("k", TensorProto.FLOAT, [], [factor])
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["X", "k"], ["Y"])],
+        "scale",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 4])],
+        [k],
+    )
+    return save_ready(graph)
+
+
 def save_ready(graph: onnx.GraphProto) -> onnx.ModelProto:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
     model.ir_version = IR_VERSION
@@ -76,6 +89,34 @@ def write_model(
     if config is not None:
         (model_dir / "config.pbtxt").write_text(config)
     return model_dir
+
+
+# The demo MLP served as "m" (FP32 [-1, 64] -> [-1, 10]), batches of up to 4.
+M_CONFIG = """
+name: "m"
+platform: "onnxruntime_onnx"
+max_batch_size: 4
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 64 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 10 ] } ]
+"""
+
+# A `scale_model` served with every version folder READY (format with the model's name).
+VERSIONED_CONFIG = """
+name: "{name}"
+platform: "onnxruntime_onnx"
+max_batch_size: 0
+version_policy: {{ all: {{}} }}
+input [ {{ name: "X" data_type: TYPE_FP32 dims: [ 1, 4 ] }} ]
+output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ 1, 4 ] }} ]
+"""
+
+
+def write_versions(repo: Path, name: str, models: dict[int, onnx.ModelProto]) -> None:
+    """A model folder with one version per entry of `models` and `VERSIONED_CONFIG`."""
+    for version, model in models.items():
+        (repo / name / str(version)).mkdir(parents=True)
+        onnx.save(model, str(repo / name / str(version) / "model.onnx"))
+    (repo / name / "config.pbtxt").write_text(VERSIONED_CONFIG.format(name=name))
 
 
 FLAT_CONFIG = """

@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from agent.runtime.daemon import RunningAgent
-
-
-def perf_analyzer() -> str:
-    path = os.environ.get("PERF_ANALYZER", "")
-    if not path or not Path(path).is_file():
-        pytest.skip(
-            "perf_analyzer is not installed (make perf-analyzer installs it; set PERF_ANALYZER)"
-        )
-    return path
+from tests.support import perf_analyzer
 
 
 @pytest.mark.parametrize("model", ["mlp_classifier", "mixed_add"])

@@ -18,18 +18,10 @@ import pytest
 from agent.faults import ENV
 from agent.runtime.demo import mlp_model
 from model_cache import ACTIVATE_STEPS, INSTALL_STEPS
-from tests.agent.test_cli import wait_listening
-from tests.models import write_model
+from tests.models import M_CONFIG, write_model
+from tests.support import MLP_X, infer_mlp, wait_listening
 
-CONFIG = """
-name: "m"
-platform: "onnxruntime_onnx"
-max_batch_size: 4
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 64 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 10 ] } ]
-"""
 SWAP_STEPS = ("swap-built", *ACTIVATE_STEPS, "swap-switched", "swap-old-released")
-X = np.linspace(-1.0, 1.0, 64, dtype=np.float32).reshape(1, 64)
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -44,7 +36,7 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
 
 def expected(seed: int) -> np.ndarray:
     session = ort.InferenceSession(mlp_model(seed=seed).SerializeToString())
-    out: np.ndarray = session.run(None, {"INPUT0": X})[0]
+    out: np.ndarray = session.run(None, {"INPUT0": MLP_X})[0]
     return out
 
 
@@ -52,7 +44,7 @@ def expected(seed: int) -> np.ndarray:
 def cache_dir(tmp_path: Path) -> Path:
     """A cache holding version 1 (active) and version 2 (ready) of model m."""
     for version in (1, 2):
-        write_model(tmp_path / f"src{version}", "m", mlp_model(seed=version), CONFIG, (version,))
+        write_model(tmp_path / f"src{version}", "m", mlp_model(seed=version), M_CONFIG, (version,))
     cache = tmp_path / "cache"
     assert (
         cli(
@@ -105,20 +97,6 @@ def stop_agent(proc: subprocess.Popen[str]) -> None:
     proc.stderr.close()
 
 
-def infer(port: int) -> tuple[str, np.ndarray]:
-    doc = {
-        "inputs": [
-            {"name": "INPUT0", "datatype": "FP32", "shape": [1, 64], "data": X.ravel().tolist()}
-        ]
-    }
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v2/models/m/infer", data=json.dumps(doc).encode(), method="POST"
-    )
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        out = json.loads(resp.read())
-    return out["model_version"], np.array(out["outputs"][0]["data"], dtype=np.float32)
-
-
 def post(port: int, path: str, body: dict[str, object] | None = None) -> dict[str, object]:
     req = urllib.request.Request(
         f"http://127.0.0.1:{port}{path}", data=json.dumps(body or {}).encode(), method="POST"
@@ -131,20 +109,20 @@ def post(port: int, path: str, body: dict[str, object] | None = None) -> dict[st
 def test_activate_and_rollback_over_http_and_cli(cache_dir: Path) -> None:
     proc, port = start_agent(cache_dir)
     try:
-        version, out = infer(port)
+        version, out = infer_mlp(port)
         assert version == "1"
         np.testing.assert_allclose(out, expected(1).ravel(), rtol=1e-5)
         url = f"http://127.0.0.1:{port}"
         result = cli("activate", "m", "2", "--url", url)
         assert result.returncode == 0, result.stderr
         assert "now serves version 2" in result.stdout
-        version, out = infer(port)
+        version, out = infer_mlp(port)
         assert version == "2"
         np.testing.assert_allclose(out, expected(2).ravel(), rtol=1e-5)
         assert cli("rollback", "m", "--url", url).returncode == 0
-        assert infer(port)[0] == "1"
+        assert infer_mlp(port)[0] == "1"
         assert post(port, "/v2/repository/models/m/rollback", {"version": 2})["version"] == 2
-        assert infer(port)[0] == "2"
+        assert infer_mlp(port)[0] == "2"
         with urllib.request.urlopen(f"{url}/v2/repository/models/m/versions") as resp:
             states = {v["version"]: v["state"] for v in json.loads(resp.read())}
         assert states == {1: "retired", 2: "active"}
@@ -156,7 +134,7 @@ def test_activate_and_rollback_over_http_and_cli(cache_dir: Path) -> None:
     # The cache remembers what was active across a restart.
     proc, port = start_agent(cache_dir)
     try:
-        assert infer(port)[0] == "2"
+        assert infer_mlp(port)[0] == "2"
     finally:
         stop_agent(proc)
 
@@ -173,8 +151,8 @@ def test_cache_cli_refuses_while_the_agent_holds_the_cache(cache_dir: Path) -> N
 
 @pytest.mark.parametrize("step", INSTALL_STEPS)
 def test_sigkill_during_cache_install_serves_a_complete_version(tmp_path: Path, step: str) -> None:
-    write_model(tmp_path / "src1", "m", mlp_model(seed=1), CONFIG, (1,))
-    write_model(tmp_path / "src2", "m", mlp_model(seed=2), CONFIG, (2,))
+    write_model(tmp_path / "src1", "m", mlp_model(seed=1), M_CONFIG, (1,))
+    write_model(tmp_path / "src2", "m", mlp_model(seed=2), M_CONFIG, (2,))
     cache = tmp_path / "cache"
     assert (
         cli(
@@ -204,7 +182,7 @@ def test_sigkill_during_cache_install_serves_a_complete_version(tmp_path: Path, 
     assert died.returncode == -signal.SIGKILL
     proc, port = start_agent(cache)
     try:
-        version, out = infer(port)
+        version, out = infer_mlp(port)
         assert version == "1"
         np.testing.assert_allclose(out, expected(1).ravel(), rtol=1e-5)
     finally:
@@ -229,7 +207,7 @@ def test_sigkill_at_each_swap_step_restarts_on_a_complete_version(
         stop_agent(proc)
     proc, port = start_agent(cache_dir)
     try:
-        version, out = infer(port)
+        version, out = infer_mlp(port)
         np.testing.assert_allclose(out, expected(int(version)).ravel(), rtol=1e-5)
         # What is served is what the cache says is active.
         with urllib.request.urlopen(

@@ -22,7 +22,7 @@ from agent.errors import (
 )
 from agent.models.loader import LoadSettings
 from agent.models.registry import ModelRegistry
-from tests.agent.test_canary_e2e import scale_model, write_versions
+from tests.models import scale_model, write_versions
 
 
 class Events:

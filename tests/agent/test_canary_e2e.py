@@ -21,30 +21,8 @@ from tritonclient.utils import InferenceServerException
 from agent.config.loader import load_config
 from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.runtime.daemon import RunningAgent
-from tests.models import save_ready
+from tests.models import save_ready, scale_model, write_versions
 from tests.server import running_agent
-
-CONFIG = """
-name: "{name}"
-platform: "onnxruntime_onnx"
-max_batch_size: 0
-version_policy: {{ all: {{}} }}
-input [ {{ name: "X" data_type: TYPE_FP32 dims: [ 1, 4 ] }} ]
-output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ 1, 4 ] }} ]
-"""
-
-
-def scale_model(factor: float) -> onnx.ModelProto:
-    """Y = X * factor."""
-    k = helper.make_tensor("k", TensorProto.FLOAT, [], [factor])
-    graph = helper.make_graph(
-        [helper.make_node("Mul", ["X", "k"], ["Y"])],
-        "scale",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 4])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 4])],
-        [k],
-    )
-    return save_ready(graph)
 
 
 def failing_model() -> onnx.ModelProto:
@@ -65,13 +43,6 @@ def failing_model() -> onnx.ModelProto:
         [table, two],
     )
     return save_ready(graph)
-
-
-def write_versions(repo: Path, name: str, models: dict[int, onnx.ModelProto]) -> None:
-    for version, model in models.items():
-        (repo / name / str(version)).mkdir(parents=True)
-        onnx.save(model, str(repo / name / str(version) / "model.onnx"))
-    (repo / name / "config.pbtxt").write_text(CONFIG.format(name=name))
 
 
 @pytest.fixture(scope="module")

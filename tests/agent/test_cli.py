@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
-import threading
-import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.models import mlp_model_dir, write_model
-
-LISTENING = re.compile(r"listening on http://[^:]+:(\d+)")
+from tests.support import wait_listening
 
 
 def agent_command(*args: str) -> list[str]:
@@ -48,57 +44,6 @@ def serving(*args: str) -> Iterator[tuple[subprocess.Popen[str], int]]:
             proc.wait()
         assert proc.stderr is not None
         proc.stderr.close()
-
-
-class AgentLog:
-    """Collects an agent process's stderr lines in a thread, so waiting never blocks on a pipe."""
-
-    def __init__(self, proc: subprocess.Popen[str]) -> None:
-        self.lines: list[str] = []
-        self._new = threading.Condition()
-        self._closed = False
-        threading.Thread(target=self._pump, args=(proc,), daemon=True).start()
-
-    def _pump(self, proc: subprocess.Popen[str]) -> None:
-        assert proc.stderr is not None
-        try:
-            for line in proc.stderr:
-                with self._new:
-                    self.lines.append(line)
-                    self._new.notify_all()
-        except (ValueError, OSError):  # the test closed the pipe
-            pass
-        with self._new:
-            self._closed = True
-            self._new.notify_all()
-
-    def wait_for(self, pattern: re.Pattern[str], limit_s: float = 60.0) -> re.Match[str]:
-        """The first line matching `pattern` (bounded wait)."""
-        deadline = time.monotonic() + limit_s
-        seen = 0
-        with self._new:
-            while True:
-                for line in self.lines[seen:]:
-                    match = pattern.search(line)
-                    if match:
-                        return match
-                seen = len(self.lines)
-                left = deadline - time.monotonic()
-                if self._closed or left <= 0:
-                    raise AssertionError(
-                        f"no line matching {pattern.pattern!r}:\n" + "".join(self.lines)
-                    )
-                self._new.wait(timeout=left)
-
-
-LOGS: dict[int, AgentLog] = {}
-METRICS = re.compile(r"metrics on http://[^:]+:(\d+)/metrics")
-
-
-def wait_listening(proc: subprocess.Popen[str], limit_s: float = 60.0) -> int:
-    """Read the agent's log until it says where it listens (bounded wait, no fixed sleep)."""
-    log = LOGS.setdefault(proc.pid, AgentLog(proc))
-    return int(log.wait_for(LISTENING, limit_s).group(1))
 
 
 def get(port: int, path: str) -> tuple[int, bytes]:

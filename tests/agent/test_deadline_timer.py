@@ -14,6 +14,7 @@ import pytest
 import uvloop
 
 from agent.scheduling.deadline_timer import DeadlineTimer
+from tests.support import wait_until_async
 
 LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
     "asyncio": asyncio.new_event_loop,
@@ -108,8 +109,7 @@ def test_on_linux_it_is_a_timerfd_released_by_close_from_any_thread(loop: str) -
         closer = threading.Thread(target=timer.close)
         closer.start()
         closer.join()
-        await asyncio.sleep(0)  # the close runs on the loop's next turn
-        await asyncio.sleep(0)
-        assert open_fds() == before
+        # The close is handed to the loop: wait for it rather than count turns.
+        await wait_until_async(lambda: open_fds() == before, "the timerfd closed", timeout_s=5)
 
     run(LOOPS[loop], main())

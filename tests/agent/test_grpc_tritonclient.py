@@ -13,8 +13,8 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from agent.runtime.daemon import RunningAgent
-from tests.agent.test_http_tritonclient import reference_session, sample
 from tests.models import IDENTITY_TYPES
+from tests.support import reference_session, sample
 
 
 @pytest.fixture

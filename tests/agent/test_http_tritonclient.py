@@ -5,56 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.models import IDENTITY_TYPES
-
-NP_TYPES = {
-    "BOOL": np.bool_,
-    "UINT8": np.uint8,
-    "UINT16": np.uint16,
-    "UINT32": np.uint32,
-    "UINT64": np.uint64,
-    "INT8": np.int8,
-    "INT16": np.int16,
-    "INT32": np.int32,
-    "INT64": np.int64,
-    "FP16": np.float16,
-    "FP32": np.float32,
-    "FP64": np.float64,
-    "BYTES": np.object_,
-}
+from tests.support import reference_session, sample
 
 
 @pytest.fixture
 def client(url: str) -> httpclient.InferenceServerClient:
     return httpclient.InferenceServerClient(url)
-
-
-def reference_session(path: Path) -> ort.InferenceSession:
-    """ONNX Runtime in-process with the agent's session options (1 intra-op thread)."""
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
-def sample(datatype: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
-    if datatype == "BYTES":
-        return np.array(
-            [f"s{i}-ü".encode() for i in range(int(np.prod(shape)))], dtype=np.object_
-        ).reshape(shape)
-    if datatype == "BOOL":
-        return rng.integers(0, 2, size=shape).astype(np.bool_)
-    dtype = np.dtype(NP_TYPES[datatype])
-    if dtype.kind in "iu":
-        info = np.iinfo(dtype)  # type: ignore[type-var]
-        return rng.integers(info.min, info.max, size=shape, dtype=dtype, endpoint=True)
-    return rng.standard_normal(size=shape).astype(dtype)
 
 
 def test_health_and_server_metadata(client: httpclient.InferenceServerClient) -> None:

@@ -29,8 +29,10 @@ def test_the_serve_path_imports_no_sync_or_onnx_packages() -> None:
 
 def test_sync_names_still_resolve_on_first_use() -> None:
     import sync
+    from sync import policy
 
     assert sync.SyncClient.__name__ == "SyncClient"
-    assert sync.parse_desired is not None
+    assert sync.parse_desired is policy.parse_desired
+    assert sync.parse_desired(["m=latest"]) == {"m": policy.Desired(policy.Kind.LATEST)}
     with pytest.raises(AttributeError, match="NoSuchThing"):
         getattr(sync, "NoSuchThing")  # noqa: B009 - the name is unknown on purpose

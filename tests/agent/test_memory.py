@@ -288,15 +288,19 @@ def test_measures_a_real_onnxruntime_session(tmp_path: Path) -> None:
     path = tmp_path / "mlp.onnx"
     onnx.save(mlp(sizes), str(path))
 
+    loaded: list[ort.InferenceSession] = []
+
     def load() -> ort.InferenceSession:
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1
-        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        loaded.append(ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]))
+        return loaded[-1]
 
     def run(session: ort.InferenceSession, batch: int) -> None:
         session.run(None, {"X": np.ones((batch, sizes[0]), np.float32)})
 
     session, fp = measure_footprint(load, run, max_batch=8)
-    assert isinstance(session, ort.InferenceSession)
+    assert len(loaded) == 1
+    assert session is loaded[0]  # the instance it measured, loaded once
     assert fp.bytes_at_batch_1 >= weight_bytes // 2
     assert fp.bytes_at_max_batch >= fp.bytes_at_batch_1

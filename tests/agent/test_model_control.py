@@ -21,17 +21,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.runtime.demo import mlp_model
-from tests.agent.test_cli import LOGS, METRICS, wait_listening
-from tests.models import save_ready, write_model
+from tests.models import M_CONFIG, save_ready, write_model
 from tests.server import running_agent
-
-CONFIG = """
-name: "m"
-platform: "onnxruntime_onnx"
-max_batch_size: 4
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 64 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 10 ] } ]
-"""
+from tests.support import LOGS, METRICS, wait_listening, wait_until
 
 
 def infer(port: int, model: str = "m") -> tuple[int, dict[str, Any]]:
@@ -61,7 +53,7 @@ def post(port: int, path: str, body: dict[str, Any] | None = None) -> tuple[int,
 
 def test_poll_mode_serves_a_slowly_copied_version_only_once_complete(tmp_path: Path) -> None:
     repo = tmp_path / "models"
-    write_model(repo, "m", mlp_model(seed=1), CONFIG, (1,))
+    write_model(repo, "m", mlp_model(seed=1), M_CONFIG, (1,))
     config = AgentConfig(
         server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1),
         models=ModelsConfig(repository=repo, control_mode="poll", poll_quiet_ms=150),
@@ -78,23 +70,21 @@ def test_poll_mode_serves_a_slowly_copied_version_only_once_complete(tmp_path: P
                 f.write(payload[start : start + third] if start < 2 * third else payload[start:])
                 f.flush()
                 os.fsync(f.fileno())
-                # Driving the copy slowly: longer than the quiet period between chunks.
+                # Deliberately longer than the quiet period (150 ms) between chunks: a watcher
+                # that loaded on a pause would serve the partial version 2 by the check below.
                 time.sleep(0.4)
                 status, doc = infer(port)
                 assert status == 200
                 if start < 2 * third:
                     assert doc["model_version"] == "1"
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and infer(port)[1]["model_version"] != "2":
-            time.sleep(0.05)
-        assert infer(port)[1]["model_version"] == "2"
+        wait_until(lambda: infer(port)[1]["model_version"] == "2", "version 2 served")
         rows = agent.dataplane.repository_index()
         assert [r["version"] for r in rows if r.get("state") == "READY"] == ["2"]
 
 
 def test_load_and_unload_need_explicit_mode(tmp_path: Path) -> None:
     repo = tmp_path / "models"
-    write_model(repo, "m", mlp_model(), CONFIG)
+    write_model(repo, "m", mlp_model(), M_CONFIG)
     config = AgentConfig(
         server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1),
         models=ModelsConfig(repository=repo),
@@ -108,8 +98,8 @@ def test_load_and_unload_need_explicit_mode(tmp_path: Path) -> None:
 
 def test_explicit_mode_loads_only_what_it_is_told(tmp_path: Path) -> None:
     repo = tmp_path / "models"
-    write_model(repo, "m", mlp_model(), CONFIG)
-    write_model(repo, "other", mlp_model(), CONFIG.replace('"m"', '"other"'))
+    write_model(repo, "m", mlp_model(), M_CONFIG)
+    write_model(repo, "other", mlp_model(), M_CONFIG.replace('"m"', '"other"'))
     config = AgentConfig(
         server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1),
         models=ModelsConfig(repository=repo, control_mode="explicit", load_models=("m",)),
@@ -196,7 +186,7 @@ def test_memory_aware_swap_drains_first_when_both_do_not_fit(tmp_path: Path) -> 
         repo,
         "m",
         big_mlp(1),
-        CONFIG.replace("max_batch_size: 4", "max_batch_size: 1")
+        M_CONFIG.replace("max_batch_size: 4", "max_batch_size: 1")
         + "version_policy: { specific { versions: [ 1 ] } }\n",
         (1,),
     )
@@ -260,7 +250,7 @@ def test_missing_gpu_provider_on_cpu_machine_is_reported_not_fatal(tmp_path: Pat
         "optimization { execution_accelerators { gpu_execution_accelerator : "
         '[ { name : "tensorrt" parameters { key: "precision_mode" value: "FP16" } } ] } }\n'
     )
-    write_model(repo, "m", mlp_model(), CONFIG + accel)
+    write_model(repo, "m", mlp_model(), M_CONFIG + accel)
     config = AgentConfig(
         server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1),
         models=ModelsConfig(repository=repo),

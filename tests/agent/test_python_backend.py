@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,7 @@ from tests.python_models import (
     write_python_model,
 )
 from tests.server import running_agent
+from tests.support import wait_until
 
 WAIT_S = 30.0
 
@@ -109,14 +109,6 @@ def worker_pids(agent: RunningAgent, model: str) -> tuple[int, ...]:
     backend = served.versions[1].backend
     assert isinstance(backend, PythonBackend)
     return backend.worker_pids
-
-
-def wait_until(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {WAIT_S} s: {what}")
-        time.sleep(0.05)
 
 
 def gone(pids: tuple[int, ...]) -> bool:
@@ -320,7 +312,7 @@ def test_hung_execute_kills_the_worker_and_marks_the_version_unavailable(
     assert later.value.status() == "503"
     assert reason in str(later.value)
     assert not client.is_model_ready("hang")
-    wait_until(lambda: gone(pids), f"worker {pids} ended")
+    wait_until(lambda: gone(pids), f"worker {pids} ended", timeout_s=WAIT_S)
     assert_others_serve(client)
 
 

@@ -6,16 +6,15 @@ import contextlib
 import os
 import signal
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
 import psutil
-import pytest
 import tritonclient.http as httpclient
 
 from tests.deploy.support import agent_process
 from tests.python_models import behaviour_config, write_python_model
+from tests.support import wait_until
 
 # Like the behaviour model, but X == 7 first leaves a marker, then hangs ignoring the pipe.
 STUCK_MODEL = """
@@ -39,15 +38,6 @@ class TritonPythonModel:
 """
 
 WAIT_S = 60.0
-
-
-def wait_until(check: object, what: str) -> None:
-    assert callable(check)
-    deadline = time.monotonic() + WAIT_S
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {WAIT_S} s: {what}")
-        time.sleep(0.05)
 
 
 def workers_of(pid: int) -> list[psutil.Process]:
@@ -91,12 +81,12 @@ def test_workers_end_when_the_agent_is_killed(tmp_path: Path) -> None:
 
         caller = threading.Thread(target=call, daemon=True)
         caller.start()
-        wait_until(marker.exists, "the worker entered execute")
+        wait_until(marker.exists, "the worker entered execute", timeout_s=WAIT_S)
         stuck_pid = int(marker.read_text())
         assert stuck_pid in pids
         os.kill(agent.proc.pid, signal.SIGKILL)
         agent.proc.wait()
         # The idle worker sees its pipe close; the stuck one never reads it again and only
         # ends through PR_SET_PDEATHSIG.
-        wait_until(lambda: ended(pids), f"workers {pids} ended after the agent")
+        wait_until(lambda: ended(pids), f"workers {pids} ended after the agent", timeout_s=WAIT_S)
         caller.join(timeout=WAIT_S)

@@ -21,7 +21,7 @@ from tritonclient.utils import InferenceServerException
 from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.runtime.daemon import RunningAgent
 from tests.server import running_agent
-from tests.test_perf_analyzer import perf_analyzer
+from tests.support import perf_analyzer
 
 Client = Any  # httpclient or grpcclient InferenceServerClient: the same shared-memory calls
 
@@ -259,4 +259,7 @@ def test_shared_memory_can_be_turned_off(model_repo: Path, regions: tuple[Any, A
         assert client.get_system_shared_memory_status() == []
         plain = httpclient.InferInput("INPUT0", [1, 64], "FP32")
         plain.set_data_from_numpy(x)
-        assert client.infer("mlp_classifier", [plain]).as_numpy("OUTPUT0") is not None
+        out = client.infer("mlp_classifier", [plain]).as_numpy("OUTPUT0")
+        assert out is not None
+        assert out.shape == (1, 10)  # plain tensors are still served: a softmax over 10 classes
+        np.testing.assert_allclose(out.sum(), 1.0, rtol=1e-5)

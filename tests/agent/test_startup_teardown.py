@@ -26,12 +26,7 @@ from model_cache import ModelCache
 from sync.config import SyncConfig
 from sync.keys import init_keys
 from tests.models import write_model
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+from tests.support import free_port
 
 
 @pytest.fixture
@@ -67,7 +62,7 @@ def _assert_released(*ports: int, cache_dir: Path | None = None) -> None:
 def test_a_port_in_use_after_http_and_the_watcher_started(tmp_path: Path, busy_port: int) -> None:
     repo = tmp_path / "repo"
     write_model(repo, "m", mlp_model())
-    http = _free_port()
+    http = free_port()
     config = AgentConfig(
         server=ServerConfig(http_port=http, grpc_port=busy_port, metrics_port=-1),
         models=ModelsConfig(repository=repo, control_mode="poll"),
@@ -81,7 +76,7 @@ def test_a_fleet_link_that_cannot_open_its_database_undoes_the_start(tmp_path: P
     init_keys(keys, {})
     not_a_folder = tmp_path / "state"
     not_a_folder.write_text("a file where the link's state folder should be")
-    http, grpc, metrics = _free_port(), _free_port(), _free_port()
+    http, grpc, metrics = free_port(), free_port(), free_port()
     config = AgentConfig(
         server=ServerConfig(http_port=http, grpc_port=grpc, metrics_port=metrics),
         cache=CacheConfig(dir=tmp_path / "cache"),
@@ -90,7 +85,7 @@ def test_a_fleet_link_that_cannot_open_its_database_undoes_the_start(tmp_path: P
             trusted_root=keys / "metadata" / "root.json",
             interval_s=3600,
         ),
-        mqtt=MqttConfig(host="127.0.0.1", port=_free_port(), state_dir=not_a_folder),
+        mqtt=MqttConfig(host="127.0.0.1", port=free_port(), state_dir=not_a_folder),
     )
     _start_fails(config, AgentError, "fleet link")
     _assert_released(http, grpc, metrics, cache_dir=tmp_path / "cache")

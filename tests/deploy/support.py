@@ -1,9 +1,10 @@
-"""Helpers for the deployment tests: a notify socket like systemd's, and the agent as a process."""
+"""Helpers for the deployment tests: a notify socket like systemd's, the agent as a process, and
+`systemd-analyze verify` against a throw-away root."""
 
 from __future__ import annotations
 
 import os
-import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -15,11 +16,10 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.agent.test_cli import AgentLog
-from tests.models import mlp_model_dir
+import pytest
 
-LISTENING = re.compile(r"listening on http://[^:]+:(\d+)")
-METRICS = re.compile(r"metrics on http://[^:]+:(\d+)/metrics")
+from tests.models import mlp_model_dir
+from tests.support import LISTENING, METRICS, AgentLog
 
 MLP_CONFIG = """
 name: "{name}"
@@ -157,3 +157,47 @@ def http_get(port: int, path: str) -> tuple[int, bytes]:
             return resp.status, resp.read()
     except urllib.error.HTTPError as err:
         return err.code, err.read()
+
+
+# --- systemd-analyze verify, offline -------------------------------------------------------------
+
+SYSTEM_UNITS = Path("/usr/lib/systemd/system")
+
+
+def need(tool: str) -> str:
+    """The path of a systemd tool, or skip the test saying how to install it."""
+    path = shutil.which(tool)
+    if path is None:
+        pytest.skip(f"{tool} not found: install Debian's 'systemd' package (make test does)")
+    if tool == "systemd-analyze" and not (SYSTEM_UNITS / "sysinit.target").is_file():
+        pytest.skip(f"{SYSTEM_UNITS} has no stock units to verify against")
+    return path
+
+
+def prepare_root(root: Path) -> None:
+    """Give `root` what verify resolves there: stock units and the commands the unit runs."""
+    stock = root / "usr" / "lib" / "systemd" / "system"
+    if not stock.exists():
+        shutil.copytree(SYSTEM_UNITS, stock, symlinks=True)
+    bin_dir = root / "usr" / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    kill = shutil.which("kill") or "/bin/kill"
+    if not (bin_dir / "kill").exists():
+        shutil.copy(kill, bin_dir / "kill")
+    if not (root / "bin").exists():
+        (root / "bin").symlink_to("usr/bin")
+
+
+def systemd_analyze_verify(root: Path, unit: str) -> None:
+    """Verify `unit` (under root/etc/systemd/system) with its drop-ins; any output fails."""
+    analyze = need("systemd-analyze")
+    prepare_root(root)
+    result = subprocess.run(
+        [analyze, "--man=no", f"--root={root}", "verify", unit],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    # verify only fails on errors; unknown keys and bad values are warnings on stderr.
+    assert result.returncode == 0, result.stderr
+    assert result.stdout + result.stderr == "", result.stdout + result.stderr

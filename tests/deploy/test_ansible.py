@@ -22,6 +22,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
+from tests.deploy.support import systemd_analyze_verify
+
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_DIR = REPO / "deploy" / "ansible"
 BIN = Path(sys.executable).parent
@@ -195,8 +197,6 @@ def test_playbook_is_idempotent(installed: tuple[Path, dict[str, object], str]) 
 def test_installed_unit_with_dropin_passes_systemd_analyze(
     installed: tuple[Path, dict[str, object], str],
 ) -> None:
-    from tests.deploy.test_systemd_units import systemd_analyze_verify
-
     root, _, _ = installed
     systemd_analyze_verify(root, "edge-agent.service")
 

@@ -18,6 +18,7 @@ from tests.deploy.support import (
     write_batching,
     write_mlp,
 )
+from tests.support import wait_until
 
 BURST = 8
 PENDING = re.compile(r'nv_inference_pending_request_count\{model="slow",version="1"\} (\S+)')
@@ -28,14 +29,6 @@ def pending_requests(metrics_port: int) -> float:
     assert status == 200
     match = PENDING.search(body.decode())
     return float(match.group(1)) if match else 0.0
-
-
-def wait_pending(metrics_port: int, count: int, limit_s: float = 20.0) -> None:
-    """Poll the pending gauge until `count` requests are queued (bounded)."""
-    deadline = time.monotonic() + limit_s
-    while pending_requests(metrics_port) < count:
-        assert time.monotonic() < deadline, f"fewer than {count} requests queued"
-        time.sleep(0.02)
 
 
 def test_sigterm_under_load_answers_every_accepted_request(tmp_path: Path) -> None:
@@ -61,7 +54,11 @@ def test_sigterm_under_load_answers_every_accepted_request(tmp_path: Path) -> No
         try:
             assert steady.stdout is not None
             assert steady.stdout.readline().strip() == "started"
-            wait_pending(metrics_port, BURST)
+            wait_until(
+                lambda: pending_requests(metrics_port) >= BURST,
+                f"{BURST} requests queued",
+                timeout_s=20,
+            )
             started = time.monotonic()
             agent.signal(signal.SIGTERM)
             assert agent.wait(limit_s=40) == 0

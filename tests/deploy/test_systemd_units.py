@@ -9,54 +9,16 @@ installs Debian's `systemd` package when it can).
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.deploy.support import need, systemd_analyze_verify
+
 REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "systemd" / "edge-agent.service"
 SYSUSERS = REPO / "systemd" / "edge-agent.sysusers.conf"
-SYSTEM_UNITS = Path("/usr/lib/systemd/system")
-
-
-def need(tool: str) -> str:
-    path = shutil.which(tool)
-    if path is None:
-        pytest.skip(f"{tool} not found: install Debian's 'systemd' package (make test does)")
-    if tool == "systemd-analyze" and not (SYSTEM_UNITS / "sysinit.target").is_file():
-        pytest.skip(f"{SYSTEM_UNITS} has no stock units to verify against")
-    return path
-
-
-def prepare_root(root: Path) -> None:
-    """Give `root` what verify resolves there: stock units and the commands the unit runs."""
-    stock = root / "usr" / "lib" / "systemd" / "system"
-    if not stock.exists():
-        shutil.copytree(SYSTEM_UNITS, stock, symlinks=True)
-    bin_dir = root / "usr" / "bin"
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    kill = shutil.which("kill") or "/bin/kill"
-    if not (bin_dir / "kill").exists():
-        shutil.copy(kill, bin_dir / "kill")
-    if not (root / "bin").exists():
-        (root / "bin").symlink_to("usr/bin")
-
-
-def systemd_analyze_verify(root: Path, unit: str) -> None:
-    """Verify `unit` (under root/etc/systemd/system) with its drop-ins; any output fails."""
-    analyze = need("systemd-analyze")
-    prepare_root(root)
-    result = subprocess.run(
-        [analyze, "--man=no", f"--root={root}", "verify", unit],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    # verify only fails on errors; unknown keys and bad values are warnings on stderr.
-    assert result.returncode == 0, result.stderr
-    assert result.stdout + result.stderr == "", result.stdout + result.stderr
 
 
 def install_unit(root: Path, text: str) -> None:

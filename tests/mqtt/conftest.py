@@ -4,29 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agent.config.schema import AgentConfig, CacheConfig, ModelsConfig, ServerConfig
-from agent.fleet.config import MqttConfig, validate_mqtt
+from agent.fleet.config import MqttConfig
 from agent.fleet.link import FleetLink
 from agent.runtime.demo import mlp_model
 from model_cache import ModelCache
-from tests.models import write_model
-from tests.mqtt.support import AgentThread, Broker, Pki, agent_thread, make_pki
-
-CONFIG = """
-name: "m"
-platform: "onnxruntime_onnx"
-max_batch_size: 4
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 64 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 10 ] } ]
-"""
-
-LinkFactory = Callable[..., FleetLink]
+from tests.models import M_CONFIG, write_model
+from tests.mqtt.support import AgentThread, Broker, LinkFactory, Pki, agent_thread, make_pki
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -56,7 +46,7 @@ def broker(tmp_path: Path) -> Iterator[Broker]:
 def build_cache(root: Path) -> Path:
     """A cache holding version 1 (active) and version 2 (ready) of model m."""
     for version in (1, 2):
-        write_model(root / f"src{version}", "m", mlp_model(seed=version), CONFIG, (version,))
+        write_model(root / f"src{version}", "m", mlp_model(seed=version), M_CONFIG, (version,))
     cache = ModelCache(root / "cache")
     try:
         cache.install("m", 1, root / "src1/m")
@@ -80,20 +70,6 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentThread]:
     cache = build_cache(tmp_path_factory.mktemp("agent"))
     with agent_thread(agent_config(cache)) as running:
         yield running
-
-
-def mqtt_config(broker: Broker, **overrides: Any) -> MqttConfig:
-    base: dict[str, Any] = {
-        "host": "127.0.0.1",
-        "port": broker.port,
-        "device_id": "dev1",
-        "telemetry_interval_ms": 200,
-        "reconnect_min_ms": 100,
-        "reconnect_max_ms": 500,
-    }
-    config = MqttConfig(**{**base, **overrides})
-    validate_mqtt(config)
-    return config
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ import asyncio
 import datetime
 import functools
 import ipaddress
+import json
 import os
 import pwd
 import shutil
@@ -13,8 +14,7 @@ import signal
 import socket
 import subprocess
 import threading
-import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,28 +26,18 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from agent.config.schema import AgentConfig
-from agent.fleet.link import EventTee
-from agent.fleet.mqtt import MqttSettings, Protocol, random_client_id
+from agent.fleet.config import MqttConfig, validate_mqtt
+from agent.fleet.link import EventTee, FleetLink
+from agent.fleet.mqtt import Message, MqttSettings, Protocol, random_client_id
 from agent.models.cache_control import CachedVersions, CacheEvents
 from agent.models.control import LogEvents, ModelManager
 from agent.runtime.daemon import RunningAgent, start_agent
+from tests.support import free_port, wait_until
 
 T = TypeVar("T")
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_until(check: Callable[[], bool], limit_s: float = 20.0, what: str = "condition") -> None:
-    """Poll a condition (bounded); raises AssertionError naming it when it never holds."""
-    deadline = time.monotonic() + limit_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+#: Starts a FleetLink on the served agent's loop (the `start_link` fixture).
+LinkFactory = Callable[..., FleetLink]
 
 
 @dataclass(frozen=True)
@@ -167,7 +157,7 @@ class Broker:
         self.proc = subprocess.Popen([binary, "-c", str(self.conf)], stderr=log, stdout=log)
         log.close()
         for port in filter(None, (self.port, self.tls_port)):
-            wait_until(functools.partial(_accepts, port), 10, f"mosquitto on port {port}")
+            wait_until(functools.partial(_accepts, port), f"mosquitto on port {port}", timeout_s=10)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -233,3 +223,37 @@ def agent_thread(config: AgentConfig) -> Iterator[AgentThread]:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=10)
         loop.close()
+
+
+def mqtt_config(broker: Broker, **overrides: Any) -> MqttConfig:
+    """The fleet link's config for device dev1 on `broker`, fast telemetry and reconnects."""
+    base: dict[str, Any] = {
+        "host": "127.0.0.1",
+        "port": broker.port,
+        "device_id": "dev1",
+        "telemetry_interval_ms": 200,
+        "reconnect_min_ms": 100,
+        "reconnect_max_ms": 500,
+    }
+    config = MqttConfig(**{**base, **overrides})
+    validate_mqtt(config)
+    return config
+
+
+async def first(stream: Any, match: Any, limit: float = 20.0) -> dict[str, Any]:
+    """The first streamed message (as JSON) that `match` accepts."""
+    async with asyncio.timeout(limit):
+        async for message in stream:
+            doc = json.loads(message.payload)
+            if match(message, doc):
+                return dict(doc)
+    raise AssertionError("stream ended")
+
+
+def is_kind(kind: str, **fields: Any) -> Any:
+    """A `first` matcher: messages of `kind` whose fields equal `fields`."""
+
+    def match(_message: Message, doc: Mapping[str, Any]) -> bool:
+        return doc.get("kind") == kind and all(doc.get(k) == v for k, v in fields.items())
+
+    return match

@@ -12,10 +12,16 @@ import pytest
 
 from agent.cli.fleet import FleetClient
 from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
-from tests.agent.test_canary_e2e import scale_model, write_versions
-from tests.mqtt.conftest import LinkFactory, mqtt_config
-from tests.mqtt.support import AgentThread, Broker, agent_thread
-from tests.mqtt.test_fleet import first, is_kind
+from tests.models import scale_model, write_versions
+from tests.mqtt.support import (
+    AgentThread,
+    Broker,
+    LinkFactory,
+    agent_thread,
+    first,
+    is_kind,
+    mqtt_config,
+)
 
 
 @pytest.fixture(scope="module")

@@ -12,27 +12,8 @@ from typing import Any
 
 from agent.cli import fleet as fleet_cli
 from agent.cli.fleet import FleetClient
-from agent.fleet.mqtt import Message
-from tests.agent.test_cache_swap import infer
-from tests.mqtt.conftest import LinkFactory, mqtt_config
-from tests.mqtt.support import AgentThread, Broker
-
-
-async def first(stream: Any, match: Any, limit: float = 20.0) -> dict[str, Any]:
-    """The first streamed message (as JSON) that `match` accepts."""
-    async with asyncio.timeout(limit):
-        async for message in stream:
-            doc = json.loads(message.payload)
-            if match(message, doc):
-                return dict(doc)
-    raise AssertionError("stream ended")
-
-
-def is_kind(kind: str, **fields: Any) -> Any:
-    def match(_message: Message, doc: Mapping[str, Any]) -> bool:
-        return doc.get("kind") == kind and all(doc.get(k) == v for k, v in fields.items())
-
-    return match
+from tests.mqtt.support import AgentThread, Broker, LinkFactory, first, is_kind, mqtt_config
+from tests.support import infer_mlp
 
 
 def test_status_ping_and_retained_online(broker: Broker, start_link: LinkFactory) -> None:
@@ -127,18 +108,18 @@ def test_model_commands(broker: Broker, start_link: LinkFactory, served: AgentTh
             loaded = await fleet.send("dev1", "load", {"model": "m"})
             assert loaded["ok"], loaded
             assert loaded["result"]["strategy"] == "load"
-            assert (await asyncio.to_thread(infer, port))[0] == "1"
+            assert (await asyncio.to_thread(infer_mlp, port))[0] == "1"
             swapped = await fleet.send("dev1", "activate", {"model": "m", "version": 2})
             assert swapped["ok"], swapped
-            assert (await asyncio.to_thread(infer, port))[0] == "2"
+            assert (await asyncio.to_thread(infer_mlp, port))[0] == "2"
             event = await first(events, is_kind("event", event="version_activated", version=2))
             assert event["detail"]["versions"] == [2]
             back = await fleet.send("dev1", "rollback", {"model": "m"})
             assert back["result"]["version"] == 1
-            assert (await asyncio.to_thread(infer, port))[0] == "1"
+            assert (await asyncio.to_thread(infer_mlp, port))[0] == "1"
             missing = await fleet.send("dev1", "activate", {"model": "m", "version": 9})
             assert missing["error"]["code"] == "not_found"
-            assert (await asyncio.to_thread(infer, port))[0] == "1"
+            assert (await asyncio.to_thread(infer_mlp, port))[0] == "1"
 
     asyncio.run(scenario())
 
@@ -193,7 +174,7 @@ def test_slo_breach_event(broker: Broker, start_link: LinkFactory, served: Agent
         async with FleetClient(broker.settings()) as fleet:
             await fleet.watch("slo")
             for _ in range(5):
-                await asyncio.to_thread(infer, served.agent.http_port)
+                await asyncio.to_thread(infer_mlp, served.agent.http_port)
             return await first(fleet.messages(), is_kind("event", event="slo_breach"))
 
     breach = asyncio.run(scenario())

@@ -9,9 +9,8 @@ from typing import Any
 import pytest
 
 from agent.cli.fleet import FleetClient
-from tests.agent.test_cache_swap import infer
-from tests.mqtt.conftest import LinkFactory, mqtt_config
-from tests.mqtt.support import AgentThread, Broker
+from tests.mqtt.support import AgentThread, Broker, LinkFactory, mqtt_config
+from tests.support import infer_mlp
 
 HOSTILE: list[tuple[bytes, str, str]] = [
     (b"{not json", "bad_command", "not valid JSON"),
@@ -66,7 +65,7 @@ def test_hostile_commands_get_error_responses(broker: Broker, served: AgentThrea
     assert errors[6]["id"] == "x1"  # the id is echoed whenever it could be read
     assert errors[0]["id"] is None
     assert pong["ok"] is True
-    assert infer(served.agent.http_port)[0] == "1"
+    assert infer_mlp(served.agent.http_port)[0] == "1"
 
 
 @pytest.mark.usefixtures("link")

@@ -13,8 +13,7 @@ from typing import Any
 
 from agent.cli.fleet import FleetClient
 from agent.runtime.demo import mlp_model
-from tests.models import write_model
-from tests.mqtt.conftest import CONFIG
+from tests.models import M_CONFIG, write_model
 from tests.mqtt.support import Broker
 
 
@@ -30,7 +29,7 @@ def launch(repo: Path, broker: Broker, state: Path) -> subprocess.Popen[str]:
 
 
 def test_kill_publishes_last_will_and_restart_online(broker: Broker, tmp_path: Path) -> None:
-    write_model(tmp_path / "repo", "m", mlp_model(seed=1), CONFIG)
+    write_model(tmp_path / "repo", "m", mlp_model(seed=1), M_CONFIG)
     state = tmp_path / "fleet.sqlite"
 
     async def status(fleet: FleetClient, state_name: str) -> dict[str, Any]:

@@ -9,17 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from agent.cli.fleet import FleetClient
-from tests.agent.test_cache_swap import infer
-from tests.mqtt.conftest import LinkFactory, mqtt_config
-from tests.mqtt.support import AgentThread, Broker
+from tests.mqtt.support import AgentThread, Broker, LinkFactory, mqtt_config
+from tests.support import infer_mlp, wait_until_async
 
 
-async def until(check: Any, limit: float, what: str) -> None:
-    """Poll a condition without blocking the loop (bounded)."""
-    async with asyncio.timeout(limit):
-        while not check():
-            await asyncio.sleep(0.02)
-    assert check(), what
+def latest_telemetry(got: list[dict[str, Any]]) -> dict[str, Any]:
+    return max((d for d in got if d["kind"] == "telemetry"), key=lambda d: int(d["seq"]))
 
 
 def test_broker_outage_during_load(
@@ -44,37 +39,61 @@ def test_broker_outage_during_load(
             link = await asyncio.to_thread(start_link, config)
             assert link.outbox is not None
             outbox = link.outbox
-            await until(lambda: any(d["kind"] == "telemetry" for d in got), 20, "telemetry")
+            await wait_until_async(
+                lambda: any(d["kind"] == "telemetry" for d in got), "telemetry", timeout_s=20
+            )
 
             await asyncio.to_thread(broker.stop)
-            await until(lambda: link.client is not None and not link.client.connected, 10, "down")
-            versions = [await asyncio.to_thread(infer, served.agent.http_port) for _ in range(20)]
+            await wait_until_async(
+                lambda: link.client is not None and not link.client.connected,
+                "the link down",
+                timeout_s=10,
+            )
+            port = served.agent.http_port
+            versions = [await asyncio.to_thread(infer_mlp, port) for _ in range(20)]
             assert {v for v, _ in versions} == {"1"}  # serving does not need the broker
             await asyncio.to_thread(served.run, dp.unload_model("m"))
             await asyncio.to_thread(served.run, dp.load_model("m", None))
-            await until(lambda: outbox.stats().dropped_telemetry >= 3, 20, "telemetry dropped")
+            await wait_until_async(
+                lambda: outbox.stats().dropped_telemetry >= 3, "telemetry dropped", timeout_s=20
+            )
 
             restarted = time.time()
             await asyncio.to_thread(broker.start)
-            await until(
+            await wait_until_async(
                 lambda: any(d["kind"] == "telemetry" and d["ts"] > restarted for d in got),
-                30,
                 "telemetry after the restart",
+                timeout_s=30,
             )
             # Every drop happened while disconnected, to a row older than this one.
             newest = outbox.stats().last_seq
-            await until(lambda: max(d.get("seq", 0) for d in got) >= newest, 20, "drained in order")
+            await wait_until_async(
+                lambda: max(d.get("seq", 0) for d in got) >= newest,
+                "drained in order",
+                timeout_s=20,
+            )
             stats = outbox.stats()
             # Telemetry reports the counters as they were when it was made: a later one says so.
-            await until(
+            await wait_until_async(
                 lambda: any(
                     d["kind"] == "telemetry" and d["outbox"] == {**d["outbox"], **{
                         "dropped_telemetry": stats.dropped_telemetry, "dropped_events": 0}}
                     for d in got
                 ),
-                20,
                 "the drop count reported",
+                timeout_s=20,
             )  # fmt: skip
+            # Resumed telemetry reports live counters: requests made now show up in it.
+            base = latest_telemetry(got)["models"][0]["requests"]
+            for _ in range(3):
+                await asyncio.to_thread(infer_mlp, port)
+            await wait_until_async(
+                lambda: any(
+                    d["kind"] == "telemetry" and d["models"][0]["requests"] == base + 3 for d in got
+                ),
+                f"telemetry counting {base + 3} requests",
+                timeout_s=20,
+            )
             collector.cancel()
 
         arrivals: list[int] = []
@@ -88,9 +107,7 @@ def test_broker_outage_during_load(
         assert len(missing) == stats.dropped_telemetry, (arrivals, missing, newest)
         events = [d for d in got if d["kind"] == "event"]
         assert [e["event"] for e in events][-2:] == ["model_unloaded", "version_activated"]
-        last = max((d for d in got if d["kind"] == "telemetry"), key=lambda d: d["seq"])
-        assert last["ts"] > restarted  # telemetry resumed
-        assert last["models"][0]["requests"] >= 0
+        assert latest_telemetry(got)["ts"] > restarted  # telemetry resumed
 
     try:
         asyncio.run(scenario())

@@ -207,15 +207,6 @@ def http_server(root: Path, faults: HttpFaults) -> tuple[http.server.ThreadingHT
     return server, f"http://127.0.0.1:{server.server_address[1]}/"
 
 
-def free_port() -> int:
-    """A loopback port nobody listens on (bound, then released)."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def files_under(root: Path) -> Iterator[Path]:
     """Every regular file below `root`."""
     for dirpath, _dirs, names in os.walk(root):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import time
 import urllib.request
 import uuid
 from pathlib import Path
@@ -15,16 +14,9 @@ from agent.runtime.demo import mlp_model
 from sync.cli import run
 from sync.cli_parser import add_commands
 from sync.config import SyncConfig
-from tests.models import write_model
+from tests.models import M_CONFIG, write_model
 from tests.server import running_agent
-
-CONFIG = """
-name: "m"
-platform: "onnxruntime_onnx"
-max_batch_size: 4
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 64 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 10 ] } ]
-"""
+from tests.support import wait_until
 
 
 def cli(*argv: str) -> int:
@@ -46,22 +38,13 @@ def served_version(port: int) -> str | None:
         return None
 
 
-def wait_for_version(port: int, version: str, limit_s: float = 60.0) -> str | None:
-    deadline = time.monotonic() + limit_s
-    seen = served_version(port)
-    while seen != version and time.monotonic() < deadline:
-        time.sleep(0.1)
-        seen = served_version(port)
-    return seen
-
-
 def test_agent_syncs_and_swaps_published_versions(tmp_path: Path, s3_endpoint: str) -> None:
     repo = tmp_path / "repo"
     assert cli("keys", "init", "--repo", str(repo)) == 0
     store = f"s3://agent-{uuid.uuid4().hex[:12]}/prod"
     s3 = ("--store", store, "--s3-endpoint", s3_endpoint, "--s3-region", "us-east-1")
     for version in (1, 2):
-        write_model(tmp_path / f"src{version}", "m", mlp_model(seed=version), CONFIG, (version,))
+        write_model(tmp_path / f"src{version}", "m", mlp_model(seed=version), M_CONFIG, (version,))
     assert (
         cli(
             "publish",
@@ -89,7 +72,7 @@ def test_agent_syncs_and_swaps_published_versions(tmp_path: Path, s3_endpoint: s
         ),
     )
     with running_agent(config) as agent:
-        assert wait_for_version(agent.http_port, "1") == "1"
+        wait_until(lambda: served_version(agent.http_port) == "1", "version 1 served", timeout_s=60)
         assert cli("publish", "--repo", str(repo), *s3, "m", "2", str(tmp_path / "src2/m")) == 0
-        assert wait_for_version(agent.http_port, "2") == "2"
+        wait_until(lambda: served_version(agent.http_port) == "2", "version 2 served", timeout_s=60)
         assert agent.dataplane.cached_versions("m")[-1]["state"] == "active"

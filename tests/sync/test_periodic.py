@@ -15,7 +15,8 @@ from sync.periodic import Backoff, run_periodic
 from sync.policy import parse_desired
 from sync.s3 import S3Store
 from sync.store import S3Settings
-from tests.sync.support import World, active, free_port
+from tests.support import free_port
+from tests.sync.support import World, active
 
 
 def test_backoff_schedule() -> None:

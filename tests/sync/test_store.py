@@ -10,7 +10,7 @@ from sync.errors import DownloadError, NotFoundError, PublishError, SyncConfigEr
 from sync.s3 import S3Store
 from sync.store import FileStore, HttpStore, ObjectStore, S3Settings, check_key
 from sync.stores import open_store
-from tests.sync.support import free_port
+from tests.support import free_port
 
 
 def _roundtrip(store: ObjectStore, tmp_path: Path) -> None:
