@@ -52,6 +52,11 @@ class LoadedVersion:
     footprint: Footprint | None
     ledger_key: tuple[str, str]
 
+    @property
+    def build_id(self) -> str:
+        """`VERSION@GENERATION`: a rebuild of the same version number gets a new one."""
+        return self.ledger_key[1]
+
     def close(self) -> None:
         self.scheduler.close()
         if self.executor is not None:

@@ -214,7 +214,9 @@ class DataPlane:
             priority, timeout_us = _scheduling_parameters(request.parameters)
             if self._cache is not None and served.config.response_cache.enable:
                 lookup = time.perf_counter_ns()
-                key = cache_key(served.name, version_text, request.inputs, valid.output_names)
+                # Keyed by the build, not the version number: a version rebuilt under the same
+                # number (poll reload, re-activation) never answers from the old build's entries.
+                key = cache_key(served.name, loaded.build_id, request.inputs, valid.output_names)
                 hit = self._cache.get(key)
                 if hit is not None:
                     self.shared_memory.place_outputs(hit, in_shm)

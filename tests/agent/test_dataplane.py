@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import pytest
 
 from agent.errors import (
@@ -250,5 +251,22 @@ def test_unloading_drops_the_model_s_cached_responses(
         await dataplane.load_model("cached", None)
         await dataplane.infer("cached", None, request())
         assert (cache.hits, cache.misses) == (0, 2)  # served afresh, not from the old entry
+
+    asyncio.run(scenario())
+
+
+def test_a_version_rebuilt_under_the_same_number_is_not_answered_from_the_old_build(
+    dataplane: DataPlane, cache: ResponseCache, registry: ModelRegistry, repo: Path
+) -> None:
+    async def scenario() -> None:
+        first = await dataplane.infer("cached", None, request())
+        np.testing.assert_array_equal(first.outputs[0].data, 2 * X)
+        # Version 2's file changes on disk and the model is rebuilt (as a poll-mode reload or a
+        # sync re-activation does), without going through the data plane's own load call.
+        onnx.save(scale_model(3.0), str(repo / "cached" / "2" / "model.onnx"))
+        registry.load_model("cached")
+        again = await dataplane.infer("cached", None, request())
+        np.testing.assert_array_equal(again.outputs[0].data, 3 * X)
+        assert cache.hits == 0
 
     asyncio.run(scenario())
