@@ -70,17 +70,48 @@ def load_model_config(model_dir: Path) -> mc.ModelConfig | None:
 
 
 def config_from_json(doc: dict[str, Any]) -> mc.ModelConfig:
-    """Build a config from its JSON form (as the config endpoint returns it).
+    """Build a config from its JSON form (as the config endpoint returns it, or a load request's
+    override), its values checked with `check_values`.
 
     Raises:
-        ModelConfigError: unknown fields or wrong value types.
+        ModelConfigError: unknown fields, wrong value types or values out of range.
     """
     config = mc.ModelConfig()
     try:
         json_format.ParseDict(doc, config)
-    except json_format.ParseError as exc:
+    except (json_format.ParseError, ValueError, TypeError) as exc:
         raise ModelConfigError(f"invalid model config JSON: {exc}") from None
+    check_values(config, "model config")
     return config
+
+
+def check_values(config: mc.ModelConfig, source: str) -> None:
+    """Reject values no model can be loaded with, before anything is loaded or measured.
+
+    Sizes and counts must not be negative, and every dimension is -1 (any size) or at least 1.
+
+    Raises:
+        ModelConfigError: every such value, prefixed with `source`.
+    """
+    problems: list[str] = []
+    if config.max_batch_size < 0:
+        problems.append(f"max_batch_size {config.max_batch_size} must be >= 0")
+    tensors: list[tuple[str, mc.ModelInput | mc.ModelOutput]] = [
+        *(("input", t) for t in config.input),
+        *(("output", t) for t in config.output),
+    ]
+    for kind, tensor in tensors:
+        for label, dims in (("dims", tensor.dims), ("reshape", tensor.reshape.shape)):
+            bad = [d for d in dims if d != -1 and d < 1]
+            if bad:
+                problems.append(
+                    f"{kind} '{tensor.name}' {label} {list(dims)}: each must be -1 or >= 1"
+                )
+    for group in config.instance_group:
+        if group.count < 0:
+            problems.append(f"instance_group '{group.name}' count {group.count} must be >= 0")
+    if problems:
+        raise ModelConfigError(f"{source}: {'; '.join(problems)}")
 
 
 def config_to_json(config: Message) -> dict[str, Any]:
