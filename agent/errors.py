@@ -1,10 +1,18 @@
-"""The agent's error tree.
+"""The agent's error tree, and the one lookup every transport maps it through.
 
-Every error the data plane raises is an `AgentError`; transports (HTTP today, gRPC and MQTT later)
-map the leaf types to their own status codes in one table each, so no transport code lives here.
+Every error the data plane raises is an `AgentError`. Each transport (HTTP, gRPC, MQTT) maps these
+types to its own codes in one table (`agent.api.http.STATUS_FOR_ERROR`,
+`agent.api.grpc_server.STATUS_FOR_ERROR`, `agent.fleet.executor.ERROR_CODES`), read through
+`lookup`; no transport code lives here. An exception that is not an `AgentError` is a bug: the
+transports answer it as `InternalError` (HTTP 500, gRPC INTERNAL, MQTT `internal`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TypeVar
+
+Code = TypeVar("Code")
 
 
 class AgentError(Exception):
@@ -74,5 +82,33 @@ class ModelControlError(AgentError):
     """A model-control request is not allowed in the current mode (e.g. load without explicit)."""
 
 
+class InternalError(AgentError):
+    """An unexpected exception (a bug) while handling a request; the message names it."""
+
+    @classmethod
+    def wrap(cls, exc: BaseException) -> AgentError:
+        """`exc` itself when it is an `AgentError`, else an `InternalError` naming it."""
+        if isinstance(exc, AgentError):
+            return exc
+        return cls(f"internal error: {type(exc).__name__}: {exc}")
+
+
 class AgentConfigError(Exception):
     """The agent's own configuration (TOML file or flags) is invalid; start-up stops."""
+
+
+def lookup(table: Mapping[type[AgentError], Code], error: BaseException) -> Code:
+    """A transport's code for an error: the row of its class or of its nearest listed base.
+
+    An exception that is not an `AgentError` is looked up as `InternalError`. Every table maps
+    `AgentError` itself, so the walk always ends on a row; a test checks that each table also
+    maps every subclass explicitly.
+
+    Raises:
+        KeyError: the table maps neither the error's class nor any of its bases.
+    """
+    kind = type(error) if isinstance(error, AgentError) else InternalError
+    for cls in kind.__mro__:
+        if issubclass(cls, AgentError) and cls in table:
+            return table[cls]
+    raise KeyError(f"no code for {kind.__name__} in the table")

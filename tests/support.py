@@ -15,13 +15,16 @@ import subprocess
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
 import onnxruntime as ort
 import pytest
+
+from agent.canary.control import CanaryManager
+from agent.canary.policy import CanaryPolicy
 
 T = TypeVar("T")
 
@@ -212,3 +215,25 @@ def perf_analyzer() -> str:
             "perf_analyzer is not installed (make perf-analyzer installs it; set PERF_ANALYZER)"
         )
     return path
+
+
+class RecordingEvents:
+    """An EventSink that keeps what it is told."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int | None, str, dict[str, object]]] = []
+
+    def record(
+        self, model: str, version: int | None, kind: str, detail: Mapping[str, object]
+    ) -> None:
+        self.seen.append((model, version, kind, dict(detail)))
+
+    def kinds(self) -> list[str]:
+        return [kind for _, _, kind, _ in self.seen]
+
+
+def promote(manager: CanaryManager) -> None:
+    """Start a canary on version 2 and feed it five good requests (promote_after 5)."""
+    manager.start("m", CanaryPolicy(candidate=2, share=0.5, promote_after=5, window=5))
+    for _ in range(5):
+        manager.record("m", 2, 100, None)

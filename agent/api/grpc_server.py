@@ -1,7 +1,8 @@
 """KServe v2 gRPC endpoint (`grpc.aio`), Triton's GRPCInferenceService.
 
 Thin like the HTTP handlers: decode with `agent.api.grpc_codec`, call the shared data plane, encode.
-`STATUS_FOR_ERROR` is the one place where agent errors become gRPC status codes.
+`STATUS_FOR_ERROR` is the one place where agent errors become gRPC status codes (read through
+`agent.errors.lookup`); an unexpected exception is logged and answered INTERNAL with its message.
 """
 
 from __future__ import annotations
@@ -20,9 +21,12 @@ from agent.errors import (
     AgentError,
     BackendError,
     ConflictError,
+    InternalError,
     InvalidInputError,
+    MemoryBudgetError,
     ModelConfigError,
     ModelControlError,
+    ModelInstanceFailedError,
     ModelLoadError,
     ModelNotFoundError,
     ModelNotReadyError,
@@ -30,6 +34,7 @@ from agent.errors import (
     PayloadTooLargeError,
     RequestTimeoutError,
     SharedMemoryNotFoundError,
+    lookup,
 )
 from agent.proto import grpc_service_pb2 as pb
 from agent.proto import grpc_service_pb2_grpc as pb_grpc
@@ -49,20 +54,20 @@ STATUS_FOR_ERROR: dict[type[AgentError], grpc.StatusCode] = {
     OverloadedError: grpc.StatusCode.UNAVAILABLE,
     RequestTimeoutError: grpc.StatusCode.UNAVAILABLE,
     BackendError: grpc.StatusCode.INTERNAL,
+    ModelInstanceFailedError: grpc.StatusCode.INTERNAL,
     ModelLoadError: grpc.StatusCode.INTERNAL,
+    MemoryBudgetError: grpc.StatusCode.INTERNAL,
+    InternalError: grpc.StatusCode.INTERNAL,
+    AgentError: grpc.StatusCode.INTERNAL,
 }
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 
 
-def status_for(error: AgentError) -> grpc.StatusCode:
-    """The gRPC status for an agent error (its nearest listed base class)."""
-    for cls in type(error).__mro__:
-        code = STATUS_FOR_ERROR.get(cls)
-        if code is not None:
-            return code
-    return grpc.StatusCode.INTERNAL
+def status_for(error: BaseException) -> grpc.StatusCode:
+    """The gRPC status for an error (any non-`AgentError` is an `InternalError`: INTERNAL)."""
+    return lookup(STATUS_FOR_ERROR, error)
 
 
 def _mapped(
@@ -73,8 +78,11 @@ def _mapped(
     ) -> Resp:
         try:
             return await handler(self, request)
-        except AgentError as exc:
-            await context.abort(status_for(exc), exc.message)
+        except Exception as exc:
+            if not isinstance(exc, AgentError):
+                logger.exception("gRPC %s failed", handler.__name__)
+            error = InternalError.wrap(exc)
+            await context.abort(status_for(error), error.message)
             raise  # abort raises; this keeps type checkers satisfied
 
     return wrapper
@@ -135,6 +143,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 response = await self._infer(request)
             except AgentError as exc:
                 yield pb.ModelStreamInferResponse(error_message=exc.message)
+                continue
+            except Exception as exc:
+                logger.exception("gRPC ModelStreamInfer failed")
+                yield pb.ModelStreamInferResponse(error_message=InternalError.wrap(exc).message)
                 continue
             yield pb.ModelStreamInferResponse(infer_response=response)
 

@@ -1,8 +1,9 @@
 """KServe v2 HTTP/REST endpoints on aiohttp, plus Triton's repository index.
 
 Handlers are thin: parse with `agent.api.http_codec`, call `agent.serving.dataplane`, serialize.
-One middleware
-maps every error to a status code and Triton's `{"error": "..."}` body.
+One middleware maps every error to a status code (`STATUS_FOR_ERROR`, read through
+`agent.errors.lookup`) and Triton's `{"error": "..."}` body; an unexpected exception is logged
+with its traceback and answered as a JSON 500, never as aiohttp's plain-text page.
 """
 
 from __future__ import annotations
@@ -21,9 +22,12 @@ from agent.errors import (
     AgentError,
     BackendError,
     ConflictError,
+    InternalError,
     InvalidInputError,
+    MemoryBudgetError,
     ModelConfigError,
     ModelControlError,
+    ModelInstanceFailedError,
     ModelLoadError,
     ModelNotFoundError,
     ModelNotReadyError,
@@ -31,6 +35,7 @@ from agent.errors import (
     PayloadTooLargeError,
     RequestTimeoutError,
     SharedMemoryNotFoundError,
+    lookup,
 )
 from agent.serving.dataplane import DataPlane
 
@@ -38,7 +43,7 @@ logger = logging.getLogger(__name__)
 
 DATAPLANE = web.AppKey("dataplane", DataPlane)
 
-# The one place where error types become HTTP status codes.
+# The one place where error types become HTTP status codes (every type listed: a test checks).
 STATUS_FOR_ERROR: dict[type[AgentError], int] = {
     InvalidInputError: 400,
     ModelControlError: 400,
@@ -48,7 +53,11 @@ STATUS_FOR_ERROR: dict[type[AgentError], int] = {
     ConflictError: 409,
     PayloadTooLargeError: 413,
     BackendError: 500,
+    ModelInstanceFailedError: 500,
     ModelLoadError: 500,
+    MemoryBudgetError: 500,
+    InternalError: 500,
+    AgentError: 500,
     ModelNotReadyError: 503,
     OverloadedError: 503,
     RequestTimeoutError: 503,
@@ -57,12 +66,9 @@ STATUS_FOR_ERROR: dict[type[AgentError], int] = {
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def status_for(error: AgentError) -> int:
-    """The HTTP status for an agent error (its nearest listed base class)."""
-    for cls in type(error).__mro__:
-        if cls in STATUS_FOR_ERROR:
-            return STATUS_FOR_ERROR[cls]
-    return 500
+def status_for(error: BaseException) -> int:
+    """The HTTP status for an error (any non-`AgentError` is an `InternalError`: 500)."""
+    return lookup(STATUS_FOR_ERROR, error)
 
 
 def error_response(status: int, message: str) -> web.Response:
@@ -84,6 +90,9 @@ def error_middleware(max_request_bytes: int) -> Middleware:
             if exc.status < 400:
                 raise
             return error_response(exc.status, exc.reason)
+        except Exception as exc:  # a bug: answered in JSON, logged with its traceback
+            logger.exception("%s %s failed", request.method, request.path)
+            return error_response(status_for(exc), InternalError.wrap(exc).message)
 
     return middleware
 

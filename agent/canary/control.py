@@ -16,10 +16,15 @@ Invariants:
   unversioned requests go to the latest READY version again. The check is made on the model's
   next request, status query or start, so its event comes then, not at the swap itself.
 * Every change is an event (canary_started, canary_promoted, canary_rolled_back, canary_stopped,
-  canary_refused) whose detail holds the figures, through the agent's `EventSink`.
+  canary_refused) whose detail holds the figures, through the agent's `EventSink` (behind an
+  `EventTee`: a failing sink never fails a request or a verdict).
 * With a state file (the agent has a cache directory), pins and running canaries survive a
   restart: the file is replaced atomically and durably after every change. A resumed canary
   starts its counts and window afresh. Without a state file they live in memory only.
+* The state file is never a reason to stop serving: a write that fails is a
+  `canary_state_write_failed` event (the decision holds in memory), and a corrupt or unreadable
+  file at start-up is a `canary_state_corrupt` event (it is ignored, and replaced on the next
+  change).
 * Called on the event loop only (no locking); a decision's file write is small and rare.
 """
 
@@ -47,13 +52,20 @@ from agent.errors import (
     AgentError,
     BackendError,
     ConflictError,
+    InternalError,
     InvalidInputError,
     ModelNotFoundError,
     ModelNotReadyError,
     OverloadedError,
     RequestTimeoutError,
 )
-from agent.models.control import EventSink, LogEvents
+from agent.models.events import (
+    CANARY_STATE_CORRUPT,
+    CANARY_STATE_WRITE_FAILED,
+    EventSink,
+    EventTee,
+    guarded,
+)
 from agent.models.registry import ModelRegistry
 from model_cache.atomic import atomic_write_bytes
 
@@ -61,9 +73,10 @@ logger = logging.getLogger(__name__)
 
 STATE_FILE = "canary.json"
 _SCHEMA = 1
-# Failures that say something about the version that served the request. A client's bad input
-# or a model that is being swapped says nothing about it and is not recorded.
-_VERSION_FAILURES = (BackendError, RequestTimeoutError, OverloadedError)
+# Failures that say something about the version that served the request (an unexpected
+# exception included). A client's bad input or a model that is being swapped says nothing about
+# it and is not recorded.
+_VERSION_FAILURES = (BackendError, RequestTimeoutError, OverloadedError, InternalError)
 
 
 def policy_from_request(doc: Mapping[str, Any]) -> CanaryPolicy:
@@ -106,10 +119,19 @@ class CanaryManager:
         state_path: Path | None = None,
     ) -> None:
         self._registry = registry
-        self.events: EventSink = events or LogEvents()
+        self._events = guarded(events)
         self._rng = rng or random.Random()  # noqa: S311 - traffic split, not security
         self._path = state_path
         self._entries: dict[str, _Entry] = self._load() if state_path is not None else {}
+
+    @property
+    def events(self) -> EventTee:
+        """Where canary events go; a sink set here is put behind an `EventTee`."""
+        return self._events
+
+    @events.setter
+    def events(self, sink: EventSink) -> None:
+        self._events = guarded(sink)
 
     @property
     def persistent(self) -> bool:
@@ -359,6 +381,12 @@ class CanaryManager:
             atomic_write_bytes(self._path, data.encode() + b"\n")
         except OSError as exc:
             logger.error("cannot write canary state %s: %s", self._path, exc)
+            self.events.record(
+                "*",
+                None,
+                CANARY_STATE_WRITE_FAILED,
+                {"path": str(self._path), "reason": str(exc), "models": sorted(models)},
+            )
 
     def _load(self) -> dict[str, _Entry]:
         """The saved entries; an unreadable or invalid file is logged and ignored."""
@@ -368,13 +396,19 @@ class CanaryManager:
         except FileNotFoundError:
             return {}
         except (OSError, ValueError) as exc:
-            logger.error("canary state %s ignored: %s", self._path, exc)
-            return {}
+            return self._corrupt(str(exc))
         try:
             return _entries_from_json(doc)
-        except (CanaryPolicyError, KeyError, TypeError, ValueError) as exc:
-            logger.error("canary state %s ignored: invalid content (%s)", self._path, exc)
-            return {}
+        except (CanaryPolicyError, KeyError, TypeError, ValueError, AttributeError) as exc:
+            return self._corrupt(f"invalid content ({exc})")
+
+    def _corrupt(self, reason: str) -> dict[str, _Entry]:
+        """A state file that cannot be used: logged, told as an event, and ignored."""
+        logger.error("canary state %s ignored: %s", self._path, reason)
+        self.events.record(
+            "*", None, CANARY_STATE_CORRUPT, {"path": str(self._path), "reason": reason}
+        )
+        return {}
 
 
 def _entries_from_json(doc: Any) -> dict[str, _Entry]:

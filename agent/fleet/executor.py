@@ -3,8 +3,9 @@
 `CommandExecutor.execute(body)` does what one typed command (`agent.fleet.commands`) asks, through
 the
 same `DataPlane` calls as HTTP, and returns the `result` object of the response. Errors are
-`AgentError`s; `error_code` maps them to the response's `error.code` in one table, the MQTT
-counterpart of the HTTP layer's status table.
+`AgentError`s; `error_code` maps them to the response's `error.code` through one table,
+`ERROR_CODES` (read with `agent.errors.lookup`), the MQTT counterpart of the HTTP layer's status
+table. Any other exception is a bug and answers `internal`.
 
 `set-batching` changes the live `BatchingPolicy` of each targeted loaded version (all checked
 before any is changed); a later reload of the model restores its config's values.
@@ -19,16 +20,22 @@ from typing import Any
 
 from agent.errors import (
     AgentError,
+    BackendError,
     ConflictError,
+    InternalError,
     InvalidInputError,
     MemoryBudgetError,
     ModelConfigError,
     ModelControlError,
+    ModelInstanceFailedError,
     ModelLoadError,
     ModelNotFoundError,
     ModelNotReadyError,
     OverloadedError,
     PayloadTooLargeError,
+    RequestTimeoutError,
+    SharedMemoryNotFoundError,
+    lookup,
 )
 from agent.fleet import commands as cmd
 from agent.fleet.state import FleetState
@@ -39,25 +46,32 @@ from agent.serving.dataplane import DataPlane
 
 SyncNow = Callable[[], Awaitable[Mapping[str, Any]]]  # raises AgentError on failure
 
-_ERROR_CODES: tuple[tuple[type[AgentError], str], ...] = (
-    (PayloadTooLargeError, "too_large"),
-    (cmd.CommandError, "bad_command"),
-    (InvalidInputError, "invalid_argument"),
-    (ModelNotFoundError, "not_found"),
-    (ModelNotReadyError, "not_ready"),
-    (ModelControlError, "not_allowed"),
-    (ConflictError, "conflict"),
-    (MemoryBudgetError, "out_of_memory"),
-    (ModelConfigError, "bad_config"),
-    (ModelLoadError, "load_failed"),
-    (OverloadedError, "busy"),
-    (AgentError, "failed"),
-)
+# The one place where error types become response codes (every type listed: a test checks).
+ERROR_CODES: dict[type[AgentError], str] = {
+    PayloadTooLargeError: "too_large",
+    cmd.CommandTooLargeError: "too_large",
+    cmd.CommandError: "bad_command",
+    InvalidInputError: "invalid_argument",
+    ModelNotFoundError: "not_found",
+    SharedMemoryNotFoundError: "failed",
+    ModelNotReadyError: "not_ready",
+    ModelControlError: "not_allowed",
+    ConflictError: "conflict",
+    MemoryBudgetError: "out_of_memory",
+    ModelConfigError: "bad_config",
+    ModelLoadError: "load_failed",
+    OverloadedError: "busy",
+    RequestTimeoutError: "failed",
+    BackendError: "failed",
+    ModelInstanceFailedError: "failed",
+    InternalError: "internal",
+    AgentError: "failed",
+}
 
 
-def error_code(error: AgentError) -> str:
-    """The response code of an error (the first matching row of the table)."""
-    return next(code for kind, code in _ERROR_CODES if isinstance(error, kind))
+def error_code(error: BaseException) -> str:
+    """The response code of an error (any non-`AgentError` is an `InternalError`: `internal`)."""
+    return lookup(ERROR_CODES, error)
 
 
 class CommandExecutor:

@@ -1,7 +1,8 @@
 """The fleet link: status, telemetry, events and commands between the agent and its fleet manager.
 
 Topics (`{prefix}/{device}/...`, see README):
-    status     retained; `online` on each connect, `offline` on a clean stop, and the same
+    status     retained; `online` on each connect (`degraded`, with the reason, while a part of
+               the link or an event sink fails), `offline` on a clean stop, and the same
                `offline` document as the last will when the agent vanishes
     telemetry  every `telemetry_interval_ms`, through the outbox
     events     model events (this class is an `EventSink`) and SLO/drift alerts, through the outbox
@@ -15,7 +16,15 @@ Invariants:
     * A command id executes at most once (`agent.fleet.state`); duplicates are answered with the
       stored response (`"duplicate": true`). Mutating commands run one at a time, in arrival
       order; `status` and `ping` are answered at once.
-    * Every input problem becomes an error response (error → code table: `agent.fleet.executor`).
+    * Every input problem becomes an error response (error → code table: `agent.fleet.executor`);
+      an unexpected exception answers `internal`.
+    * Failures are isolated and never silent: the link's loops (telemetry, outbox forwarder,
+      commands) restart with exponential backoff (the reconnect bounds) when they raise; an
+      outbox that cannot take a row (full disk, SQLite error) loses that row, logged; an event
+      sink of the agent that fails is reported by its `EventTee`. While any of these lasts, the
+      retained status says `degraded` with the reason; it says `online` again once they recover.
+    * Events recorded before `start` (a corrupt canary state file found at start-up, replayed by
+      the `EventTee`) are kept, the last `_PENDING`, and queued once the outbox is open.
 """
 
 from __future__ import annotations
@@ -25,30 +34,36 @@ import contextlib
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from agent import __version__
-from agent.errors import AgentError, ModelControlError, OverloadedError
+from agent.errors import AgentError, InternalError, ModelControlError, OverloadedError
 from agent.fleet import commands as cmd
 from agent.fleet.config import MqttConfig, Topics
 from agent.fleet.executor import CommandExecutor, SyncNow, error_code
+from agent.fleet.health import Health, supervise, why
 from agent.fleet.mqtt import Message, MqttClient, MqttError, MqttSettings, Protocol, Will
 from agent.fleet.outbox import Kind, Outbox
 from agent.fleet.slo import SloEvaluator
 from agent.fleet.state import FleetState
 from agent.fleet.telemetry import GpuProbe, TelemetrySampler
-from agent.models.control import EventSink
+from agent.models.events import EventTee
 from agent.models.memory_plan import MemoryLedger
 from agent.models.registry import ModelRegistry
 from agent.serving.dataplane import DataPlane
+
+# EventTee lives in agent.models.events (below the transports); importable from here as before.
+__all__ = ["SCHEMA", "EventTee", "FleetLink"]
 
 logger = logging.getLogger(__name__)
 
 SCHEMA = 1
 _QUEUE = 32  # mutating commands waiting
+_PENDING = 64  # events recorded before start, kept for the outbox
 _STATUS_EVENTS = frozenset({"version_activated", "model_unloaded", "load_failed", "swap_failed"})
 
 
@@ -56,28 +71,6 @@ _STATUS_EVENTS = frozenset({"version_activated", "model_unloaded", "load_failed"
 class _Reply:
     topic: str
     correlation: bytes | None
-
-
-class EventTee:
-    """An `EventSink` that forwards each event to several sinks (e.g. the cache and the link)."""
-
-    def __init__(self, *sinks: EventSink) -> None:
-        self._sinks = list(sinks)
-
-    def add(self, sink: EventSink) -> None:
-        """Forward to one more sink (the link is built after the model manager)."""
-        self._sinks.append(sink)
-
-    def remove(self, sink: EventSink) -> None:
-        """Stop forwarding to a sink (e.g. a stopped link)."""
-        self._sinks.remove(sink)
-
-    def record(
-        self, model: str, version: int | None, kind: str, detail: Mapping[str, object]
-    ) -> None:
-        """Record the event in every sink, in order."""
-        for sink in self._sinks:
-            sink.record(model, version, kind, detail)
 
 
 class FleetLink:
@@ -135,6 +128,11 @@ class FleetLink:
         self._inline: set[asyncio.Task[None]] = set()
         self._subscribed: asyncio.Future[None] | None = None
         self._running: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._health = Health(self._health_changed)  # failing parts (empty: online)
+        self._pending: deque[tuple[str, int | None, str, dict[str, object]]] = deque(
+            maxlen=_PENDING
+        )
+        self._stopped = False
 
     async def start(self) -> None:
         """Open the stores, start connecting (in the background) and start the loops.
@@ -149,6 +147,8 @@ class FleetLink:
             Outbox, self._state_path, max_messages=c.outbox_max_messages
         )
         self._state = await asyncio.to_thread(FleetState, self._state_path)
+        while self._pending:
+            self.record(*self._pending.popleft())
         self._executor = CommandExecutor(
             self._dataplane,
             self._registry,
@@ -180,8 +180,15 @@ class FleetLink:
         self._subscribed = self.client.subscribe(self.topics.commands)
         if self._on_desired is not None:
             self._on_desired(tuple(f"{m}={p}" for m, p in self._state.desired()))
-        for loop in (self._telemetry_loop(), self._forward_loop(), self._command_loop()):
-            task = asyncio.create_task(loop)
+        loops = (
+            ("telemetry", self._telemetry_loop),
+            ("outbox forwarder", self._forward_loop),
+            ("command", self._command_loop),
+        )
+        low, high = c.reconnect_min_ms / 1000, c.reconnect_max_ms / 1000
+        for name, body in loops:
+            part = f"{name} loop"
+            task = asyncio.create_task(supervise(part, body, self._health, min_s=low, max_s=high))
             task.add_done_callback(_report_crash)
             self._tasks.append(task)
 
@@ -197,6 +204,7 @@ class FleetLink:
 
     async def stop(self) -> None:
         """Publish `offline` (bounded wait), disconnect cleanly and close the stores."""
+        self._stopped = True
         for task in [*self._tasks, *self._inline]:
             task.cancel()
         await asyncio.gather(*self._tasks, *self._inline, return_exceptions=True)
@@ -216,13 +224,29 @@ class FleetLink:
     def record(
         self, model: str, version: int | None, kind: str, detail: Mapping[str, object]
     ) -> None:
-        """`EventSink`: queue an event for the events topic (thread-safe)."""
-        body = {"event": kind, "model": model, "version": version, "detail": dict(detail)}
-        if not self._enqueue("event", self.topics.events, body):
-            logger.warning("fleet link not started: event %s of %s not sent", kind, model)
+        """`EventSink`: queue an event for the events topic (thread-safe; never raises).
+
+        Before `start` the event is kept for the outbox; an outbox that cannot take it (full
+        disk, SQLite error) loses it, logged, and the link is `degraded` until it takes rows again.
+        """
+        if self.outbox is None or self._loop is None:
+            if self._stopped:
+                logger.warning("fleet link stopped: event %s of %s not sent", kind, model)
+            else:
+                self._pending.append((model, version, kind, dict(detail)))
             return
-        if self._loop is not None and kind in _STATUS_EVENTS:
+        body = {"event": kind, "model": model, "version": version, "detail": dict(detail)}
+        if self._enqueue("event", self.topics.events, body) and kind in _STATUS_EVENTS:
             self._loop.call_soon_threadsafe(self._publish_status)
+
+    def sinks_failing(self, failing: Mapping[str, str]) -> None:
+        """`SinkHealthListener`: the agent's failing event sinks make the link `degraded`."""
+        parts = {f"event sink {name}": reason for name, reason in failing.items()}
+        self._health.replace("event sink ", parts)
+
+    def health(self) -> dict[str, str]:
+        """What fails now (part: reason); empty when the link is `online`."""
+        return self._health.snapshot()
 
     def status(self) -> dict[str, Any]:
         """The status document (as the retained status message and the `status` command)."""
@@ -231,15 +255,26 @@ class FleetLink:
             for s in sorted(self._registry.served_models(), key=lambda s: s.name)
         ]
         doc = self._envelope("status")
+        faults = self.health()
         doc.update(
-            state="online",
+            state="degraded" if faults else "online",
             agent_version=__version__,
             mqtt=self.client.protocol if self.client else None,
             models=models,
-            desired=dict(self._state.desired()) if self._state else {},
-            outbox=self.outbox.stats().to_json() if self.outbox else None,
+            desired=_or_none(lambda: dict(self._state.desired()) if self._state else {}),
+            outbox=_or_none(lambda: self.outbox.stats().to_json() if self.outbox else None),
         )
+        if faults:
+            doc["reason"] = "; ".join(f"{part}: {text}" for part, text in sorted(faults.items()))
+            doc["faults"] = faults
         return doc
+
+    def _health_changed(self) -> None:
+        """Publish the status again (from any thread)."""
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to publish
+                loop.call_soon_threadsafe(self._publish_status)
 
     # --- telemetry, events and the outbox ------------------------------------------------------
 
@@ -250,7 +285,15 @@ class FleetLink:
         outbox, loop = self.outbox, self._loop
         if outbox is None or loop is None:
             return False
-        outbox.put(kind, topic, {**self._envelope("event" if kind == "event" else kind), **body})
+        doc = {**self._envelope("event" if kind == "event" else kind), **body}
+        try:
+            outbox.put(kind, topic, doc)
+        # Full disk, SQLite error or a bug: this row is lost, and said so.
+        except Exception as exc:  # noqa: BLE001
+            logger.warning("outbox: %s not queued: %s", body.get("event", kind), exc)
+            self._health.fault("outbox", why(exc))
+            return False
+        self._health.recovered("outbox")
         loop.call_soon_threadsafe(self._wake.set)
         return True
 
@@ -265,6 +308,7 @@ class FleetLink:
             self._enqueue("telemetry", self.topics.telemetry, body)
             for alert in self._slo.evaluate(now, samples):
                 self.record(alert.model, alert.version, alert.kind, alert.figures)
+            self._health.recovered("telemetry loop")
             next_at = max(next_at + interval, self._clock())
             await asyncio.sleep(next_at - self._clock())
 
@@ -272,11 +316,13 @@ class FleetLink:
         assert self.client is not None
         assert self.outbox is not None
         client, outbox = self.client, self.outbox
+        outbox.release()  # after a restart, the rows of the failed round are taken again
         while True:
             await client.wait_connected()
             self._wake.clear()
             rows = outbox.take(outbox.max_take)
             if not rows:
+                self._health.recovered("outbox forwarder loop")
                 await self._wake.wait()
                 continue
             try:
@@ -288,6 +334,7 @@ class FleetLink:
                 continue
             await asyncio.gather(*sent)  # paho resends across reconnects; order is kept
             outbox.ack(r.seq for r in rows)
+            self._health.recovered("outbox forwarder loop")
 
     def _desired_changed(self, lines: tuple[str, ...]) -> None:
         if self._on_desired is not None:
@@ -301,7 +348,10 @@ class FleetLink:
     def _publish_status(self) -> None:
         if self.client is not None and self.client.connected:
             payload = json.dumps(self.status(), separators=(",", ":")).encode()
-            _quiet(self.client.publish(self.topics.status, payload, retain=True))
+            try:
+                _quiet(self.client.publish(self.topics.status, payload, retain=True))
+            except MqttError as exc:  # paho's queue is full; the next change publishes again
+                logger.warning("status not published: %s", exc)
 
     def _status_payload(self, state: str, reason: str) -> bytes:
         doc = {**self._envelope("status"), "state": state, "reason": reason}
@@ -348,41 +398,66 @@ class FleetLink:
         while True:
             command, reply = await self._queue.get()
             await self._handle(command, reply)
+            self._health.recovered("command loop")
 
     async def _handle(self, command: cmd.Command, reply: _Reply) -> None:
+        """Execute and answer one command.
+
+        When the link's state database fails, the command is still answered (`internal` when it
+        could not be checked for duplicates and did not run; its real response when only storing
+        that response failed) and the link is `degraded` until a command goes through again.
+        """
+        try:
+            response, ran = await self._execute(command)
+        except Exception as exc:
+            logger.exception("command %s (%s) could not be handled", command.id, command.name)
+            self._health.fault("commands", why(exc))
+            self._respond(reply, command.id, command.name, error=InternalError.wrap(exc))
+            return
+        try:
+            if ran:
+                assert self._state is not None
+                self._state.finish(command.id, response)
+        except Exception as exc:
+            logger.exception("command %s (%s): response not stored", command.id, command.name)
+            self._health.fault("commands", why(exc))
+        else:
+            self._health.recovered("commands")
+        self._send(reply, response)
+
+    async def _execute(self, command: cmd.Command) -> tuple[dict[str, Any], bool]:
+        """The response to a command, and whether it ran now (False: a duplicate)."""
         assert self._state is not None
         running = self._running.get(command.id)
         if running is not None:  # a duplicate of a command still executing: answer when done
-            self._send(reply, {**await asyncio.shield(running), "duplicate": True})
-            return
+            return {**await asyncio.shield(running), "duplicate": True}, False
         seen = self._state.seen(command.id)
         if seen is not None or not self._state.begin(command.id, command.name):
             stored = seen.response if seen is not None else None
-            if stored is None:
-                again = ModelControlError(
-                    f"command {command.id} was received before and did not finish "
-                    "(the agent restarted): not executed again"
-                )
-                self._respond(reply, command.id, command.name, error=again, duplicate=True)
-            else:
-                self._send(reply, {**stored, "duplicate": True, "ts": time.time()})
-            return
+            if stored is not None:
+                return {**stored, "duplicate": True, "ts": time.time()}, False
+            again = ModelControlError(
+                f"command {command.id} was received before and did not finish "
+                "(the agent restarted): not executed again"
+            )
+            return {
+                **self._response(command.id, command.name, error=again),
+                "duplicate": True,
+            }, False
         done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._running[command.id] = done
         try:
             assert self._executor is not None
             result = await self._executor.execute(command.body)
             response = self._response(command.id, command.name, result=result)
-        except AgentError as exc:
-            response = self._response(command.id, command.name, error=exc)
         except Exception as exc:  # the command path must survive a bug (logged with traceback)
-            logger.exception("command %s (%s) failed", command.id, command.name)
-            response = self._response(command.id, command.name, internal=repr(exc))
+            if not isinstance(exc, AgentError):
+                logger.exception("command %s (%s) failed", command.id, command.name)
+            response = self._response(command.id, command.name, error=InternalError.wrap(exc))
         finally:
             del self._running[command.id]
         done.set_result(response)
-        self._state.finish(command.id, response)
-        self._send(reply, response)
+        return response, True
 
     def _response(
         self,
@@ -391,14 +466,11 @@ class FleetLink:
         *,
         result: Mapping[str, Any] | None = None,
         error: AgentError | None = None,
-        internal: str | None = None,
     ) -> dict[str, Any]:
         doc = self._envelope("response")
-        doc.update(id=command_id, command=name, ok=error is None and internal is None)
+        doc.update(id=command_id, command=name, ok=error is None)
         if error is not None:
             doc["error"] = {"code": error_code(error), "message": error.message}
-        elif internal is not None:
-            doc["error"] = {"code": "internal", "message": f"internal error: {internal}"}
         else:
             doc["result"] = dict(result or {})
         return doc
@@ -431,6 +503,15 @@ def _report_crash(task: asyncio.Task[None]) -> None:
     """A link loop must not end silently: log the bug that stopped it."""
     if not task.cancelled() and task.exception() is not None:
         logger.error("fleet link loop %s crashed", task.get_coro(), exc_info=task.exception())
+
+
+def _or_none(read: Callable[[], Any]) -> Any:
+    """A status field read from a store; None when the store fails (its fault is reported)."""
+    try:
+        return read()
+    except Exception as exc:  # noqa: BLE001 - a status must go out even when a store fails
+        logger.debug("status field not available: %s", exc)
+        return None
 
 
 def _quiet(future: asyncio.Future[None]) -> None:

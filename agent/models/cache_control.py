@@ -6,7 +6,8 @@ Order of a swap, so that a crash at any point leaves a complete version served:
      the state database commits: the point of no return on disk);
   3. switch routing, drain and unload the old one.
 A crash before 2 restarts on the old version; after 2, on the new one. If loading fails, the
-cache is not touched and the failure is recorded as an event with its reason.
+cache is not touched and the failure is recorded as an event with its reason. The garbage
+collection after a swap never fails it: a failed collection is a `cache_gc_failed` event.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from agent.errors import ModelLoadError, ModelNotFoundError
 from agent.faults import fault
 from agent.models.control import ModelManager
+from agent.models.events import CACHE_GC_FAILED, EventSink, guarded
 from model_cache import (
     CacheError,
     InstalledVersion,
@@ -52,6 +54,7 @@ class CachedVersions:
 
     After each swap, old versions are collected: the active one plus `keep_last` retained per
     model stay, and least recently used ones go first while the cache is over its disk budget.
+    Events (a failed collection) go to `events`, by default the manager's.
     """
 
     def __init__(
@@ -61,9 +64,11 @@ class CachedVersions:
         *,
         keep_last: int = 2,
         disk_budget_bytes: int | None = None,
+        events: EventSink | None = None,
     ) -> None:
         self.cache = cache
         self._manager = manager
+        self._events = guarded(events) if events is not None else manager.events
         self._keep_last = keep_last
         self._disk_budget = disk_budget_bytes
 
@@ -103,14 +108,22 @@ class CachedVersions:
         return version
 
     def collect(self) -> None:
-        """Drop old versions and unreferenced blobs; what is served is never evicted."""
-        served = {(m, v.version) for m, v in self.cache.served().items()}
+        """Drop old versions and unreferenced blobs; what is served is never evicted.
+
+        Never raises: a failure is logged and recorded as a `cache_gc_failed` event.
+        """
         try:
+            served = {(m, v.version) for m, v in self.cache.served().items()}
             report = collect(
                 self.cache, self._keep_last, self._disk_budget, protected=frozenset(served)
             )
-        except CacheError as exc:
-            logger.error("cache garbage collection failed: %s", exc)
+        except Exception as exc:  # the swap before it is done: a failed GC must not undo it
+            if isinstance(exc, CacheError):
+                logger.error("cache garbage collection failed: %s", exc)
+            else:
+                logger.exception("cache garbage collection failed")
+            reason = str(exc) if isinstance(exc, CacheError) else f"{type(exc).__name__}: {exc}"
+            self._events.record("*", None, CACHE_GC_FAILED, {"reason": reason})
             return
         logger.info("cache garbage collection: %s", report)
 

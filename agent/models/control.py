@@ -17,17 +17,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Protocol
 
 from agent.errors import AgentError, MemoryBudgetError, OverloadedError
 from agent.faults import fault
+from agent.models.events import EventSink, EventTee, LogEvents, guarded
 from agent.models.registry import ModelRegistry
 from agent.models.served import ModelBuild, ServedModel
 from agent.proto import model_config_pb2 as mc
+
+# EventSink and LogEvents live in agent.models.events; importable from here as before.
+__all__ = ["EventSink", "LogEvents", "ModelControlMode", "ModelManager"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,23 +43,6 @@ class ModelControlMode(str, Enum):
     EXPLICIT = "explicit"  # load and unload on request only
 
 
-class EventSink(Protocol):
-    """Where model events go (the cache's state database, MQTT, the log)."""
-
-    def record(
-        self, model: str, version: int | None, kind: str, detail: Mapping[str, object]
-    ) -> None: ...
-
-
-class LogEvents:
-    """An event sink that only logs."""
-
-    def record(
-        self, model: str, version: int | None, kind: str, detail: Mapping[str, object]
-    ) -> None:
-        logger.info("event %s model=%s version=%s %s", kind, model, version, dict(detail))
-
-
 @dataclass(slots=True)
 class _Gate:
     opened: asyncio.Event = field(default_factory=asyncio.Event)
@@ -64,16 +50,25 @@ class _Gate:
 
 
 class ModelManager:
-    """Serializes load/unload per model and performs hot swaps."""
+    """Serializes load/unload per model and performs hot swaps.
+
+    Events go through an `EventTee` (the one given, or one wrapping the given sink): a sink that
+    fails is logged and reported, and the swap completes and releases the old version anyway.
+    """
 
     def __init__(
         self, registry: ModelRegistry, events: EventSink | None = None, *, max_waiting: int = 256
     ) -> None:
         self._registry = registry
-        self._events: EventSink = events or LogEvents()
+        self._events = guarded(events)
         self._max_waiting = max_waiting
         self._locks: dict[str, asyncio.Lock] = {}
         self._gates: dict[str, _Gate] = {}
+
+    @property
+    def events(self) -> EventTee:
+        """Where this manager's model events go (never raises; see `agent.models.events`)."""
+        return self._events
 
     async def wait_if_swapping(self, name: str) -> None:
         """Hold a request while its model is swapped drain-first (bounded).
@@ -154,10 +149,11 @@ class ModelManager:
         if build.served is not None and plan.before_switch is not None:
             try:
                 await asyncio.to_thread(plan.before_switch)
-            except AgentError as exc:
+            except Exception as exc:  # whatever failed, the new build must not leak
                 await asyncio.to_thread(self._registry.release, build.served)
+                reason = exc.message if isinstance(exc, AgentError) else repr(exc)
                 self._events.record(
-                    build.name, None, "swap_failed", {"reason": exc.message, "strategy": strategy}
+                    build.name, None, "swap_failed", {"reason": reason, "strategy": strategy}
                 )
                 raise
         old = self._registry.commit(build)
@@ -208,7 +204,7 @@ class ModelManager:
             build = await asyncio.to_thread(self._registry.build, name, plan.config, plan.source)
             try:
                 await self._switch(build, "drain-first", plan)
-            except AgentError:
+            except Exception:
                 if restore is not None:
                     again = await asyncio.to_thread(self._registry.build, name, restore)
                     self._registry.commit(again)

@@ -70,15 +70,16 @@ def load_model_config(model_dir: Path) -> mc.ModelConfig | None:
 
 
 def config_from_json(doc: dict[str, Any]) -> mc.ModelConfig:
-    """Build a config from its JSON form (as the config endpoint returns it).
+    """Build a config from its JSON form (as the config endpoint returns it, or a load request's
+    override). Its values are checked by the loader, as a config.pbtxt's are.
 
     Raises:
-        ModelConfigError: unknown fields or wrong value types.
+        ModelConfigError: unknown fields, wrong value types or values out of range.
     """
     config = mc.ModelConfig()
     try:
         json_format.ParseDict(doc, config)
-    except json_format.ParseError as exc:
+    except (json_format.ParseError, ValueError, TypeError) as exc:
         raise ModelConfigError(f"invalid model config JSON: {exc}") from None
     return config
 

@@ -8,6 +8,7 @@ see `agent.scheduling.scheduler`).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -17,6 +18,7 @@ from agent.canary.control import CanaryManager
 from agent.errors import (
     AgentError,
     BackendError,
+    InternalError,
     InvalidInputError,
     ModelControlError,
     ModelInstanceFailedError,
@@ -34,6 +36,8 @@ from agent.scheduling.statistics import FailureReason
 from agent.serving.response_cache import ResponseCache, cache_key
 from agent.serving.shared_memory import SharedMemoryRegistry
 from agent.tensors.request import InferRequest, InferResponse, OutputTensor, shared_memory_outputs
+
+logger = logging.getLogger(__name__)
 
 SERVER_NAME = "edge-agent"
 EXTENSIONS = (
@@ -197,6 +201,8 @@ class DataPlane:
             OverloadedError, RequestTimeoutError: the queue is full or its timeout expired.
             BackendError: the runtime failed.
             ModelInstanceFailedError: an instance hung or died; the version is UNAVAILABLE now.
+            InternalError: an unexpected exception (a bug), logged with its traceback; like
+                every failure it is counted in the statistics and told to the canary.
         """
         start = time.perf_counter_ns()
         await self.manager.wait_if_swapping(name)
@@ -234,16 +240,21 @@ class DataPlane:
                 for n, data in zip(valid.output_names, result.outputs, strict=True)
             )
             self.shared_memory.place_outputs(outputs, in_shm)
-        except AgentError as exc:
-            if isinstance(exc, ModelInstanceFailedError):
-                self._registry.mark_failed(served.name, number, exc.message, loaded=loaded)
+        except Exception as exc:
+            error = InternalError.wrap(exc)
+            if error is not exc:
+                logger.exception("model %s version %d: request failed", served.name, number)
+            if isinstance(error, ModelInstanceFailedError):
+                self._registry.mark_failed(served.name, number, error.message, loaded=loaded)
             stats.record_failure(
                 request_ns=time.perf_counter_ns() - start,
-                reason=_failure_reason(exc),
+                reason=_failure_reason(error),
                 now_ms=_now_ms(),
             )
-            self._canary_outcome(name, routed, start, exc)
-            raise
+            self._canary_outcome(name, routed, start, error)
+            if error is exc:
+                raise
+            raise error from exc
         stats.record_success(
             request_ns=time.perf_counter_ns() - start,
             queue_ns=result.queue_ns,

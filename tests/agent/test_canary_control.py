@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 
 import onnx
@@ -23,21 +23,8 @@ from agent.errors import (
 from agent.models.loader import LoadSettings
 from agent.models.registry import ModelRegistry
 from tests.models import scale_model, write_versions
-
-
-class Events:
-    """An EventSink that keeps what it is told."""
-
-    def __init__(self) -> None:
-        self.seen: list[tuple[str, int | None, str, dict[str, object]]] = []
-
-    def record(
-        self, model: str, version: int | None, kind: str, detail: Mapping[str, object]
-    ) -> None:
-        self.seen.append((model, version, kind, dict(detail)))
-
-    def kinds(self) -> list[str]:
-        return [kind for _, _, kind, _ in self.seen]
+from tests.support import RecordingEvents as Events
+from tests.support import promote
 
 
 @pytest.fixture
@@ -53,13 +40,6 @@ def registry(repo: Path) -> Iterator[ModelRegistry]:
     assert reg.load_all() == {}
     yield reg
     reg.close()
-
-
-def promote(manager: CanaryManager) -> None:
-    """Start a canary on version 2 and feed it five good requests (promote_after 5)."""
-    manager.start("m", CanaryPolicy(candidate=2, share=0.5, promote_after=5, window=5))
-    for _ in range(5):
-        manager.record("m", 2, 100, None)
 
 
 def test_pin_survives_a_restart_with_a_state_file(registry: ModelRegistry, tmp_path: Path) -> None:

@@ -29,6 +29,18 @@ from tests.models import write_model
 from tests.support import free_port
 
 
+def _distinct_free_ports(count: int) -> list[int]:
+    """Ports nothing listens on, all different (held together while they are picked)."""
+    holders = [socket.socket() for _ in range(count)]
+    try:
+        for holder in holders:
+            holder.bind(("127.0.0.1", 0))
+        return [int(h.getsockname()[1]) for h in holders]
+    finally:
+        for holder in holders:
+            holder.close()
+
+
 @pytest.fixture
 def busy_port() -> Iterator[int]:
     """A port something else listens on."""
@@ -76,7 +88,7 @@ def test_a_fleet_link_that_cannot_open_its_database_undoes_the_start(tmp_path: P
     init_keys(keys, {})
     not_a_folder = tmp_path / "state"
     not_a_folder.write_text("a file where the link's state folder should be")
-    http, grpc, metrics = free_port(), free_port(), free_port()
+    http, grpc, metrics, broker = _distinct_free_ports(4)
     config = AgentConfig(
         server=ServerConfig(http_port=http, grpc_port=grpc, metrics_port=metrics),
         cache=CacheConfig(dir=tmp_path / "cache"),
@@ -85,7 +97,7 @@ def test_a_fleet_link_that_cannot_open_its_database_undoes_the_start(tmp_path: P
             trusted_root=keys / "metadata" / "root.json",
             interval_s=3600,
         ),
-        mqtt=MqttConfig(host="127.0.0.1", port=free_port(), state_dir=not_a_folder),
+        mqtt=MqttConfig(host="127.0.0.1", port=broker, state_dir=not_a_folder),
     )
     _start_fails(config, AgentError, "fleet link")
     _assert_released(http, grpc, metrics, cache_dir=tmp_path / "cache")

@@ -10,13 +10,18 @@ from typing import Any
 
 import pytest
 
-from agent.config.schema import AgentConfig, CacheConfig, ModelsConfig, ServerConfig
 from agent.fleet.config import MqttConfig
 from agent.fleet.link import FleetLink
-from agent.runtime.demo import mlp_model
-from model_cache import ModelCache
-from tests.models import M_CONFIG, write_model
-from tests.mqtt.support import AgentThread, Broker, LinkFactory, Pki, agent_thread, make_pki
+from tests.mqtt.support import (
+    AgentThread,
+    Broker,
+    LinkFactory,
+    Pki,
+    agent_config,
+    agent_thread,
+    build_cache,
+    make_pki,
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -41,28 +46,6 @@ def broker(tmp_path: Path) -> Iterator[Broker]:
         yield server
     finally:
         server.stop()
-
-
-def build_cache(root: Path) -> Path:
-    """A cache holding version 1 (active) and version 2 (ready) of model m."""
-    for version in (1, 2):
-        write_model(root / f"src{version}", "m", mlp_model(seed=version), M_CONFIG, (version,))
-    cache = ModelCache(root / "cache")
-    try:
-        cache.install("m", 1, root / "src1/m")
-        cache.activate("m", 1)
-        cache.install("m", 2, root / "src2/m")
-    finally:
-        cache.close()
-    return root / "cache"
-
-
-def agent_config(cache_dir: Path) -> AgentConfig:
-    return AgentConfig(
-        server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1),
-        models=ModelsConfig(control_mode="explicit", load_models=("*",), intra_op_threads=1),
-        cache=CacheConfig(dir=cache_dir),
-    )
 
 
 @pytest.fixture(scope="module")

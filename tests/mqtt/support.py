@@ -25,13 +25,16 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from agent.config.schema import AgentConfig
+from agent.config.schema import AgentConfig, CacheConfig, ModelsConfig, ServerConfig
 from agent.fleet.config import MqttConfig, validate_mqtt
 from agent.fleet.link import EventTee, FleetLink
 from agent.fleet.mqtt import Message, MqttSettings, Protocol, random_client_id
 from agent.models.cache_control import CachedVersions, CacheEvents
 from agent.models.control import LogEvents, ModelManager
 from agent.runtime.daemon import RunningAgent, start_agent
+from agent.runtime.demo import mlp_model
+from model_cache import ModelCache
+from tests.models import M_CONFIG, write_model
 from tests.support import free_port, wait_until
 
 T = TypeVar("T")
@@ -257,3 +260,25 @@ def is_kind(kind: str, **fields: Any) -> Any:
         return doc.get("kind") == kind and all(doc.get(k) == v for k, v in fields.items())
 
     return match
+
+
+def build_cache(root: Path) -> Path:
+    """A cache holding version 1 (active) and version 2 (ready) of model m."""
+    for version in (1, 2):
+        write_model(root / f"src{version}", "m", mlp_model(seed=version), M_CONFIG, (version,))
+    cache = ModelCache(root / "cache")
+    try:
+        cache.install("m", 1, root / "src1/m")
+        cache.activate("m", 1)
+        cache.install("m", 2, root / "src2/m")
+    finally:
+        cache.close()
+    return root / "cache"
+
+
+def agent_config(cache_dir: Path) -> AgentConfig:
+    return AgentConfig(
+        server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1),
+        models=ModelsConfig(control_mode="explicit", load_models=("*",), intra_op_threads=1),
+        cache=CacheConfig(dir=cache_dir),
+    )
