@@ -1,6 +1,6 @@
 """The fleet link: status, telemetry, events and commands between the agent and its fleet manager.
 
-Topics (`{prefix}/{device}/...`, see README):
+Topics (`{prefix}/{device}/...`, see docs/mqtt.md):
     status     retained; `online` on each connect (`degraded`, with the reason, while a part of
                the link or an event sink fails), `offline` on a clean stop, and the same
                `offline` document as the last will when the agent vanishes
@@ -51,13 +51,11 @@ from agent.fleet.outbox import Kind, Outbox
 from agent.fleet.slo import SloEvaluator
 from agent.fleet.state import FleetState
 from agent.fleet.telemetry import GpuProbe, TelemetrySampler
-from agent.models.events import EventTee
 from agent.models.memory_plan import MemoryLedger
 from agent.models.registry import ModelRegistry
 from agent.serving.dataplane import DataPlane
 
-# EventTee lives in agent.models.events (below the transports); importable from here as before.
-__all__ = ["SCHEMA", "EventTee", "FleetLink"]
+__all__ = ["SCHEMA", "FleetLink"]
 
 logger = logging.getLogger(__name__)
 

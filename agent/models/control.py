@@ -24,13 +24,12 @@ from pathlib import Path
 
 from agent.errors import AgentError, MemoryBudgetError, OverloadedError
 from agent.faults import fault
-from agent.models.events import EventSink, EventTee, LogEvents, guarded
+from agent.models.events import EventSink, EventTee, guarded
 from agent.models.registry import ModelRegistry
 from agent.models.served import ModelBuild, ServedModel
 from agent.proto import model_config_pb2 as mc
 
-# EventSink and LogEvents live in agent.models.events; importable from here as before.
-__all__ = ["EventSink", "LogEvents", "ModelControlMode", "ModelManager"]
+__all__ = ["ModelControlMode", "ModelManager"]
 
 logger = logging.getLogger(__name__)
 

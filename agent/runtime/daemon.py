@@ -27,12 +27,13 @@ from agent.api.metrics import build_registry, create_metrics_app
 from agent.canary.control import STATE_FILE, CanaryManager
 from agent.config.schema import AgentConfig
 from agent.errors import AgentError, ModelLoadError, ModelNotFoundError
-from agent.fleet.link import EventTee, FleetLink
+from agent.fleet.link import FleetLink
 from agent.fleet.mqtt import MqttError
 from agent.fleet.outbox import StoreError
 from agent.fleet.telemetry import detect_gpu
 from agent.models.cache_control import CachedVersions, CacheEvents
-from agent.models.control import LogEvents, ModelControlMode, ModelManager
+from agent.models.control import ModelControlMode, ModelManager
+from agent.models.events import EventTee, LogEvents
 from agent.models.loader import LoadSettings
 from agent.models.memory_plan import MemoryLedger, detect_budget_bytes, process_rss_bytes
 from agent.models.registry import ModelRegistry

@@ -27,10 +27,11 @@ from cryptography.x509.oid import NameOID
 
 from agent.config.schema import AgentConfig, CacheConfig, ModelsConfig, ServerConfig
 from agent.fleet.config import MqttConfig, validate_mqtt
-from agent.fleet.link import EventTee, FleetLink
+from agent.fleet.link import FleetLink
 from agent.fleet.mqtt import Message, MqttSettings, Protocol, random_client_id
 from agent.models.cache_control import CachedVersions, CacheEvents
-from agent.models.control import LogEvents, ModelManager
+from agent.models.control import ModelManager
+from agent.models.events import EventTee, LogEvents
 from agent.runtime.daemon import RunningAgent, start_agent
 from agent.runtime.demo import mlp_model
 from model_cache import ModelCache
