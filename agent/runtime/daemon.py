@@ -193,7 +193,14 @@ async def start_agent(config: AgentConfig) -> RunningAgent:
         except SyncError as exc:
             raise ModelLoadError(f"sync: {exc.message}") from None
         sync_task = asyncio.create_task(
-            run_periodic(config.sync, model_cache, versions.activate, sync_stop, client=sync_client)
+            run_periodic(
+                config.sync,
+                model_cache,
+                versions.activate,
+                sync_stop,
+                client=sync_client,
+                events=events.record,  # sync failures and recoveries: once each, to the fleet
+            )
         )
     app = create_app(dataplane, max_request_bytes=config.server.max_request_bytes)
     runner = web.AppRunner(
