@@ -80,7 +80,8 @@ class StateDB:
         clock: Returns "now" in epoch seconds; injected so tests control time.
 
     Raises:
-        CacheError: The file is not a usable SQLite database. Every method raises `CacheError`
+        CacheError: The file is not a usable SQLite database, or one from a newer agent (see
+            `schema.py`). Every method raises `CacheError`
             (`CacheFullError` when the disk is full) for database errors, so that is not
             repeated on each.
     """
@@ -94,7 +95,11 @@ class StateDB:
             self._db.enable_wal()
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA foreign_keys=ON")
-            migrate(self._db)
+            try:
+                migrate(self._db)
+            except BaseException:
+                conn.close()
+                raise
 
     @property
     def journal_mode(self) -> str:
