@@ -281,7 +281,7 @@ class SyncLoop:
                 detail["failed_for_s"] = round(self._clock() - notice.since, 1)
                 self._events("*", None, "sync_recovered", detail)
                 continue
-            logger.warning("sync failing (models keep serving): %s", notice.reason)
+            logger.warning("sync failing (what serves does not change): %s", notice.reason)
             detail = {"reason": notice.reason, "failed_cycles": notice.seen}
             if notice.kind is NoticeKind.REMINDER:
                 detail["reminder"] = True

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from agent.cli.fleet import FleetClient
+from agent.errors import ConflictError
 from tests.mqtt.support import Broker, wait_until
 from tests.sync.rejection_support import Client, Device, device, get_json, infer
 
@@ -167,6 +168,17 @@ def test_newer_good_version_after_a_rejected_one_is_activated(dev: Device) -> No
     rows = {r["version"]: r for r in get_json(dev.port, "GET", "/v2/repository/models/m/versions")}
     assert rows[2]["rejected"] is True
     assert rows[3]["state"] == "active"
+    versions = dev.served.agent.dataplane.versions
+    assert versions is not None
+    with pytest.raises(ConflictError, match="rejected on this device"):  # the sync's own path
+        dev.served.run(versions.activate("m", 2))
+    # An operator's activate lifts the rejection, tries, and the failure rejects it again.
+    failed = get_json(dev.port, "POST", "/v2/repository/models/m/versions/2/activate", {})
+    assert "onnxruntime cannot load" in failed["error"]
+    assert serving(dev) == "3"
+    cache = dev.served.agent.model_cache
+    assert cache is not None
+    assert [(r.version, r.cause.value) for r in cache.rejections.entries("m")] == [(2, "failed")]
     cleared = get_json(dev.port, "POST", "/v2/repository/models/m/clear-rejected", {"version": 2})
     assert cleared == {"model": "m", "cleared": [2]}
-    assert len(dev.kinds("swap_failed")) == 1
+    assert [e[1] for e in dev.kinds("swap_failed")] == [2, 2]  # the sync's try, the operator's
