@@ -9,7 +9,9 @@ rename), and `gc.collect` old versions under a disk budget. Module map:
     blobs.py       content-addressed blob store
     manifest.py    version manifests; what a source folder must contain
     records.py     typed records and the version state machine
-    state.py       SQLite state (sqlite-utils, WAL): versions, files, events
+    schema.py      the state database's schema and migrations
+    state.py       SQLite state (sqlite-utils, WAL): versions, files, events, rejections
+    rejections.py  versions rejected on this device (failed here, or rolled back from)
     verify.py      checking a version folder against its manifest
     install.py     install / uninstall steps
     view.py        served view generations and the repository symlink
@@ -33,8 +35,16 @@ from model_cache.errors import (
 from model_cache.gc import GcReport, budget_order, collect, plan_retention
 from model_cache.install import INSTALL_STEPS, FaultHook
 from model_cache.layout import CacheLayout
-from model_cache.records import CacheEvent, InstalledVersion, VersionRecord, VersionState
+from model_cache.records import (
+    CacheEvent,
+    InstalledVersion,
+    RejectedVersion,
+    RejectionCause,
+    VersionRecord,
+    VersionState,
+)
 from model_cache.recovery import RecoveryReport
+from model_cache.rejections import Rejections
 from model_cache.state import StateDB
 from model_cache.versions import ModelCache
 
@@ -54,6 +64,9 @@ __all__ = [
     "InvalidVersionError",
     "ModelCache",
     "RecoveryReport",
+    "RejectedVersion",
+    "Rejections",
+    "RejectionCause",
     "StateDB",
     "VersionNotFoundError",
     "VersionRecord",

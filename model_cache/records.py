@@ -9,6 +9,11 @@ in the database) and `versions.py` (which explains refusals to callers) read the
     retired → active | failed           (rollback; corruption)
     failed  → staged                    (only by re-installing, which replaces the row)
 
+A version can also be *rejected* on this device (`RejectedVersion`): it failed to load or warm
+up here, or an operator rolled back from it. That is not a state of the row above (a rejected
+version may be retired, ready, or already evicted): it is a separate fact, kept until an
+operator clears it, that tells the sync never to activate that version by itself.
+
 Invariants:
     * Records are frozen: a record is a snapshot of the database at one instant, never a live
       view; ask the cache again for fresh state.
@@ -35,6 +40,13 @@ class VersionState(str, Enum):
     ACTIVE = "active"
     RETIRED = "retired"
     FAILED = "failed"
+
+
+class RejectionCause(str, Enum):
+    """Why a version is rejected on this device."""
+
+    FAILED = "failed"  # it failed to load or warm up here
+    ROLLED_BACK = "rolled-back"  # an operator rolled back from it
 
 
 #: The moves `StateDB.set_state` allows; activation (ready/retired → active) has its own method.
@@ -76,6 +88,37 @@ class VersionRecord:
     created_at: float
     activated_at: float | None
     last_used: float
+
+
+@dataclass(frozen=True, slots=True)
+class RejectedVersion:
+    """A version this device will not activate by itself until an operator clears it.
+
+    Attributes:
+        model: Model name.
+        version: Version number.
+        cause: Failed here, or rolled back from by an operator.
+        reason: The load error, or which rollback.
+        digest: The content rejected (its manifest digest), when the cache held it.
+        rejected_at: When (epoch seconds, injected clock).
+    """
+
+    model: str
+    version: int
+    cause: RejectionCause
+    reason: str
+    digest: str | None
+    rejected_at: float
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields as plain JSON values (for the HTTP API, status and telemetry)."""
+        return {
+            "model": self.model,
+            "version": self.version,
+            "cause": self.cause.value,
+            "reason": self.reason,
+            "rejected_at": self.rejected_at,
+        }
 
 
 @dataclass(frozen=True, slots=True)

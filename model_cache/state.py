@@ -8,6 +8,9 @@ call returns; NORMAL could lose the last commits at a power cut). Tables::
               created_at, activated_at, last_used
     files     (model, version, path) PK → versions, digest, size     (blob references for GC)
     events    id AUTOINCREMENT, time, model, version, kind, detail (JSON)
+    rejected  (model, version) PK, cause, reason, digest, rejected_at  (outlives eviction)
+
+The schema and its migrations for older databases are in `schema.py`.
 
 Version states move as `records.ALLOWED_MOVES` says (anything else raises
 `InvalidVersionError`); `activate` is the only way into `active`, `record_staged` the only way
@@ -47,32 +50,12 @@ from model_cache.records import (
     ALLOWED_MOVES,
     CacheEvent,
     FileRecord,
+    RejectedVersion,
+    RejectionCause,
     VersionRecord,
     VersionState,
 )
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS models (name TEXT PRIMARY KEY, created_at REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS versions (
-    model TEXT NOT NULL REFERENCES models(name), version INTEGER NOT NULL CHECK (version > 0),
-    digest TEXT NOT NULL,
-    state TEXT NOT NULL CHECK (state IN ('staged', 'ready', 'active', 'retired', 'failed')),
-    reason TEXT, created_at REAL NOT NULL, activated_at REAL, last_used REAL NOT NULL,
-    PRIMARY KEY (model, version)
-);
-CREATE UNIQUE INDEX IF NOT EXISTS versions_one_active ON versions(model) WHERE state = 'active';
-CREATE TABLE IF NOT EXISTS files (
-    model TEXT NOT NULL, version INTEGER NOT NULL, path TEXT NOT NULL,
-    digest TEXT NOT NULL, size INTEGER NOT NULL,
-    PRIMARY KEY (model, version, path),
-    FOREIGN KEY (model, version) REFERENCES versions(model, version) ON DELETE CASCADE
-);
-CREATE INDEX IF NOT EXISTS files_digest ON files(digest);
-CREATE TABLE IF NOT EXISTS events (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, time REAL NOT NULL,
-    model TEXT, version INTEGER, kind TEXT NOT NULL, detail TEXT NOT NULL
-);
-"""
+from model_cache.schema import migrate
 
 
 def _version(row: Mapping[str, Any]) -> VersionRecord:
@@ -97,7 +80,8 @@ class StateDB:
         clock: Returns "now" in epoch seconds; injected so tests control time.
 
     Raises:
-        CacheError: The file is not a usable SQLite database. Every method raises `CacheError`
+        CacheError: The file is not a usable SQLite database, or one from a newer agent (see
+            `schema.py`). Every method raises `CacheError`
             (`CacheFullError` when the disk is full) for database errors, so that is not
             repeated on each.
     """
@@ -111,8 +95,11 @@ class StateDB:
             self._db.enable_wal()
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA foreign_keys=ON")
-            with self._db.atomic():
-                self._db.executescript(_SCHEMA)
+            try:
+                migrate(self._db)
+            except BaseException:
+                conn.close()
+                raise
 
     @property
     def journal_mode(self) -> str:
@@ -339,6 +326,64 @@ class StateDB:
         with self._transaction() as now:
             return self._event(now, kind, model, version, detail)
 
+    def reject(
+        self,
+        model: str,
+        version: int,
+        cause: RejectionCause,
+        reason: str,
+        digest: str | None,
+    ) -> RejectedVersion | None:
+        """Mark a version rejected on this device (replacing an earlier rejection of it).
+
+        Args:
+            model: Model name.
+            version: Version number (it need not be in the cache).
+            cause: Why.
+            reason: The message to show.
+            digest: The content rejected, when known.
+
+        Returns:
+            The rejection it replaced, or None when the version was not rejected.
+        """
+        with self._transaction() as now:
+            old = self._rejected("model = ? AND version = ?", [model, version])
+            row = {"model": model, "version": version, "cause": cause.value, "reason": reason}
+            row |= {"digest": digest, "rejected_at": now}
+            self._db.table("rejected").insert(row, replace=True)
+            self._event(now, "rejected", model, version, {"cause": cause.value, "reason": reason})
+        return old[0] if old else None
+
+    def clear_rejected(
+        self, model: str | None, version: int | None = None, *, by: str
+    ) -> list[RejectedVersion]:
+        """Forget rejections: the sync may activate those versions again.
+
+        Args:
+            model: One model, or None for every model.
+            version: One version of `model`, or None for all of them.
+            by: What cleared them (an event field: "activate", "set-desired", ...).
+
+        Returns:
+            The rejections removed.
+        """
+        where, params = _rejected_where(model, version)
+        with self._transaction() as now:
+            gone = self._rejected(where, params)
+            for item in gone:
+                self._db.table("rejected").delete((item.model, item.version))
+                detail = {"cause": item.cause.value, "reason": item.reason, "by": by}
+                self._event(now, "rejection-cleared", item.model, item.version, detail)
+        return gone
+
+    def rejected(self, model: str | None = None) -> list[RejectedVersion]:
+        """Rejected versions, by model then version (of one model, or of all)."""
+        return self._rejected(*_rejected_where(model, None))
+
+    def _rejected(self, where: str, params: Sequence[Any]) -> list[RejectedVersion]:
+        rows = self._query(f"SELECT * FROM rejected WHERE {where} ORDER BY model, version", params)  # noqa: S608
+        return [RejectedVersion(**{**r, "cause": RejectionCause(r["cause"])}) for r in rows]
+
     def get(self, model: str, version: int) -> VersionRecord | None:
         """One version's row, or None."""
         rows = self._query(
@@ -398,3 +443,11 @@ class StateDB:
     def _query(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
         with self._lock, _translate_sqlite():
             return list(self._db.query(sql, list(params)))
+
+
+def _rejected_where(model: str | None, version: int | None) -> tuple[str, list[Any]]:
+    if model is None:
+        return "1 = 1", []
+    if version is None:
+        return "model = ?", [model]
+    return "model = ? AND version = ?", [model, version]

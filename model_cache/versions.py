@@ -41,6 +41,7 @@ from model_cache.layout import CacheLayout, validate_model_name, validate_versio
 from model_cache.manifest import scan_source
 from model_cache.records import CacheEvent, InstalledVersion, VersionRecord, VersionState
 from model_cache.recovery import RecoveryReport, recover
+from model_cache.rejections import Rejections
 from model_cache.state import StateDB
 from model_cache.view import RepositoryView
 
@@ -102,6 +103,7 @@ class ModelCache:
             self._activator = Activator(
                 self._layout, self._state, self._blobs, self._view, self._lock, self._verified
             )
+            self._rejections = Rejections(self._state, self._lock)
             self.last_recovery = self.recover(deep=verify_on_open)
         except BaseException:
             self.close()
@@ -132,6 +134,11 @@ class ModelCache:
     def blobs(self) -> BlobStore:
         """The blob store (e.g. to `put_stream` downloads before `install`)."""
         return self._blobs
+
+    @property
+    def rejections(self) -> Rejections:
+        """Versions this device will not activate by itself (see `rejections.py`)."""
+        return self._rejections
 
     @property
     def journal_mode(self) -> str:

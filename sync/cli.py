@@ -21,19 +21,27 @@ from sync.config import SyncConfig, validate
 from sync.errors import SyncConfigError, SyncError
 from sync.keys import RoleSpec, init_keys, rotate_keys
 from sync.policy import parse_desired
-from sync.publish import Publisher
+from sync.publish import ModelCheck, Publisher
 from sync.roles import ROLES
 from sync.store import S3Settings
 from sync.stores import open_store
 
 
-def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
+def run(
+    args: argparse.Namespace,
+    *,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+    check: ModelCheck | None = None,
+) -> int:
     """Run a `keys` or `publish` command (`sync --once` is `sync_once`, after the config is read).
 
     Args:
         args: Parsed arguments (`args.command` is `keys` or `publish`).
         out: Where results go (default stdout).
         err: Where errors and the progress bar go (default stderr).
+        check: `publish` validates the model folder with it before signing (the agent's CLI
+            passes one: this package does not import the agent).
 
     Returns:
         The exit code: 0, 1 (an operation failed) or 2 (bad configuration).
@@ -44,7 +52,7 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | No
     try:
         if args.command == "keys":
             return _keys(args, out)
-        return _publish(args, out)
+        return _publish(args, out, check)
     except SyncConfigError as exc:
         print(f"edge-agent: error: {exc.message}", file=err)
         return EXIT_CONFIG
@@ -72,7 +80,7 @@ def _keys(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def _publish(args: argparse.Namespace, out: TextIO) -> int:
+def _publish(args: argparse.Namespace, out: TextIO, check: ModelCheck | None) -> int:
     given = [a is not None for a in (args.model, args.version, args.source)]
     if any(given) and not all(given):
         raise SyncConfigError("publish needs MODEL VERSION SOURCE (or none of them to re-sign)")
@@ -87,7 +95,11 @@ def _publish(args: argparse.Namespace, out: TextIO) -> int:
         report = publisher.resign()
         print(f"re-signed: targets v{report.targets_version}", end="", file=out)
     else:
-        report = publisher.publish(args.model, args.version, args.source, args.quantize_report)
+        report = publisher.publish(
+            args.model, args.version, args.source, args.quantize_report, check=check
+        )
+        for note in report.notes:
+            print(f"{args.model} version {args.version}: {note}", file=out)
         state = "already published" if report.unchanged else "published"
         print(
             f"{args.model} version {args.version}: {state} ({report.files} files, "

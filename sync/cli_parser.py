@@ -47,6 +47,12 @@ def add_commands(subparsers: Any) -> None:  # argparse's _SubParsersAction is pr
         type=Path,
         help="sign this `edge-agent quantize` report's figures into the version's metadata",
     )
+    publish.add_argument(
+        "--no-verify-model",
+        action="store_true",
+        help="do not load the model files before signing (no ONNX Runtime here); the config "
+        "is still checked",
+    )
     _s3_flags(publish)
     publish.add_argument("model", nargs="?", help="omit all three to re-sign (new expiry)")
     publish.add_argument("version", nargs="?", type=int)

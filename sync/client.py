@@ -9,7 +9,8 @@
 One cycle, in order (nothing is installed before everything it depends on is verified):
     1. python-tuf's `Updater.refresh()` from the trusted root shipped to the device: root chain,
        timestamp, snapshot, targets (signatures, thresholds, expiry, rollback: all python-tuf).
-    2. The verified target set is checked against our rules and planned (`sync/policy.py`).
+    2. The verified target set is checked against our rules and planned (`sync/policy.py`),
+       skipping the versions rejected on this device (`ModelCache.rejections`).
     3. Each file of each version to fetch is streamed into `WORK/downloads/SHA256.part`
        (`Downloader`: capped at its signed length, resumed with range requests), a few at a time,
        then python-tuf's `TargetFile.verify_length_and_hashes` accepts or refuses it.
@@ -21,6 +22,8 @@ Invariants:
     * A failure in steps 1-2 ends the cycle with nothing downloaded; in steps 3-4 it fails that
       version only (recorded in `SyncReport.errors`), and the cache's active versions are never
       touched by this module.
+    * Per-cycle failures are returned, not logged above debug level: the caller decides what to
+      report once (the periodic loop: one event when a failure starts, one when it ends).
     * Downloads and staging live in `work_dir`, never inside the cache's own folders; staging is
       removed after every install attempt, and part files survive only to be resumed.
     * Only top-level targets are used (no delegations); the listing read from the metadata
@@ -42,7 +45,7 @@ from tuf.api import exceptions as tuf_exceptions
 from tuf.api.metadata import Metadata, Root, TargetFile, Targets
 from tuf.ngclient import Updater, UpdaterConfig
 
-from model_cache import CacheError, CacheFullError, ModelCache, VersionState
+from model_cache import CacheError, CacheFullError, ModelCache, RejectedVersion, VersionState
 from model_cache.atomic import ensure_dir, remove_tree, temp_name
 from sync.errors import (
     DiskFullError,
@@ -54,7 +57,7 @@ from sync.errors import (
     VerificationError,
 )
 from sync.fetcher import Downloader, StoreFetcher
-from sync.policy import CachedVersion, Desired, SignedVersion, group_targets, plan
+from sync.policy import CachedVersion, Choice, Desired, SignedVersion, group_targets, plan
 from sync.publish import METADATA_PREFIX, TARGETS_PREFIX
 from sync.store import ObjectStore
 
@@ -81,6 +84,7 @@ class SyncReport:
     downloaded_bytes: int = 0
     resumed_bytes: int = 0
     transient: bool = False  # a download failed in transport: worth retrying sooner
+    choices: tuple[Choice, ...] = ()  # per model: the version the policy serves, and why
 
 
 @dataclass(slots=True)
@@ -157,7 +161,10 @@ class SyncClient:
         targets = self._refresh()
         signed = group_targets(targets)
         cached = {m: self._cached(m) for m in self._cache.models()}
-        todo = plan(signed, self._desired, cached)
+        rejected: dict[str, dict[int, str]] = {}
+        for refused in self._rejected():
+            rejected.setdefault(refused.model, {})[refused.version] = refused.reason
+        todo = plan(signed, self._desired, cached, rejected)
         errors = list(todo.errors)
         fetch: list[SignedVersion] = []
         for item in todo.fetch:
@@ -179,7 +186,7 @@ class SyncClient:
                     self._install(item, files)
                     installed.append((item.model, item.version))
                 except SyncError as exc:
-                    logger.error(
+                    logger.debug(
                         "install of %s version %d failed: %s", item.model, item.version, exc
                     )
                     errors.append((item.model, exc.message))
@@ -188,9 +195,15 @@ class SyncClient:
         usable = {(m, c.version) for m in self._cache.models() for c in self._cached(m)}
         activate = tuple(pair for pair in todo.activate if pair in usable)
         for model, reason in errors:
-            logger.warning("sync: %s: %s", model, reason)
+            logger.debug("sync: %s: %s", model, reason)
         return SyncReport(
-            tuple(installed), activate, tuple(errors), tally.done, tally.resumed, tally.transient
+            tuple(installed),
+            activate,
+            tuple(errors),
+            tally.done,
+            tally.resumed,
+            tally.transient,
+            todo.choices,
         )
 
     def _refresh(self) -> dict[str, TargetFile]:
@@ -228,6 +241,12 @@ class SyncClient:
         except ValueError as exc:
             raise MetadataError(f"malformed metadata: {exc}") from None
         return targets
+
+    def _rejected(self) -> list[RejectedVersion]:
+        try:
+            return self._cache.rejections.entries()
+        except CacheError as exc:
+            raise SyncError(f"cannot read the rejected versions: {exc.message}") from None
 
     def _cached(self, model: str) -> list[CachedVersion]:
         return [
@@ -268,7 +287,7 @@ class SyncClient:
                 except SyncError as exc:
                     tally.transient |= isinstance(exc, DownloadError)
                     model = unique[sha][1]
-                    logger.error("download of %s failed: %s", unique[sha][0].path, exc.message)
+                    logger.debug("download of %s failed: %s", unique[sha][0].path, exc.message)
                     errors.append((model, exc.message))
         return done, tally
 

@@ -6,6 +6,7 @@
     desired = ["*=latest", "resnet=3"]        # per model: latest | N | N,M,...
     interval_s = 300
     jitter_s = 30
+    remind_after_s = 0                        # a failure is told once; N: remind after N s, 2N...
     s3_endpoint = "http://127.0.0.1:5000"     # "" : AWS; credentials from the environment
     s3_region = ""
 
@@ -34,6 +35,7 @@ class SyncConfig:
     interval_s: int = 300  # between successful cycles
     jitter_s: int = 30  # up to this much is added, so a fleet does not sync in lockstep
     max_backoff_s: int = 1800  # longest wait after repeated failures
+    remind_after_s: int = 0  # a failure goes on: remind after this, then 2x, 4x... (0: never)
     s3_endpoint: str = ""  # e.g. http://127.0.0.1:5000 (moto_server, MinIO); "": AWS
     s3_region: str = ""  # "": AWS_DEFAULT_REGION / ~/.aws/config
     max_parallel: int = 3  # target files downloaded at once
@@ -75,6 +77,8 @@ def validate(config: SyncConfig, cache_dir: Path | None) -> None:
         )
     if config.interval_s < 1 or config.jitter_s < 0 or config.max_backoff_s < 1:
         raise SyncConfigError("sync.interval_s and max_backoff_s must be >= 1, jitter_s >= 0")
+    if config.remind_after_s < 0:
+        raise SyncConfigError("sync.remind_after_s must be >= 0 (0: no reminders)")
     if not 1 <= config.max_parallel <= 32:
         raise SyncConfigError("sync.max_parallel must be 1..32")
     if config.max_version_bytes < 1:

@@ -6,7 +6,7 @@ rollback), the desired state and the cache's state; there is no I/O and no clock
 
     signed = group_targets(verified_targets)               # UnsafeTargetError on any bad entry
     desired = parse_desired(("*=latest", "resnet=3"))      # per model: latest, pinned or a list
-    todo = plan(signed, desired, cached)                    # what to fetch, what to activate
+    todo = plan(signed, desired, cached, rejected)          # what to fetch, what to activate
 
 Rules for signed targets (all or nothing: one bad entry refuses the whole target set, since
 signed garbage means a broken or compromised publisher):
@@ -24,13 +24,24 @@ Desired state:
     * `latest`: the highest signed version. `N`: exactly version N. `N,M,...`: hold all of them,
       serve the highest. `*=...` applies to every signed model without an entry of its own.
     * A version the policy names but the publisher did not sign is never fetched or activated.
+
+Rejected versions (failed to load here, or rolled back from by an operator; the cache keeps
+them until an operator clears them):
+    * are never fetched or activated by the sync;
+    * `latest` means the newest signed version that is not rejected: when the newest is
+      rejected, the one below it is served (fetched first if the cache lacks it), so a model is
+      never left without a version while a signed one that may load exists;
+    * a rejection holds one version only: a newer signed version is chosen as usual;
+    * `N` and `N,M,...` never fall back to unnamed versions: a pinned version that is rejected
+      is an error of that model, and a list serves its highest version not rejected.
+    Each model's choice comes with why (`Choice.why`), for logs, events and status.
 """
 
 from __future__ import annotations
 
 import enum
 import posixpath
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -104,12 +115,22 @@ class CachedVersion:
 
 
 @dataclass(frozen=True, slots=True)
+class Choice:
+    """The version the policy serves for one model, and why that one."""
+
+    model: str
+    version: int
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     """The outcome of `plan`: versions to download and install, versions to serve, refusals."""
 
     fetch: tuple[SignedVersion, ...]
     activate: tuple[tuple[str, int], ...]
     errors: tuple[tuple[str, str], ...]  # (model, reason)
+    choices: tuple[Choice, ...] = ()  # per model with a servable version, in model order
 
 
 def parse_desired(entries: Iterable[str]) -> dict[str, Desired]:
@@ -205,6 +226,7 @@ def plan(
     signed: Mapping[tuple[str, int], SignedVersion],
     desired: Mapping[str, Desired],
     cached: Mapping[str, Iterable[CachedVersion]],
+    rejected: Mapping[str, Mapping[int, str]] | None = None,
 ) -> Plan:
     """Decide what to download and what to serve.
 
@@ -212,10 +234,12 @@ def plan(
         signed: Verified versions (`group_targets`).
         desired: Per-model policy (`parse_desired`).
         cached: Per model, the versions the cache holds in a usable state.
+        rejected: Per model, the versions rejected on this device → why (see module docstring).
 
     Returns:
         The plan: versions to fetch (not cached yet), (model, version) pairs to activate (not
-        active yet), and per-model refusals (e.g. a pinned version that is not signed).
+        active yet), per-model refusals (e.g. a pinned version that is not signed, or every
+        candidate rejected), and each served model's choice with its reason.
     """
     by_model: dict[str, dict[int, SignedVersion]] = {}
     for (model, version), item in signed.items():
@@ -226,23 +250,29 @@ def plan(
     fetch: list[SignedVersion] = []
     activate: list[tuple[str, int]] = []
     errors: list[tuple[str, str]] = []
+    choices: list[Choice] = []
     for model in sorted(models):
         policy = desired.get(model) or desired[WILDCARD]
         available = by_model.get(model, {})
         if not available:
             errors.append((model, f"no signed version of {model} in the repository"))
             continue
-        wanted = (max(available),) if policy.kind is Kind.LATEST else policy.versions
-        unsigned = [v for v in wanted if v not in available]
-        if unsigned:
-            errors.append(
-                (
-                    model,
-                    f"version(s) {unsigned} of {model} are not in the signed "
-                    "targets; refusing them",
+        if policy.kind is not Kind.LATEST:
+            unsigned = [v for v in policy.versions if v not in available]
+            if unsigned:
+                errors.append(
+                    (
+                        model,
+                        f"version(s) {unsigned} of {model} are not in the signed "
+                        "targets; refusing them",
+                    )
                 )
-            )
+                continue
+        picked = choose(model, policy, sorted(available), (rejected or {}).get(model, {}))
+        if isinstance(picked, str):
+            errors.append((model, picked))
             continue
+        wanted, choice = picked
         have = {c.version: c for c in cached.get(model, ())}
         conflict = [
             v for v in wanted if v in have and have[v].digest != available[v].manifest_digest
@@ -257,10 +287,54 @@ def plan(
             )
             continue
         fetch.extend(available[v] for v in wanted if v not in have)
-        serve = max(wanted)
-        if not (serve in have and have[serve].active):
-            activate.append((model, serve))
-    return Plan(tuple(fetch), tuple(activate), tuple(errors))
+        choices.append(choice)
+        if not (choice.version in have and have[choice.version].active):
+            activate.append((model, choice.version))
+    return Plan(tuple(fetch), tuple(activate), tuple(errors), tuple(choices))
+
+
+def choose(
+    model: str, policy: Desired, signed: Sequence[int], rejected: Mapping[int, str]
+) -> tuple[tuple[int, ...], Choice] | str:
+    """The versions to hold and the one to serve, skipping rejected versions.
+
+    Args:
+        model: Model name (for messages).
+        policy: The model's policy; the versions it names are signed.
+        signed: The model's signed version numbers, ascending (at least one).
+        rejected: The model's rejected versions → why.
+
+    Returns:
+        (versions to hold, the choice), or why nothing can be served.
+    """
+    newest = signed[-1]
+    if policy.kind is Kind.LATEST:
+        candidates = [v for v in signed if v not in rejected]
+        if not candidates:
+            return (
+                f"every signed version of {model} is rejected on this device (newest, "
+                f"{newest}: {rejected[newest]}); clear a rejection to serve it"
+            )
+        serve = candidates[-1]
+        why = "the newest signed version"
+        if serve != newest:
+            skipped = [v for v in signed if v > serve]
+            why = (
+                f"the newest signed version not rejected on this device (version(s) {skipped} "
+                f"rejected; {skipped[-1]}: {rejected[skipped[-1]]})"
+            )
+        return (serve,), Choice(model, serve, why)
+    held = tuple(v for v in policy.versions if v not in rejected)
+    refused = [v for v in policy.versions if v in rejected]
+    if not held:
+        return (
+            f"version(s) {refused} of {model} are rejected on this device "
+            f"({refused[-1]}: {rejected[refused[-1]]}); clear the rejection to serve it"
+        )
+    why = "pinned" if policy.kind is Kind.PINNED else "the highest version of the list"
+    if refused:
+        why += f" not rejected on this device (version(s) {refused} rejected)"
+    return held, Choice(model, max(held), why)
 
 
 def _split(path: str) -> tuple[str, int, str]:

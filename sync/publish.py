@@ -2,6 +2,7 @@
 
     publisher = Publisher(Path("fleet-repo"), open_store("s3://fleet-models/prod"))
     publisher.publish("resnet", 2, Path("build/resnet"))   # config.pbtxt + 2/...
+    publisher.publish("resnet", 2, folder, check=folder_check)   # validated before signing
     publisher.resign()                                     # new expiry dates, nothing added
 
 Repository layout on the store (TUF with consistent snapshots):
@@ -17,7 +18,13 @@ inside the Triton model folder (`resnet/2/config.pbtxt`, `resnet/2/2/model.onnx`
 carries `custom = {"model", "version", "config_sha256"}`; devices check these against the path
 and against the signed config file (`sync/policy.py`).
 
+What a device could not load should not be signed: `publish` takes a `ModelCheck`, a callable
+that validates the folder as the agent would load it (config, name, model files). This package
+never imports the agent, so the agent's command line passes its check in
+(`agent/cli/publish_check.py`); without one, only the folder's structure is checked.
+
 Invariants:
+    * A refused check uploads and signs nothing.
     * Target files are uploaded before the metadata that lists them, and `timestamp.json` last,
       so a device never sees metadata naming an object that is not there yet.
     * The local copies in `REPO/metadata/` are written (durably) before uploading; if an upload
@@ -33,6 +40,7 @@ import hashlib
 import logging
 import posixpath
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +71,10 @@ METADATA_PREFIX = "metadata/"
 TARGETS_PREFIX = "targets/"
 CONFIG_NAME = "config.pbtxt"
 
+#: Validates `(model, version, source_dir)` before signing: returns notes for the output (what
+#: was and was not checked); raises `PublishError` with one line saying why it is refused.
+ModelCheck = Callable[[str, int, Path], Sequence[str]]
+
 
 @dataclass(frozen=True, slots=True)
 class PublishReport:
@@ -76,6 +88,7 @@ class PublishReport:
     snapshot_version: int
     timestamp_version: int
     unchanged: bool = False
+    notes: tuple[str, ...] = ()  # what the model check said (e.g. what it did not check)
 
 
 def target_key(target: TargetFile) -> str:
@@ -119,6 +132,8 @@ class Publisher:
         version: int,
         source_dir: Path,
         quantize_report: Path | None = None,
+        *,
+        check: ModelCheck | None = None,
     ) -> PublishReport:
         """Upload a model version's files and sign targets, snapshot and timestamp.
 
@@ -128,10 +143,12 @@ class Publisher:
             source_dir: A Triton model folder with `config.pbtxt` and `VERSION/`.
             quantize_report: An `edge-agent quantize` report whose figures (and digest) are
                 signed into every target's custom fields.
+            check: Validates the folder before anything is uploaded (see `ModelCheck`).
 
         Raises:
-            PublishError: A bad source folder, an empty directory (it cannot be a target), the
-                version already published with other content, too few keys, or a failed upload.
+            PublishError: A bad source folder, an empty directory (it cannot be a target), a
+                folder the check refuses, the version already published with other content,
+                too few keys, or a failed upload.
 
         Returns:
             What was published (`unchanged` when the same content was published already).
@@ -148,6 +165,7 @@ class Publisher:
         empty = sorted(set(tree.dirs) - ancestors)
         if empty:
             raise PublishError(f"empty directories cannot be published: {', '.join(empty)}")
+        notes = tuple(check(model, version, Path(source_dir))) if check is not None else ()
         config = next(f for f in tree.files if f.path == CONFIG_NAME)
         config_sha256 = hashlib.sha256(config.source.read_bytes()).hexdigest()
         custom: dict[str, Any] = {
@@ -173,7 +191,7 @@ class Publisher:
         old = {p: t for p, t in targets_md.signed.targets.items() if p.startswith(prefix)}
         if old:
             if old == {p: t for p, (t, _src) in new.items()}:
-                return self._report(model, version, new, unchanged=True)
+                return self._report(model, version, new, unchanged=True, notes=notes)
             raise PublishError(
                 f"version {version} of {model} is already published with other content; "
                 "version numbers are immutable: publish a new version",
@@ -185,7 +203,7 @@ class Publisher:
         targets_md.signed.targets.update({p: t for p, (t, _src) in new.items()})
         self._commit(targets_md)
         logger.info("published %s version %d (%d files)", model, version, len(new))
-        return self._report(model, version, new)
+        return self._report(model, version, new, notes=notes)
 
     def resign(self) -> PublishReport:
         """Sign and upload new versions of targets, snapshot and timestamp with fresh expiry.
@@ -208,6 +226,7 @@ class Publisher:
         files: dict[str, tuple[TargetFile, Path]],
         *,
         unchanged: bool = False,
+        notes: tuple[str, ...] = (),
     ) -> PublishReport:
         return PublishReport(
             model,
@@ -218,6 +237,7 @@ class Publisher:
             self._load("snapshot", Snapshot).signed.version,
             self._load("timestamp", Timestamp).signed.version,
             unchanged,
+            notes,
         )
 
     def _load(self, role: str, kind: type[Any]) -> Metadata[Any]:

@@ -131,6 +131,7 @@ def create_app(dataplane: DataPlane, *, max_request_bytes: int) -> web.Applicati
             web.get("/v2/repository/models/{model}/versions", _cached_versions),
             web.post("/v2/repository/models/{model}/versions/{version}/activate", _activate),
             web.post("/v2/repository/models/{model}/rollback", _rollback),
+            web.post("/v2/repository/models/{model}/clear-rejected", _clear_rejected),
             web.get("/v2/systemsharedmemory/status", _shm_status),
             web.get("/v2/systemsharedmemory/region/{region}/status", _shm_status),
             web.post("/v2/systemsharedmemory/region/{region}/register", _shm_register),
@@ -258,6 +259,16 @@ async def _rollback(request: web.Request) -> web.Response:
     version = None if raw is None else _version_number(str(raw))
     done = await _dataplane(request).rollback(request.match_info["model"], version)
     return _json({"model": request.match_info["model"], "version": done})
+
+
+async def _clear_rejected(request: web.Request) -> web.Response:
+    """Body {"version": N} lifts one version's rejection; without it, all of the model's."""
+    doc = await _optional_json(request)
+    raw = doc.get("version")
+    version = None if raw is None else _version_number(str(raw))
+    model = request.match_info["model"]
+    cleared = await _dataplane(request).clear_rejected(model, version, by="clear-rejected")
+    return _json({"model": model, "cleared": cleared})
 
 
 async def _shm_status(request: web.Request) -> web.Response:

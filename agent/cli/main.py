@@ -166,13 +166,19 @@ def build_parser() -> argparse.ArgumentParser:
     engine_build.add_commands(commands)
     fleet_cli.add_commands(commands)
 
-    for verb, text in (("activate", "serve a cached version"), ("rollback", "go back a version")):
-        cmd = commands.add_parser(verb, help=f"{text} on a running agent (hot swap)")
+    for verb, text in (
+        ("activate", "serve a cached version on a running agent (hot swap)"),
+        ("rollback", "go back a version on a running agent (hot swap)"),
+        ("clear-rejected", "let a running agent's sync activate rejected versions again"),
+    ):
+        cmd = commands.add_parser(verb, help=text)
         cmd.add_argument("model")
         if verb == "activate":
             cmd.add_argument("version", type=int)
-        else:
+        elif verb == "rollback":
             cmd.add_argument("--to", type=int, dest="version", help="default: the previous one")
+        else:
+            cmd.add_argument("--version", type=int, help="default: every rejected version")
         cmd.add_argument("--url", default="http://127.0.0.1:8000", help="the agent's HTTP address")
     return parser
 
@@ -184,6 +190,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in SYNC_COMMANDS:
         from sync.cli import run as run_sync  # noqa: PLC0415 - boto3 and tuf only when needed
 
+        if args.command == "publish":  # validate the folder as the agent would load it
+            from agent.cli.publish_check import folder_check  # noqa: PLC0415 - onnxruntime
+
+            return run_sync(args, check=folder_check(load=not args.no_verify_model))
         return run_sync(args)
     if args.command == "fleet":
         return fleet_cli.run(args)
@@ -195,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return engine_build.run(args)
     if args.command == "cache":
         return cache_command(args)
-    if args.command in ("activate", "rollback"):
+    if args.command in ("activate", "rollback", "clear-rejected"):
         return swap_command(args)
     if args.command == "config":
         if args.config_command == "check":
@@ -259,8 +269,12 @@ def cache_command(args: argparse.Namespace) -> int:
                 )
             elif args.cache_command == "list":
                 for model in [args.model] if args.model else cache.models():
+                    refused = {r.version: r for r in cache.rejections.entries(model)}
                     for v in cache.list_versions(model):
                         reason = f"  {v.reason}" if v.reason else ""
+                        if v.version in refused:
+                            item = refused[v.version]
+                            reason += f"  rejected ({item.cause.value}): {item.reason}"
                         print(f"{v.model}\t{v.version}\t{v.state.value}\t{v.digest[:12]}{reason}")
             else:
                 report = collect(
@@ -276,13 +290,14 @@ def cache_command(args: argparse.Namespace) -> int:
 
 
 def swap_command(args: argparse.Namespace) -> int:
-    """`edge-agent activate|rollback MODEL`: ask the running agent to swap versions."""
+    """`edge-agent activate|rollback|clear-rejected MODEL`: ask the running agent."""
     model = urllib.parse.quote(args.model, safe="")
     if args.command == "activate":
         path = f"/v2/repository/models/{model}/versions/{args.version}/activate"
         body = b"{}"
     else:
-        path = f"/v2/repository/models/{model}/rollback"
+        verb = "rollback" if args.command == "rollback" else "clear-rejected"
+        path = f"/v2/repository/models/{model}/{verb}"
         body = json.dumps({"version": args.version} if args.version else {}).encode()
     if not args.url.startswith(("http://", "https://")):
         print("edge-agent: error: --url must start with http:// or https://", file=sys.stderr)
@@ -302,6 +317,13 @@ def swap_command(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"edge-agent: error: cannot reach the agent at {args.url}: {exc}", file=sys.stderr)
         return EXIT_LOAD
+    if args.command == "clear-rejected":
+        cleared = ", ".join(map(str, doc["cleared"]))
+        print(
+            f"{doc['model']}: "
+            + (f"version(s) {cleared} no longer rejected" if cleared else "no rejected version")
+        )
+        return 0
     print(f"{doc['model']} now serves version {doc['version']}")
     return 0
 

@@ -15,11 +15,13 @@ Commands and their arguments:
     status                                      the status document
     ping                                        {"pong": true}
     sync                                        run a sync cycle now
-    set-desired   models: {MODEL|"*": POLICY}   POLICY: "latest", "N" or "N,M,..." (persisted)
+    set-desired   models: {MODEL|"*": POLICY}   POLICY: "latest", "N" or "N,M,..." (persisted);
+                                                also lifts the named models' rejected versions
     load          model, config?: object        explicit load (config: Triton JSON override)
     unload        model
     activate      model, version: int           hot swap to a cached version
     rollback      model, version?: int          back to a retained version (default: previous)
+    clear-rejected model, version?: int         the sync may activate rejected versions again
     set-batching  model, version?: int, max_batch_size?: int, max_queue_delay_us?: int,
                   preferred_batch_sizes?: [int]  live; a reload restores the config's values
     canary-start  model, version: int, share: number, promote_after?, window?, min_requests?,
@@ -122,6 +124,14 @@ class Rollback:
 
 
 @dataclass(frozen=True, slots=True)
+class ClearRejected:
+    """Lift a model's rejected versions (one, or all: None), so the sync may activate them."""
+
+    model: str
+    version: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class SetBatching:
     """Change dynamic batching parameters of loaded versions live (None: keep as is)."""
 
@@ -163,6 +173,7 @@ CommandBody = (
     | Unload
     | Activate
     | Rollback
+    | ClearRejected
     | SetBatching
     | CanaryStart
     | CanaryStop
@@ -342,6 +353,12 @@ def _rollback(args: _Args) -> Rollback:
     return body
 
 
+def _clear_rejected(args: _Args) -> ClearRejected:
+    body = ClearRejected(args.model(), args.integer("version"))
+    args.done()
+    return body
+
+
 def _set_batching(args: _Args) -> SetBatching:
     body = SetBatching(
         model=args.model(),
@@ -389,6 +406,7 @@ _PARSERS = {
     "unload": _unload,
     "activate": _activate,
     "rollback": _rollback,
+    "clear-rejected": _clear_rejected,
     "set-batching": _set_batching,
     "canary-start": _canary_start,
     "canary-stop": _canary_stop,

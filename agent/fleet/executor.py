@@ -127,7 +127,7 @@ class CommandExecutor:
                 await asyncio.to_thread(self._state.set_desired, models)
                 if self._on_desired is not None:
                     self._on_desired(body.as_lines())
-                return {"desired": dict(models)}
+                return {"desired": dict(models), "cleared": await self._lift(models)}
             case cmd.Load(model=model, config=config):
                 strategy = await dp.load_model(model, dict(config) if config else None)
                 return {"model": model, "strategy": strategy}
@@ -138,6 +138,9 @@ class CommandExecutor:
                 return {"model": model, "strategy": await dp.activate_version(model, version)}
             case cmd.Rollback(model=model, version=version):
                 return {"model": model, "version": await dp.rollback(model, version)}
+            case cmd.ClearRejected(model=model, version=version):
+                cleared = await dp.clear_rejected(model, version, by="clear-rejected")
+                return {"model": model, "cleared": cleared}
             case cmd.SetBatching():
                 return {"model": body.model, "versions": self.set_batching(body)}
             case cmd.CanaryStart(model=model, policy=policy):
@@ -147,6 +150,17 @@ class CommandExecutor:
             case cmd.CanaryStatus(model=model):
                 return dp.canary.status(model)
         raise AssertionError(body)  # pragma: no cover - the match is exhaustive
+
+    async def _lift(self, models: tuple[tuple[str, str], ...]) -> dict[str, list[int]]:
+        """`set-desired` lifts the rejections of the models it names ("*": every model)."""
+        dp = self._dataplane
+        if dp.versions is None:
+            return {}
+        names = {m for m, _policy in models}
+        if "*" in names:
+            names = {str(r["model"]) for r in dp.rejected_versions()}
+        lifted = {m: await dp.clear_rejected(m, None, by="set-desired") for m in sorted(names)}
+        return {m: versions for m, versions in lifted.items() if versions}
 
     def set_batching(self, body: cmd.SetBatching) -> list[dict[str, Any]]:
         """Apply new batching parameters to the targeted loaded versions; returns the policies.

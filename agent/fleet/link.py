@@ -113,7 +113,13 @@ class FleetLink:
         self._executor: CommandExecutor | None = None
         self._clock = clock
         self._sampler = TelemetrySampler(
-            registry, ledger, started=clock(), cache_disk=cache_disk, sync_state=sync_state, gpu=gpu
+            registry,
+            ledger,
+            started=clock(),
+            cache_disk=cache_disk,
+            sync_state=sync_state,
+            gpu=gpu,
+            rejected=dataplane.rejected_versions,
         )
         self._slo = SloEvaluator(config.slo_targets())
         self.outbox: Outbox | None = None
@@ -259,6 +265,7 @@ class FleetLink:
             agent_version=__version__,
             mqtt=self.client.protocol if self.client else None,
             models=models,
+            rejected=_or_none(self._dataplane.rejected_versions),
             desired=_or_none(lambda: dict(self._state.desired()) if self._state else {}),
             outbox=_or_none(lambda: self.outbox.stats().to_json() if self.outbox else None),
         )

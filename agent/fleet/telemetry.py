@@ -158,6 +158,7 @@ class TelemetrySampler:
         sync_state: The sync loop's last state (None: no sync configured).
         gpu: A GPU probe (None: the `gpu` key is omitted).
         started: Monotonic seconds when the agent started (for `uptime_s`).
+        rejected: Versions rejected on this device, with cause and reason (None: omitted).
     """
 
     def __init__(
@@ -169,8 +170,10 @@ class TelemetrySampler:
         cache_disk: Callable[[], int] | None = None,
         sync_state: Callable[[], Mapping[str, Any]] | None = None,
         gpu: GpuProbe | None = None,
+        rejected: Callable[[], list[dict[str, Any]]] | None = None,
     ) -> None:
         self._registry = registry
+        self._rejected = rejected
         self._ledger = ledger
         self._cache_disk = cache_disk
         self._sync_state = sync_state
@@ -200,6 +203,8 @@ class TelemetrySampler:
         if self._cache_disk is not None:
             body["cache_disk_bytes"] = self._cache_disk()
         body["sync"] = dict(self._sync_state()) if self._sync_state is not None else None
+        if self._rejected is not None:
+            body["rejected"] = self._rejected()
         gpu = self._gpu.read() if self._gpu is not None else None
         if gpu:
             body["gpu"] = gpu

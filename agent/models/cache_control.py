@@ -8,6 +8,13 @@ Order of a swap, so that a crash at any point leaves a complete version served:
 A crash before 2 restarts on the old version; after 2, on the new one. If loading fails, the
 cache is not touched and the failure is recorded as an event with its reason. The garbage
 collection after a swap never fails it: a failed collection is a `cache_gc_failed` event.
+
+Rejected versions (`ModelCache.rejections`): a version that fails to load or warm up here is
+rejected with the load error, and the version an operator rolls back from is rejected too, so
+that the sync does not bring it back. The sync's own activations refuse a rejected version; an
+operator's `activate` or `rollback` to a version lifts its rejection first (the operator asked
+for it), and a failure rejects it again. A failure of the cache itself (I/O, a corrupt blob) is
+not the version's fault and rejects nothing.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from agent.errors import ModelLoadError, ModelNotFoundError
+from agent.errors import AgentError, ConflictError, ModelLoadError, ModelNotFoundError
 from agent.faults import fault
 from agent.models.control import ModelManager
 from agent.models.events import CACHE_GC_FAILED, EventSink, guarded
@@ -25,6 +32,7 @@ from model_cache import (
     CacheError,
     InstalledVersion,
     ModelCache,
+    RejectionCause,
     VersionNotFoundError,
     VersionState,
     collect,
@@ -47,6 +55,10 @@ class CacheEvents:
             self._cache.record_event(model, version, kind, dict(detail))
         except CacheError as exc:
             logger.error("cannot record event %s for %s: %s", kind, model, exc)
+
+
+class _CommitError(ModelLoadError):
+    """The cache could not activate a version that loaded: not the version's fault."""
 
 
 class CachedVersions:
@@ -72,24 +84,35 @@ class CachedVersions:
         self._keep_last = keep_last
         self._disk_budget = disk_budget_bytes
 
-    async def activate(self, model: str, version: int) -> str:
+    async def activate(self, model: str, version: int, *, operator: bool = False) -> str:
         """Serve a cached version of a model (hot swap). Returns the swap strategy used.
+
+        Args:
+            model: The model.
+            version: A version the cache holds.
+            operator: An operator asked for it: lift its rejection first. Otherwise (the sync)
+                a rejected version is refused.
 
         Raises:
             ModelNotFoundError: the cache does not hold that version.
-            ModelLoadError: it failed verification, loading or warm-up; the old one still serves.
+            ConflictError: the version is rejected on this device (not `operator`).
+            ModelLoadError: it failed verification, loading or warm-up (and is now rejected);
+                the old one still serves.
         """
+        if operator:
+            await asyncio.to_thread(self.clear_rejected, model, version, by="activate")
+        else:
+            await asyncio.to_thread(self._refuse_rejected, model, version)
         target = await asyncio.to_thread(self._get, model, version)
-        strategy = await self._manager.load(
-            model,
-            source=target.path,
-            before_switch=lambda: self._commit(model, version, rollback=False),
-        )
+        strategy = await self._swap(model, version, target, rollback=False)
         await asyncio.to_thread(self.collect)
         return strategy
 
     async def rollback(self, model: str, to_version: int | None = None) -> int:
         """Re-activate a retained version (by default the one served before). Returns it.
+
+        The version served until now is rejected ("rolled back from"), so the sync keeps the
+        rollback; the version rolled back to loses its rejection, if it had one.
 
         Raises:
             ModelNotFoundError: nothing retained to roll back to, or no such version.
@@ -98,14 +121,33 @@ class CachedVersions:
         version = (
             to_version if to_version is not None else await asyncio.to_thread(self._previous, model)
         )
+        await asyncio.to_thread(self.clear_rejected, model, version, by="rollback")
         target = await asyncio.to_thread(self._get, model, version)
-        await self._manager.load(
-            model,
-            source=target.path,
-            before_switch=lambda: self._commit(model, version, rollback=True),
-        )
+        await self._swap(model, version, target, rollback=True)
         await asyncio.to_thread(self.collect)
         return version
+
+    def clear_rejected(self, model: str, version: int | None = None, *, by: str) -> list[int]:
+        """Lift rejections of a model (one version, or all): the sync may activate them again.
+
+        Returns:
+            The versions no longer rejected.
+
+        Raises:
+            ModelLoadError: the cache's database failed.
+        """
+        try:
+            return [r.version for r in self.cache.rejections.clear(model, version, by=by)]
+        except CacheError as exc:
+            raise ModelLoadError(f"cache: {exc}") from None
+
+    def rejected(self, model: str | None = None) -> list[dict[str, Any]]:
+        """Rejected versions with cause and reason (for the HTTP API, status and telemetry)."""
+        try:
+            return [r.to_json() for r in self.cache.rejections.entries(model)]
+        except CacheError as exc:
+            logger.error("cannot read the rejected versions: %s", exc)
+            return []
 
     def collect(self) -> None:
         """Drop old versions and unreferenced blobs; what is served is never evicted.
@@ -128,8 +170,12 @@ class CachedVersions:
         logger.info("cache garbage collection: %s", report)
 
     def versions(self, model: str) -> list[dict[str, Any]]:
-        """The cached versions of a model with their states (for the HTTP API and the CLI)."""
-        return [
+        """The cached versions of a model with their states and rejections (HTTP API, CLI).
+
+        A rejected version whose files were evicted is listed too, with state "evicted".
+        """
+        rejected = {r["version"]: r for r in self.rejected(model)}
+        rows = [
             {
                 "model": v.model,
                 "version": v.version,
@@ -139,6 +185,53 @@ class CachedVersions:
             }
             for v in self.cache.list_versions(model)
         ]
+        held = {row["version"] for row in rows}
+        rows += [
+            {"model": model, "version": n, "state": "evicted", "reason": "", "digest": ""}
+            for n in rejected
+            if n not in held
+        ]
+        for row in rows:
+            found = rejected.get(row["version"])
+            row["rejected"] = found is not None
+            row["rejected_cause"] = found["cause"] if found else ""
+            row["rejected_reason"] = found["reason"] if found else ""
+        return sorted(rows, key=lambda row: int(row["version"]))
+
+    async def _swap(
+        self, model: str, version: int, target: InstalledVersion, *, rollback: bool
+    ) -> str:
+        """Load `target` and make it active; a load or warm-up failure rejects the version."""
+        try:
+            return await self._manager.load(
+                model,
+                source=target.path,
+                before_switch=lambda: self._commit(model, version, rollback=rollback),
+                version=version,
+            )
+        except (ModelNotFoundError, _CommitError):
+            raise
+        except AgentError as exc:
+            await asyncio.to_thread(self._reject, model, version, exc.message)
+            raise
+
+    def _reject(self, model: str, version: int, reason: str) -> None:
+        try:
+            self.cache.rejections.reject(model, version, RejectionCause.FAILED, reason)
+        except CacheError as exc:
+            logger.error("cannot reject %s version %d: %s", model, version, exc)
+
+    def _refuse_rejected(self, model: str, version: int) -> None:
+        try:
+            found = self.cache.rejections.entries(model)
+        except CacheError as exc:
+            raise ModelLoadError(f"cache: {exc}") from None
+        for item in found:
+            if item.version == version:
+                raise ConflictError(
+                    f"version {version} of '{model}' is rejected on this device "
+                    f"({item.cause.value}: {item.reason}); an operator must clear it"
+                )
 
     def _get(self, model: str, version: int) -> InstalledVersion:
         try:
@@ -160,10 +253,31 @@ class CachedVersions:
         return max(retired, key=lambda v: v.last_used).version
 
     def _commit(self, model: str, version: int, *, rollback: bool) -> None:
+        """Activate in the cache (a worker thread, under the model's swap lock).
+
+        A rollback first rejects the version served until now, then rolls back: a crash in
+        between leaves that version rejected, and the sync then serves what the operator asked
+        for. If the rollback fails, a rejection made here is lifted again.
+        """
+        made: int | None = None
         try:
             if rollback:
+                current = self.cache.active_version(model)
+                if current is not None and current.version != version:
+                    reason = f"an operator rolled back to version {version}"
+                    cause = RejectionCause.ROLLED_BACK
+                    if self.cache.rejections.reject(model, current.version, cause, reason) is None:
+                        made = current.version
                 self.cache.rollback(model, version, fault=fault)
             else:
                 self.cache.activate(model, version, fault=fault)
         except CacheError as exc:
-            raise ModelLoadError(f"cache could not activate version {version}: {exc}") from None
+            if made is not None:
+                self._undo_reject(model, made)
+            raise _CommitError(f"cache could not activate version {version}: {exc}") from None
+
+    def _undo_reject(self, model: str, version: int) -> None:
+        try:
+            self.cache.rejections.clear(model, version, by="failed rollback")
+        except CacheError as exc:
+            logger.error("cannot lift the rejection of %s version %d: %s", model, version, exc)

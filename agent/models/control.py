@@ -11,6 +11,10 @@ Two swap strategies, chosen per swap from the memory budget:
 
 Switching happens on the event loop, and a request goes from `resolve` to its scheduler's queue
 without awaiting, so no request can reach a model after it stopped being routed to.
+
+A failed load or swap is told once, after the old versions are back where the strategy puts
+them: one `swap_failed` event with the reason and what serves now, and a log line that says the
+same ("version 2 failed: ...; version 1 keeps serving", or "...; no version serves").
 """
 
 from __future__ import annotations
@@ -22,7 +26,13 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from agent.errors import AgentError, MemoryBudgetError, OverloadedError
+from agent.errors import (
+    AgentError,
+    InternalError,
+    MemoryBudgetError,
+    ModelNotFoundError,
+    OverloadedError,
+)
 from agent.faults import fault
 from agent.models.events import EventSink, EventTee, guarded
 from agent.models.registry import ModelRegistry
@@ -93,6 +103,7 @@ class ModelManager:
         *,
         source: Path | None = None,
         before_switch: Callable[[], None] | None = None,
+        version: int | None = None,
     ) -> str:
         """Load a model, or swap it for what the repository (or `config`) now says.
 
@@ -103,6 +114,7 @@ class ModelManager:
             before_switch: runs (in a worker thread) once the new build is ready and before
                 routing switches, e.g. to activate the version in the cache; if it raises, the
                 old model keeps serving.
+            version: the version being loaded, when one is (for events and logs).
 
         Returns:
             The strategy used: "load", "load-then-switch" or "drain-first".
@@ -112,8 +124,45 @@ class ModelManager:
             AgentError: the new build failed; the old one (if any) still serves.
         """
         lock = self._locks.setdefault(name, asyncio.Lock())
+        plan = _Plan(config, source, before_switch, version)
         async with lock:
-            return await self._load(name, _Plan(config, source, before_switch))
+            try:
+                return await self._load(name, plan)
+            except ModelNotFoundError:
+                raise
+            except AgentError as exc:
+                self._failed(name, plan, exc)
+                raise
+            except Exception as exc:  # a step's bug: still one event, the old build serves
+                self._failed(name, plan, InternalError.wrap(exc))
+                raise
+
+    def _failed(self, name: str, plan: _Plan, error: AgentError) -> None:
+        """Tell one failed load: the reason, and what serves now."""
+        serving = next((s for s in self._registry.served_models() if s.name == name), None)
+        versions = sorted(serving.versions) if serving is not None else []
+        what = f"version {plan.version}" if plan.version is not None else "the new build"
+        if versions:
+            now = ", ".join(map(str, versions))
+            truth = (
+                f"version {now} keeps serving" if len(versions) == 1 else f"versions {now} serve"
+            )
+        else:
+            truth = "no version serves"
+        logger.error(
+            "model %s: %s failed: %s; %s",
+            name,
+            what,
+            error.message,
+            truth,
+            extra={"model": name, "version": plan.version, "strategy": plan.strategy},
+        )
+        self._events.record(
+            name,
+            plan.version,
+            "swap_failed",
+            {"reason": error.message, "strategy": plan.strategy, "serving": versions},
+        )
 
     async def unload(self, name: str) -> None:
         """Stop serving a model; queued and running requests finish first.
@@ -138,31 +187,22 @@ class ModelManager:
         if build.served is None and isinstance(build.error, MemoryBudgetError) and held:
             logger.info("model %s: new build does not fit beside the old one", name)
             return await self._drain_first(name, plan, held, ledger.left() if ledger else 0)
-        strategy = "load-then-switch" if held else "load"
-        await self._switch(build, strategy, plan)
-        return strategy
+        plan.strategy = "load-then-switch" if held else "load"
+        await self._switch(build, plan)
+        return plan.strategy
 
-    async def _switch(self, build: ModelBuild, strategy: str, plan: _Plan) -> None:
+    async def _switch(self, build: ModelBuild, plan: _Plan) -> None:
+        strategy = plan.strategy
         if build.served is not None:
             fault("swap-built")
         if build.served is not None and plan.before_switch is not None:
             try:
                 await asyncio.to_thread(plan.before_switch)
-            except Exception as exc:  # whatever failed, the new build must not leak
+            except Exception:  # whatever failed, the new build must not leak
                 await asyncio.to_thread(self._registry.release, build.served)
-                reason = exc.message if isinstance(exc, AgentError) else repr(exc)
-                self._events.record(
-                    build.name, None, "swap_failed", {"reason": reason, "strategy": strategy}
-                )
                 raise
         old = self._registry.commit(build)
-        if build.served is None:
-            self._events.record(
-                build.name,
-                None,
-                "swap_failed" if old is None else "load_failed",
-                {"reason": build.reason, "strategy": strategy},
-            )
+        if build.served is None:  # the old model (if any) keeps serving: commit returned None
             raise build.error or AgentError(build.reason)
         fault("swap-switched")
         versions = sorted(build.served.versions)
@@ -191,6 +231,7 @@ class ModelManager:
             held >> 20,
             left >> 20,
         )
+        plan.strategy = "drain-first"
         gate = self._gates[name] = _Gate()
         try:
             old = self._registry.unload(name)
@@ -202,7 +243,7 @@ class ModelManager:
             fault("swap-old-released")
             build = await asyncio.to_thread(self._registry.build, name, plan.config, plan.source)
             try:
-                await self._switch(build, "drain-first", plan)
+                await self._switch(build, plan)
             except Exception:
                 if restore is not None:
                     again = await asyncio.to_thread(self._registry.build, name, restore)
@@ -214,11 +255,13 @@ class ModelManager:
         return "drain-first"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Plan:
     config: mc.ModelConfig | None
     source: Path | None
     before_switch: Callable[[], None] | None
+    version: int | None
+    strategy: str = "load"
 
 
 def _pinned(served: ServedModel) -> mc.ModelConfig:

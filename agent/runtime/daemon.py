@@ -216,7 +216,7 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
     if sync_client is not None and versions is not None and model_cache is not None:
         # Last in, first out: on shutdown the cycle in progress finishes before anything else
         # stops (an install is never cut short).
-        await _start_periodic_sync(stack, config, model_cache, versions, sync_client)
+        await _start_periodic_sync(stack, config, model_cache, versions, sync_client, events)
     dataplane.set_ready(True)
     served = ", ".join(sorted(m.name for m in registry.served_models())) or "none"
     logger.info("listening on http://%s:%d (models: %s)", config.server.host, port, served)
@@ -251,12 +251,20 @@ async def _start_periodic_sync(
     model_cache: ModelCache,
     versions: CachedVersions,
     client: SyncClient,
+    events: EventTee,
 ) -> None:
     from sync.periodic import run_periodic  # noqa: PLC0415 - with build_client, above
 
     stop = asyncio.Event()
     task = asyncio.create_task(
-        run_periodic(config.sync, model_cache, versions.activate, stop, client=client)
+        run_periodic(
+            config.sync,
+            model_cache,
+            versions.activate,
+            stop,
+            client=client,
+            events=events.record,  # sync failures and recoveries: once each, to the fleet
+        )
     )
 
     async def finish() -> None:

@@ -8,6 +8,7 @@ see `agent.scheduling.scheduler`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping
@@ -122,7 +123,7 @@ class DataPlane:
         return served.config
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        rows = self._registry.index()
+        rows = _with_rejections(self._registry.index(), self.rejected_versions())
         if ready_only:
             rows = [r for r in rows if r.get("state") == "READY"]
         return rows
@@ -150,8 +151,8 @@ class DataPlane:
             self._cache.invalidate(name)
 
     async def activate_version(self, name: str, version: int) -> str:
-        """Hot-swap a model to a version the cache holds; returns the strategy used."""
-        strategy = await self._cached().activate(name, version)
+        """Hot-swap a model to a version the cache holds (lifting its rejection); the strategy."""
+        strategy = await self._cached().activate(name, version, operator=True)
         if self._cache is not None:
             self._cache.invalidate(name)
         return strategy
@@ -165,6 +166,15 @@ class DataPlane:
 
     def cached_versions(self, name: str) -> list[dict[str, Any]]:
         return self._cached().versions(name)
+
+    async def clear_rejected(self, name: str, version: int | None, *, by: str) -> list[int]:
+        """Let the sync activate a model's rejected versions again; returns those lifted."""
+        cached = self._cached()
+        return await asyncio.to_thread(cached.clear_rejected, name, version, by=by)
+
+    def rejected_versions(self) -> list[dict[str, Any]]:
+        """Versions rejected on this device, with cause and reason ([] without a cache)."""
+        return self.versions.rejected() if self.versions is not None else []
 
     def _cached(self) -> CachedVersions:
         if self.versions is None:
@@ -274,6 +284,27 @@ class DataPlane:
         """Tell the canary how a request it routed went (latency from arrival to answer)."""
         if routed is not None:
             self.canary.record(name, routed, (time.perf_counter_ns() - start_ns) // 1000, error)
+
+
+def _with_rejections(
+    rows: list[dict[str, str]], rejected: list[dict[str, Any]]
+) -> list[dict[str, str]]:
+    """The repository index with each rejected version's reason (and a row if it had none)."""
+    if not rejected:
+        return rows
+    by_key = {(str(r["model"]), str(r["version"])): r for r in rejected}
+    out: list[dict[str, str]] = []
+    for row in rows:
+        found = by_key.pop((row["name"], row.get("version", "")), None)
+        if found is None:
+            out.append(row)
+            continue
+        note = f"rejected on this device ({found['cause']}: {found['reason']})"
+        out.append({**row, "reason": f"{row['reason']}; {note}" if row.get("reason") else note})
+    for (name, version), found in sorted(by_key.items()):
+        note = f"rejected on this device ({found['cause']}: {found['reason']})"
+        out.append({"name": name, "version": version, "state": "UNAVAILABLE", "reason": note})
+    return sorted(out, key=lambda r: (r["name"], int(r.get("version") or 0)))
 
 
 def _now_ms() -> int:

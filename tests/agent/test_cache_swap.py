@@ -126,6 +126,9 @@ def test_activate_and_rollback_over_http_and_cli(cache_dir: Path) -> None:
         with urllib.request.urlopen(f"{url}/v2/repository/models/m/versions") as resp:
             states = {v["version"]: v["state"] for v in json.loads(resp.read())}
         assert states == {1: "retired", 2: "active"}
+        lifted = cli("clear-rejected", "m", "--url", url)  # version 1 was rolled back from
+        assert (lifted.returncode, lifted.stdout) == (0, "m: version(s) 1 no longer rejected\n")
+        assert cli("clear-rejected", "m", "--url", url).stdout == "m: no rejected version\n"
         missing = cli("activate", "m", "9", "--url", url)
         assert missing.returncode == 1
         assert "no version 9" in missing.stderr

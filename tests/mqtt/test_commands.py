@@ -40,6 +40,11 @@ def test_every_command_parses_to_its_type() -> None:
     )  # fmt: skip
     assert batching.body == c.SetBatching("m", None, None, 0, (2, 4))
     assert batching.name == "set-batching"
+    lift = parse({"id": "10", "command": "clear-rejected", "args": {"model": "m", "version": 2}})
+    assert lift.body == c.ClearRejected("m", 2)
+    assert parse({"id": "11", "command": "clear-rejected", "args": {"model": "m"}}).body == (
+        c.ClearRejected("m")
+    )
 
 
 @pytest.mark.parametrize(
@@ -55,6 +60,8 @@ def test_every_command_parses_to_its_type() -> None:
         ({"id": "a", "command": 5}, "unknown command"),
         ({"id": "a" * 129, "command": "ping"}, "'id'"),
         ({"id": "a", "command": "set-desired", "args": {}}, "models"),
+        ({"id": "a", "command": "clear-rejected", "args": {}}, "needs the argument 'model'"),
+        ({"id": "a", "command": "clear-rejected", "args": {"model": "m", "v": 1}}, "unknown"),
         ({"id": "a", "command": "set-desired", "args": {"models": {"m": 3}}}, "policy"),
         ({"id": "a", "command": "set-desired", "args": {"models": {"m": "0"}}}, "policy"),
         (

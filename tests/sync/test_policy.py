@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import pytest
 from tuf.api.metadata import TargetFile
 
 from sync.errors import SyncConfigError, UnsafeTargetError
-from sync.policy import CachedVersion, Desired, Kind, group_targets, parse_desired, plan
+from sync.policy import (
+    CachedVersion,
+    Choice,
+    Desired,
+    Kind,
+    SignedVersion,
+    choose,
+    group_targets,
+    parse_desired,
+    plan,
+)
 
 
 def _target(
@@ -126,3 +137,85 @@ def test_plan_refuses_unsigned_and_foreign_versions() -> None:
     todo = plan(signed, parse_desired(["m=1"]), foreign)
     assert todo.fetch == ()
     assert "not the signed one" in todo.errors[0][1]
+
+
+def _signed(*versions: int) -> dict[tuple[str, int], SignedVersion]:
+    targets: dict[str, TargetFile] = {}
+    for version in versions:
+        targets.update(_version("m", version))
+    return group_targets(targets)
+
+
+def _cached(signed: dict[tuple[str, int], SignedVersion], active: int, *held: int) -> Any:
+    return {
+        "m": [
+            CachedVersion(v, signed[("m", v)].manifest_digest, active=v == active)
+            for v in sorted({active, *held})
+        ]
+    }
+
+
+def test_latest_skips_a_rejected_newest_and_serves_the_one_below() -> None:
+    signed = _signed(1, 2)
+    todo = plan(signed, parse_desired(["*=latest"]), _cached(signed, 1), {"m": {2: "bad"}})
+    assert todo.fetch == ()
+    assert todo.activate == ()  # version 1 already serves: nothing to do, nothing to retry
+    assert todo.errors == ()
+    [choice] = todo.choices
+    assert (choice.model, choice.version) == ("m", 1)
+    assert "version(s) [2] rejected; 2: bad" in choice.why
+
+
+def test_latest_fetches_the_fallback_a_fresh_device_lacks() -> None:
+    signed = _signed(1, 2, 3)
+    rejected = {"m": {3: "does not load", 2: "rolled back"}}
+    todo = plan(signed, parse_desired(["m=latest"]), {}, rejected)
+    assert [(v.model, v.version) for v in todo.fetch] == [("m", 1)]
+    assert todo.activate == (("m", 1),)
+
+
+def test_a_newer_version_is_not_blocked_by_an_older_rejection() -> None:
+    signed = _signed(1, 2, 3)
+    todo = plan(signed, parse_desired(["*=latest"]), _cached(signed, 1, 2), {"m": {2: "bad"}})
+    assert [v.version for v in todo.fetch] == [3]
+    assert todo.activate == (("m", 3),)
+    assert todo.choices[0].why == "the newest signed version"
+
+
+def test_a_rejected_active_version_is_replaced_by_the_choice() -> None:
+    signed = _signed(1, 2)
+    todo = plan(signed, parse_desired(["*=latest"]), _cached(signed, 2, 1), {"m": {2: "x"}})
+    assert todo.activate == (("m", 1),)
+
+
+def test_every_version_rejected_is_an_error_and_changes_nothing() -> None:
+    signed = _signed(1, 2)
+    todo = plan(signed, parse_desired(["*=latest"]), _cached(signed, 2), {"m": {1: "a", 2: "b"}})
+    assert (todo.fetch, todo.activate, todo.choices) == ((), (), ())
+    assert todo.errors == (
+        (
+            "m",
+            "every signed version of m is rejected on this device (newest, 2: b); "
+            "clear a rejection to serve it",
+        ),
+    )
+
+
+def test_pinned_and_lists_never_fall_back_to_unnamed_versions() -> None:
+    signed = _signed(1, 2, 3)
+    todo = plan(signed, parse_desired(["m=3"]), {}, {"m": {3: "bad"}})
+    assert (todo.fetch, todo.activate) == ((), ())
+    assert "version(s) [3] of m are rejected" in todo.errors[0][1]
+    todo = plan(signed, parse_desired(["m=1,3"]), {}, {"m": {3: "bad"}})
+    assert [v.version for v in todo.fetch] == [1]
+    assert todo.activate == (("m", 1),)
+    assert todo.choices[0].why.endswith("(version(s) [3] rejected)")
+
+
+def test_choose_is_the_rule_on_its_own() -> None:
+    latest = Desired(Kind.LATEST)
+    assert choose("m", latest, [1, 2, 3], {}) == ((3,), Choice("m", 3, "the newest signed version"))
+    picked = choose("m", latest, [1, 2, 3], {3: "x", 1: "y"})
+    assert not isinstance(picked, str)
+    assert (picked[0], picked[1].version) == ((2,), 2)
+    assert isinstance(choose("m", latest, [1], {1: "x"}), str)
