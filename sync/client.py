@@ -145,6 +145,14 @@ class SyncClient:
         self._tuf_config = updater_config or UpdaterConfig()
         self._consistent = True  # from the verified root, at each refresh
 
+    def set_desired(self, desired: Mapping[str, Desired]) -> None:
+        """Replace the per-model version policy; the next cycle plans with it.
+
+        Args:
+            desired: As `policy.parse_desired` returns it (the fleet's `set-desired`).
+        """
+        self._desired = dict(desired)  # one reference swap: a cycle in progress keeps its copy
+
     def sync_once(self) -> SyncReport:
         """Run one cycle (see the module docstring).
 

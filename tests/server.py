@@ -4,23 +4,45 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
+from typing import Any, TypeVar
 
 from agent.config.schema import AgentConfig
 from agent.runtime.daemon import RunningAgent, start_agent
 
+T = TypeVar("T")
+
+
+class AgentOnThread:
+    """A started agent and the event loop it runs on (in a background thread)."""
+
+    def __init__(self, agent: RunningAgent, loop: asyncio.AbstractEventLoop) -> None:
+        self.agent = agent
+        self.loop = loop
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
+        """Run a coroutine on the agent's loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
 
 @contextmanager
-def running_agent(config: AgentConfig) -> Iterator[RunningAgent]:
+def agent_on_thread(config: AgentConfig) -> Iterator[AgentOnThread]:
+    """Start the agent exactly as the daemon wires it; stop it on exit."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     agent = asyncio.run_coroutine_threadsafe(start_agent(config), loop).result(timeout=120)
     try:
-        yield agent
+        yield AgentOnThread(agent, loop)
     finally:
         asyncio.run_coroutine_threadsafe(agent.stop(), loop).result(timeout=60)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=10)
         loop.close()
+
+
+@contextmanager
+def running_agent(config: AgentConfig) -> Iterator[RunningAgent]:
+    with agent_on_thread(config) as running:
+        yield running.agent

@@ -53,7 +53,8 @@ from agent.serving.dataplane import DataPlane
 from agent.serving.response_cache import ResponseCache
 from agent.serving.shared_memory import SharedMemoryRegistry
 from model_cache import CacheError, ModelCache
-from sync.errors import SyncError
+from sync.errors import SyncConfigError, SyncError
+from sync.policy import parse_desired
 
 if TYPE_CHECKING:
     from sync.client import SyncClient
@@ -308,6 +309,7 @@ async def _start_fleet_link(
             is closed again).
     """
     sync_now: Callable[[], Awaitable[dict[str, object]]] | None = None
+    on_desired: Callable[[tuple[str, ...]], None] | None = None
     if sync_client is not None and versions is not None:
         client, cached = sync_client, versions
         sync_lock = asyncio.Lock()
@@ -328,6 +330,7 @@ async def _start_fleet_link(
             }
 
         sync_now = run_sync_now
+        on_desired = functools.partial(_desired_from_fleet, client, config.sync.desired)
     state_dir = config.mqtt.state_dir or config.cache.dir or Path.home() / ".local/state/edge-agent"
     fleet = FleetLink(
         config.mqtt,
@@ -336,6 +339,7 @@ async def _start_fleet_link(
         ledger,
         state_dir / "fleet.sqlite",
         sync=sync_now,
+        on_desired=on_desired,
         cache_disk=model_cache.disk_usage if model_cache is not None else None,
         gpu=await asyncio.to_thread(detect_gpu),
     )
@@ -348,6 +352,19 @@ async def _start_fleet_link(
         raise AgentError(f"fleet link: {exc}") from None
     events.add(fleet)
     return fleet
+
+
+def _desired_from_fleet(
+    client: SyncClient, configured: tuple[str, ...], lines: tuple[str, ...]
+) -> None:
+    """The fleet's `set-desired` replaces `sync.desired` for the running sync; none stored: the
+    config's stands. Takes effect at the next cycle (or at once with the `sync` command)."""
+    try:
+        client.set_desired(parse_desired(lines or configured))
+    except SyncConfigError as exc:  # the command was validated; a stored row may be older
+        logger.error("desired state from the fleet ignored: %s", exc.message)
+        return
+    logger.info("sync now wants %s", ", ".join(lines or configured))
 
 
 async def _reload(manager: ModelManager, name: str) -> None:
