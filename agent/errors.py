@@ -70,6 +70,11 @@ class ModelLoadError(AgentError):
     """A model version could not be loaded (missing file, runtime refused it, warm-up failed)."""
 
 
+class CacheCommitError(ModelLoadError):
+    """The model cache could not record an activation (I/O, a corrupt blob): the version loaded,
+    so this is not the version's fault and does not reject it."""
+
+
 class MemoryBudgetError(ModelLoadError):
     """A model version does not fit in what is left of the memory budget."""
 

@@ -20,6 +20,7 @@ from agent.api import grpc_codec
 from agent.errors import (
     AgentError,
     BackendError,
+    CacheCommitError,
     ConflictError,
     InternalError,
     InvalidInputError,
@@ -55,6 +56,7 @@ STATUS_FOR_ERROR: dict[type[AgentError], grpc.StatusCode] = {
     RequestTimeoutError: grpc.StatusCode.UNAVAILABLE,
     BackendError: grpc.StatusCode.INTERNAL,
     ModelInstanceFailedError: grpc.StatusCode.INTERNAL,
+    CacheCommitError: grpc.StatusCode.INTERNAL,
     ModelLoadError: grpc.StatusCode.INTERNAL,
     MemoryBudgetError: grpc.StatusCode.INTERNAL,
     InternalError: grpc.StatusCode.INTERNAL,

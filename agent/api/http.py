@@ -21,6 +21,7 @@ from agent.canary.control import policy_from_request
 from agent.errors import (
     AgentError,
     BackendError,
+    CacheCommitError,
     ConflictError,
     InternalError,
     InvalidInputError,
@@ -54,6 +55,7 @@ STATUS_FOR_ERROR: dict[type[AgentError], int] = {
     PayloadTooLargeError: 413,
     BackendError: 500,
     ModelInstanceFailedError: 500,
+    CacheCommitError: 500,
     ModelLoadError: 500,
     MemoryBudgetError: 500,
     InternalError: 500,

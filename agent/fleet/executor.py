@@ -21,6 +21,7 @@ from typing import Any
 from agent.errors import (
     AgentError,
     BackendError,
+    CacheCommitError,
     ConflictError,
     InternalError,
     InvalidInputError,
@@ -59,6 +60,7 @@ ERROR_CODES: dict[type[AgentError], str] = {
     ConflictError: "conflict",
     MemoryBudgetError: "out_of_memory",
     ModelConfigError: "bad_config",
+    CacheCommitError: "load_failed",
     ModelLoadError: "load_failed",
     OverloadedError: "busy",
     RequestTimeoutError: "failed",

@@ -24,7 +24,13 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from agent.errors import AgentError, ConflictError, ModelLoadError, ModelNotFoundError
+from agent.errors import (
+    AgentError,
+    CacheCommitError,
+    ConflictError,
+    ModelLoadError,
+    ModelNotFoundError,
+)
 from agent.faults import fault
 from agent.models.control import ModelManager
 from agent.models.events import CACHE_GC_FAILED, EventSink, guarded
@@ -55,10 +61,6 @@ class CacheEvents:
             self._cache.record_event(model, version, kind, dict(detail))
         except CacheError as exc:
             logger.error("cannot record event %s for %s: %s", kind, model, exc)
-
-
-class _CommitError(ModelLoadError):
-    """The cache could not activate a version that loaded: not the version's fault."""
 
 
 class CachedVersions:
@@ -209,7 +211,7 @@ class CachedVersions:
                 before_switch=lambda: self._commit(model, version, rollback=rollback),
                 version=version,
             )
-        except (ModelNotFoundError, _CommitError):
+        except (ModelNotFoundError, CacheCommitError):
             raise
         except AgentError as exc:
             await asyncio.to_thread(self._reject, model, version, exc.message)
@@ -274,7 +276,7 @@ class CachedVersions:
         except CacheError as exc:
             if made is not None:
                 self._undo_reject(model, made)
-            raise _CommitError(f"cache could not activate version {version}: {exc}") from None
+            raise CacheCommitError(f"cache could not activate version {version}: {exc}") from None
 
     def _undo_reject(self, model: str, version: int) -> None:
         try:
