@@ -103,6 +103,20 @@ class Topics:
         """Default topic of command responses."""
         return self._leaf("responses")
 
+    def reply_topic(self, requested: str | None) -> str:
+        """Where a command's response goes: the MQTT 5 response topic it asked for, unless that
+        is no plain topic name or one of this device's own topics; else `responses`."""
+        own = {self.status, self.telemetry, self.events, self.commands}
+        if (
+            requested
+            and len(requested) <= 256
+            and not any(c in requested for c in "+#\0")
+            and not requested.startswith("$")
+            and requested not in own
+        ):
+            return requested
+        return self.responses
+
 
 def validate_mqtt(config: MqttConfig) -> None:
     """Check an `[mqtt]` section once at start-up.

@@ -41,13 +41,14 @@ from pathlib import Path
 from typing import Any
 
 from agent import __version__
-from agent.errors import AgentError, InternalError, ModelControlError, OverloadedError
+from agent.errors import AgentError, InternalError, OverloadedError
 from agent.fleet import commands as cmd
 from agent.fleet.config import MqttConfig, Topics
-from agent.fleet.executor import CommandExecutor, SyncNow, error_code
+from agent.fleet.executor import CommandExecutor, SyncNow
 from agent.fleet.health import Health, supervise, why
 from agent.fleet.mqtt import Message, MqttClient, MqttError, MqttSettings, Protocol, Will
 from agent.fleet.outbox import Kind, Outbox
+from agent.fleet.runner import CommandRunner, response_doc
 from agent.fleet.slo import SloEvaluator
 from agent.fleet.state import FleetState
 from agent.fleet.telemetry import GpuProbe, TelemetrySampler
@@ -110,7 +111,7 @@ class FleetLink:
         self._state_path = state_path
         self._sync = sync
         self._on_desired = on_desired
-        self._executor: CommandExecutor | None = None
+        self._runner: CommandRunner | None = None
         self._clock = clock
         self._sampler = TelemetrySampler(
             registry,
@@ -131,7 +132,6 @@ class FleetLink:
         self._tasks: list[asyncio.Task[None]] = []
         self._inline: set[asyncio.Task[None]] = set()
         self._subscribed: asyncio.Future[None] | None = None
-        self._running: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._health = Health(self._health_changed)  # failing parts (empty: online)
         self._pending: deque[tuple[str, int | None, str, dict[str, object]]] = deque(
             maxlen=_PENDING
@@ -153,7 +153,7 @@ class FleetLink:
         self._state = await asyncio.to_thread(FleetState, self._state_path)
         while self._pending:
             self.record(*self._pending.popleft())
-        self._executor = CommandExecutor(
+        executor = CommandExecutor(
             self._dataplane,
             self._registry,
             self._state,
@@ -161,6 +161,7 @@ class FleetLink:
             sync=self._sync,
             on_desired=self._desired_changed,
         )
+        self._runner = CommandRunner(self._state, executor, self._envelope)
         will = Will(self.topics.status, self._status_payload("offline", "connection lost"))
         settings = MqttSettings(
             host=c.host,
@@ -367,7 +368,7 @@ class FleetLink:
     def _on_message(self, message: Message) -> None:
         if message.topic != self.topics.commands or message.retain:
             return  # a retained command would run again on every connect
-        reply = _Reply(self._reply_topic(message.response_topic), message.correlation_data)
+        reply = _Reply(self.topics.reply_topic(message.response_topic), message.correlation_data)
         try:
             command = cmd.parse_command(message.payload, max_bytes=self.config.max_command_bytes)
         except (cmd.CommandError, cmd.CommandTooLargeError) as exc:
@@ -387,18 +388,6 @@ class FleetLink:
             busy = OverloadedError(f"{_QUEUE} commands are waiting; retry later")
             self._respond(reply, command.id, command.name, error=busy)
 
-    def _reply_topic(self, requested: str | None) -> str:
-        own = {self.topics.status, self.topics.telemetry, self.topics.events, self.topics.commands}
-        if (
-            requested
-            and len(requested) <= 256
-            and not any(c in requested for c in "+#\0")
-            and not requested.startswith("$")
-            and requested not in own
-        ):
-            return requested
-        return self.topics.responses
-
     async def _command_loop(self) -> None:
         while True:
             command, reply = await self._queue.get()
@@ -413,7 +402,8 @@ class FleetLink:
         that response failed) and the link is `degraded` until a command goes through again.
         """
         try:
-            response, ran = await self._execute(command)
+            assert self._runner is not None
+            response, ran = await self._runner.run(command)
         except Exception as exc:
             logger.exception("command %s (%s) could not be handled", command.id, command.name)
             self._health.fault("commands", why(exc))
@@ -430,56 +420,6 @@ class FleetLink:
             self._health.recovered("commands")
         self._send(reply, response)
 
-    async def _execute(self, command: cmd.Command) -> tuple[dict[str, Any], bool]:
-        """The response to a command, and whether it ran now (False: a duplicate)."""
-        assert self._state is not None
-        running = self._running.get(command.id)
-        if running is not None:  # a duplicate of a command still executing: answer when done
-            return {**await asyncio.shield(running), "duplicate": True}, False
-        seen = self._state.seen(command.id)
-        if seen is not None or not self._state.begin(command.id, command.name):
-            stored = seen.response if seen is not None else None
-            if stored is not None:
-                return {**stored, "duplicate": True, "ts": time.time()}, False
-            again = ModelControlError(
-                f"command {command.id} was received before and did not finish "
-                "(the agent restarted): not executed again"
-            )
-            return {
-                **self._response(command.id, command.name, error=again),
-                "duplicate": True,
-            }, False
-        done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._running[command.id] = done
-        try:
-            assert self._executor is not None
-            result = await self._executor.execute(command.body)
-            response = self._response(command.id, command.name, result=result)
-        except Exception as exc:  # the command path must survive a bug (logged with traceback)
-            if not isinstance(exc, AgentError):
-                logger.exception("command %s (%s) failed", command.id, command.name)
-            response = self._response(command.id, command.name, error=InternalError.wrap(exc))
-        finally:
-            del self._running[command.id]
-        done.set_result(response)
-        return response, True
-
-    def _response(
-        self,
-        command_id: str | None,
-        name: str | None,
-        *,
-        result: Mapping[str, Any] | None = None,
-        error: AgentError | None = None,
-    ) -> dict[str, Any]:
-        doc = self._envelope("response")
-        doc.update(id=command_id, command=name, ok=error is None)
-        if error is not None:
-            doc["error"] = {"code": error_code(error), "message": error.message}
-        else:
-            doc["result"] = dict(result or {})
-        return doc
-
     def _respond(
         self,
         reply: _Reply,
@@ -489,7 +429,7 @@ class FleetLink:
         error: AgentError,
         duplicate: bool = False,
     ) -> None:
-        doc = self._response(command_id, name, error=error)
+        doc = response_doc(self._envelope("response"), command_id, name, error=error)
         if duplicate:
             doc["duplicate"] = True
         self._send(reply, doc)
