@@ -139,6 +139,9 @@ class CycleResult:
     ok: bool  # metadata refreshed and planned (False: the store or its metadata failed)
     transient: bool = False  # a download failed in transport: retry sooner
     rejected: tuple[tuple[str, int], ...] = ()  # failed to activate here, now rejected
+    report: SyncReport | None = None  # what the client did (None: the cycle failed)
+    activated: tuple[tuple[str, int], ...] = ()  # (model, version) that serve now
+    error: str = ""  # why the cycle failed (ok False)
 
 
 class SyncLoop:
@@ -175,6 +178,7 @@ class SyncLoop:
         self._swaps = Notices()  # failed swaps not rejected: logged once, told by the swap
         self._rejections = Notices(reminders)
         self._choices: dict[str, Choice] = {}
+        self._one_at_a_time = asyncio.Lock()  # the schedule's cycles and the fleet's `sync`
         self.failures = 0  # failed cycles in a row
 
     async def cycle(self, stop: asyncio.Event | None = None) -> CycleResult:
@@ -186,13 +190,17 @@ class SyncLoop:
         Returns:
             How it went.
         """
+        async with self._one_at_a_time:
+            return await self._cycle(stop)
+
+    async def _cycle(self, stop: asyncio.Event | None) -> CycleResult:
         try:
             report = await asyncio.to_thread(self._syncer.sync_once)
         except SyncError as exc:
             self.failures += 1
             logger.debug("sync failed (%d in a row): %s", self.failures, exc.message)
             self._tell_store(self._store.observe(self._clock(), {STORE: exc.message}))
-            return CycleResult(ok=False)
+            return CycleResult(ok=False, error=exc.message)
         now = self._clock()
         self._tell_store(self._store.observe(now, {}))
         self.failures = self.failures + 1 if report.transient else 0
@@ -201,7 +209,7 @@ class SyncLoop:
         for model, reason in report.errors:
             errors[model] = f"{errors[model]}; {reason}" if model in errors else reason
         self._tell_models(self._models.observe(now, errors, scope=lambda k: k != STORE))
-        rejected = await self._activate_all(report, stop)
+        activated, rejected = await self._activate_all(report, stop)
         try:
             current = {f"{r.model}/{r.version}": r.reason for r in self._cache.rejections.entries()}
         except CacheError as exc:
@@ -211,7 +219,7 @@ class SyncLoop:
                 model, _sep, version = notice.key.rpartition("/")
                 detail = {"reason": notice.reason, "reminder": True}
                 self._events(model, int(version), "version_rejected", detail)
-        return CycleResult(True, report.transient, rejected)
+        return CycleResult(True, report.transient, rejected, report, activated)
 
     def state(self) -> dict[str, Any]:
         """The loop's state for telemetry: failing or not, and each model's choice and why."""
@@ -226,7 +234,9 @@ class SyncLoop:
 
     async def _activate_all(
         self, report: SyncReport, stop: asyncio.Event | None
-    ) -> tuple[tuple[str, int], ...]:
+    ) -> tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]]:
+        """Activate what the report says should serve; returns (activated, rejected)."""
+        activated: list[tuple[str, int]] = []
         rejected: list[tuple[str, int]] = []
         failed: dict[str, str] = {}
         for model, version in report.activate:
@@ -251,6 +261,7 @@ class SyncLoop:
                 else:
                     failed[f"{model}/{version}"] = f"{reason}; {serving}"
             else:
+                activated.append((model, version))
                 why = f" ({choice.why})" if choice is not None else ""
                 logger.info("now serving %s version %d%s", model, version, why)
         for notice in self._swaps.observe(self._clock(), failed):
@@ -259,7 +270,7 @@ class SyncLoop:
                 logger.error(
                     "%s version %s failed: %s (retried next cycle)", model, number, notice.reason
                 )
-        return tuple(rejected)
+        return tuple(activated), tuple(rejected)
 
     def _after_failure(self, model: str, version: int) -> tuple[str, bool]:
         """What serves now (as a phrase) and whether the failed version is rejected."""
@@ -337,10 +348,37 @@ async def run_periodic(
     Raises:
         SyncConfigError: Invalid settings (raised before the first cycle).
     """
-    syncer = client or build_client(config, cache)
     loop = SyncLoop(
-        syncer, cache, activate, events=events, remind_after_s=config.remind_after_s, clock=clock
+        client or build_client(config, cache),
+        cache,
+        activate,
+        events=events,
+        remind_after_s=config.remind_after_s,
+        clock=clock,
     )
+    await run_schedule(loop, config, stop, wait=wait, rand=rand)
+
+
+async def run_schedule(
+    loop: SyncLoop,
+    config: SyncConfig,
+    stop: asyncio.Event,
+    *,
+    wait: Wait = wait_or_stop,
+    rand: Callable[[], float] = random.random,
+) -> None:
+    """Drive `loop` until `stop` is set: one cycle at once, then on the `Backoff` schedule.
+
+    The agent shares its loop with the fleet's `sync` command and its telemetry; `run_periodic`
+    builds one for callers that need nothing else.
+
+    Args:
+        loop: The sync loop.
+        config: The `[sync]` section (interval, jitter, longest backoff).
+        stop: Set it to end the schedule; a cycle in progress finishes.
+        wait: Waits between cycles (injected in tests).
+        rand: Random numbers in [0, 1) for jitter (injected in tests).
+    """
     backoff = Backoff(config.interval_s, config.jitter_s, max_s=config.max_backoff_s)
     reruns = 0
     while not stop.is_set():

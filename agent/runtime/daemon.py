@@ -14,10 +14,10 @@ import contextlib
 import functools
 import logging
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -58,6 +58,7 @@ from sync.policy import parse_desired
 
 if TYPE_CHECKING:
     from sync.client import SyncClient
+    from sync.periodic import SyncLoop
 
 logger = logging.getLogger(__name__)
 
@@ -184,7 +185,7 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         canary,
         shared_memory=SharedMemoryRegistry(enabled=config.server.shared_memory),
     )
-    sync_client = _build_sync_client(config, model_cache) if versions is not None else None
+    sync = _build_sync(config, model_cache, versions, events)
     port = await _serve_http(
         stack,
         create_app(dataplane, max_request_bytes=config.server.max_request_bytes),
@@ -212,12 +213,12 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
     fleet: FleetLink | None = None
     if config.mqtt.enabled:
         fleet = await _start_fleet_link(
-            stack, config, dataplane, registry, ledger, model_cache, versions, sync_client, events
+            stack, config, dataplane, registry, ledger, model_cache, sync, events
         )
-    if sync_client is not None and versions is not None and model_cache is not None:
+    if sync is not None:
         # Last in, first out: on shutdown the cycle in progress finishes before anything else
         # stops (an install is never cut short).
-        await _start_periodic_sync(stack, config, model_cache, versions, sync_client, events)
+        await _start_periodic_sync(stack, config, sync)
     dataplane.set_ready(True)
     served = ", ".join(sorted(m.name for m in registry.served_models())) or "none"
     logger.info("listening on http://%s:%d (models: %s)", config.server.host, port, served)
@@ -233,40 +234,51 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
     )
 
 
-def _build_sync_client(config: AgentConfig, model_cache: ModelCache | None) -> SyncClient | None:
-    """The signed-sync client when `[sync]` is on (it needs the cache)."""
-    if not config.sync.enabled or model_cache is None:
-        return None
-    try:
-        # boto3 and python-tuf (~26 MiB) are imported only for an agent that syncs.
-        from sync.periodic import build_client  # noqa: PLC0415
+@dataclass(frozen=True, slots=True)
+class _Sync:
+    """The signed sync of a running agent: one loop, shared by the schedule and the fleet."""
 
-        return build_client(config.sync, model_cache)
+    client: SyncClient
+    loop: SyncLoop
+
+
+def _build_sync(
+    config: AgentConfig,
+    model_cache: ModelCache | None,
+    versions: CachedVersions | None,
+    events: EventTee,
+) -> _Sync | None:
+    """The sync client and its loop when `[sync]` is on (it needs the cache); nothing runs yet.
+
+    Raises:
+        ModelLoadError: the sync settings or the trusted root cannot be used.
+    """
+    if not config.sync.enabled or model_cache is None or versions is None:
+        return None
+    # boto3 and python-tuf (~26 MiB) are imported only for an agent that syncs.
+    from sync.periodic import SyncLoop, build_client  # noqa: PLC0415
+
+    try:
+        client = build_client(config.sync, model_cache)
     except SyncError as exc:
         raise ModelLoadError(f"sync: {exc.message}") from None
+    loop = SyncLoop(
+        client,
+        model_cache,
+        versions.activate,
+        events=events.record,  # failures and recoveries: once each, to the fleet
+        remind_after_s=config.sync.remind_after_s,
+    )
+    return _Sync(client, loop)
 
 
 async def _start_periodic_sync(
-    stack: contextlib.AsyncExitStack,
-    config: AgentConfig,
-    model_cache: ModelCache,
-    versions: CachedVersions,
-    client: SyncClient,
-    events: EventTee,
+    stack: contextlib.AsyncExitStack, config: AgentConfig, sync: _Sync
 ) -> None:
-    from sync.periodic import run_periodic  # noqa: PLC0415 - with build_client, above
+    from sync.periodic import run_schedule  # noqa: PLC0415 - with build_client, above
 
     stop = asyncio.Event()
-    task = asyncio.create_task(
-        run_periodic(
-            config.sync,
-            model_cache,
-            versions.activate,
-            stop,
-            client=client,
-            events=events.record,  # sync failures and recoveries: once each, to the fleet
-        )
-    )
+    task = asyncio.create_task(run_schedule(sync.loop, config.sync, stop))
 
     async def finish() -> None:
         stop.set()
@@ -298,8 +310,7 @@ async def _start_fleet_link(
     registry: ModelRegistry,
     ledger: MemoryLedger,
     model_cache: ModelCache | None,
-    versions: CachedVersions | None,
-    sync_client: SyncClient | None,
+    sync: _Sync | None,
     events: EventTee,
 ) -> FleetLink:
     """Connect to the fleet manager's broker (returns at once; the broker may be away).
@@ -310,27 +321,25 @@ async def _start_fleet_link(
     """
     sync_now: Callable[[], Awaitable[dict[str, object]]] | None = None
     on_desired: Callable[[tuple[str, ...]], None] | None = None
-    if sync_client is not None and versions is not None:
-        client, cached = sync_client, versions
-        sync_lock = asyncio.Lock()
+    sync_state: Callable[[], Mapping[str, Any]] | None = None
+    if sync is not None:
+        loop = sync.loop
 
         async def run_sync_now() -> dict[str, object]:
-            async with sync_lock:
-                try:
-                    report = await asyncio.to_thread(client.sync_once)
-                except SyncError as exc:
-                    events.record("*", None, "sync_failed", {"reason": exc.message})
-                    raise AgentError(f"sync failed: {exc.message}") from None
-            for model, version in report.activate:
-                await cached.activate(model, version)
+            """The fleet's `sync`: one cycle of the same loop (its failures told once)."""
+            result = await loop.cycle()
+            if not result.ok or result.report is None:
+                raise AgentError(f"sync failed: {result.error}")
             return {
-                "installed": [list(p) for p in report.installed],
-                "activated": [list(p) for p in report.activate],
-                "errors": [list(e) for e in report.errors],
+                "installed": [list(p) for p in result.report.installed],
+                "activated": [list(p) for p in result.activated],
+                "rejected": [list(p) for p in result.rejected],
+                "errors": [list(e) for e in result.report.errors],
             }
 
         sync_now = run_sync_now
-        on_desired = functools.partial(_desired_from_fleet, client, config.sync.desired)
+        on_desired = functools.partial(_desired_from_fleet, sync.client, config.sync.desired)
+        sync_state = loop.state
     state_dir = config.mqtt.state_dir or config.cache.dir or Path.home() / ".local/state/edge-agent"
     fleet = FleetLink(
         config.mqtt,
@@ -340,6 +349,7 @@ async def _start_fleet_link(
         state_dir / "fleet.sqlite",
         sync=sync_now,
         on_desired=on_desired,
+        sync_state=sync_state,
         cache_disk=model_cache.disk_usage if model_cache is not None else None,
         gpu=await asyncio.to_thread(detect_gpu),
     )

@@ -1,4 +1,5 @@
-"""The fleet's `set-desired` changes what the running agent's sync holds and serves.
+"""The fleet's `set-desired` changes what the running agent's sync holds and serves; the
+`sync` command and the telemetry use the same sync loop as the schedule.
 
 Through the daemon's own wiring: a real agent with `[cache]`, `[sync]` (a signed repository on a
 folder store) and `[mqtt]` (a real broker); the fleet side sends commands with `FleetClient`.
@@ -21,7 +22,7 @@ from sync.keys import init_keys
 from sync.publish import Publisher
 from sync.store import FileStore
 from tests.models import M_CONFIG, write_model
-from tests.mqtt.support import Broker, mqtt_config
+from tests.mqtt.support import Broker, first, is_kind, mqtt_config
 from tests.server import agent_on_thread
 from tests.support import wait_until
 
@@ -82,4 +83,16 @@ def test_set_desired_over_mqtt_changes_what_the_running_sync_serves(
         asyncio.run(send("set-desired", {"models": {"*": "latest"}}))
         synced = asyncio.run(send("sync"))
         assert ["m", 2] in synced["result"]["activated"], synced
+        assert synced["result"]["rejected"] == []
         assert _served_version(port) == "2"
+        # The same sync loop reports in telemetry: what serves and why.
+        telemetry = asyncio.run(_next_telemetry(broker))
+        assert telemetry["sync"]["failing"] is None
+        assert telemetry["sync"]["serving"]["m"]["version"] == 2
+
+
+async def _next_telemetry(broker: Broker) -> dict[str, Any]:
+    async with FleetClient(broker.settings()) as fleet:
+        async with asyncio.timeout(30):
+            await fleet.watch("dev1")
+            return await first(fleet.messages(), is_kind("telemetry"))
