@@ -1,8 +1,12 @@
-"""Helpers for Python models (`backend: "python"`), in the style of Triton's Python backend.
+"""Helpers for Python models (`backend: "python"`): Triton's `triton_python_backend_utils`.
 
-A model's `model.py` imports this module (`from agent import pb_utils`) and defines::
+A model's `model.py` imports this module as Triton's Python backend names it
+(`import triton_python_backend_utils as pb_utils`; `from agent import pb_utils` is the same
+module) and defines::
 
     class TritonPythonModel:
+        @staticmethod
+        def auto_complete_config(auto_complete_model_config): ...  # optional; a ModelConfig
         def initialize(self, args): ...          # optional; args: dict of str → str
         def execute(self, requests): ...         # list[InferenceRequest] → list[InferenceResponse]
         def finalize(self): ...                  # optional; runs on unload
@@ -20,8 +24,13 @@ This module is imported inside the worker process; it needs only numpy.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+import enum
+import inspect
+import json
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -44,6 +53,89 @@ class ModelError(Exception):
 
 
 TritonError = ModelError
+
+
+class TritonModelException(ModelError):
+    """Triton's exception for a model's failure: raise it from any `TritonPythonModel` method."""
+
+
+class LogLevel(enum.IntEnum):
+    """Levels of `Logger.log` (Triton's `pb_utils.Logger.LogLevel`)."""
+
+    INFO = 0
+    WARNING = 1
+    ERROR = 2
+    VERBOSE = 3
+
+
+# Where Logger lines go: (level, message, file, line). The worker sends them to the agent's log;
+# elsewhere (a model imported in a test) they go to stderr.
+LogSink = Callable[[LogLevel, str, str, int], None]
+
+
+def _stderr_sink(level: LogLevel, message: str, filename: str, line: int) -> None:
+    print(f"{level.name[0]} {os.path.basename(filename)}:{line}] {message}", file=sys.stderr)
+
+
+_log_sink: LogSink = _stderr_sink
+
+
+def set_log_sink(sink: LogSink | None) -> None:
+    """Send `Logger` lines to `sink` (None: back to stderr). The worker calls this."""
+    global _log_sink  # noqa: PLW0603 - one sink per process, as Triton's stub has one logger
+    _log_sink = sink or _stderr_sink
+
+
+class Logger:
+    """Triton's `pb_utils.Logger`: lines in the agent's log, tagged with the model's name."""
+
+    LogLevel: ClassVar[type[LogLevel]] = LogLevel
+    INFO: ClassVar[LogLevel] = LogLevel.INFO
+    WARNING: ClassVar[LogLevel] = LogLevel.WARNING
+    ERROR: ClassVar[LogLevel] = LogLevel.ERROR
+    VERBOSE: ClassVar[LogLevel] = LogLevel.VERBOSE
+
+    @staticmethod
+    def log(message: str, level: LogLevel = LogLevel.INFO) -> None:
+        Logger._emit(message, LogLevel(level))
+
+    @staticmethod
+    def log_info(message: str) -> None:
+        Logger._emit(message, LogLevel.INFO)
+
+    @staticmethod
+    def log_warn(message: str) -> None:
+        Logger._emit(message, LogLevel.WARNING)
+
+    @staticmethod
+    def log_error(message: str) -> None:
+        Logger._emit(message, LogLevel.ERROR)
+
+    @staticmethod
+    def log_verbose(message: str) -> None:
+        Logger._emit(message, LogLevel.VERBOSE)
+
+    @staticmethod
+    def _emit(message: str, level: LogLevel) -> None:
+        # The caller of log/log_info/...: two frames up from here, as Triton reports file:line.
+        frame = inspect.currentframe()
+        caller = frame.f_back.f_back if frame and frame.f_back else None
+        filename, line = (caller.f_code.co_filename, caller.f_lineno) if caller else ("", 0)
+        _log_sink(level, str(message), filename, line)
+
+
+_model_dir = ""
+
+
+def get_model_dir() -> str:
+    """The folder of the model's file (its version folder), as Triton's `get_model_dir`."""
+    return _model_dir
+
+
+def set_model_dir(path: str) -> None:
+    """Set what `get_model_dir` answers (the worker calls this before importing the model)."""
+    global _model_dir  # noqa: PLW0603 - one model per worker process
+    _model_dir = path
 
 
 class Tensor:
@@ -159,3 +251,128 @@ def _entry(model_config: Mapping[str, Any], key: str, name: str) -> dict[str, An
         if isinstance(entry, dict) and entry.get("name") == name:
             return entry
     return None
+
+
+def using_decoupled_model_transaction_policy(model_config: Mapping[str, Any]) -> bool:
+    """Whether the config's `model_transaction_policy` is decoupled."""
+    policy = model_config.get("model_transaction_policy") or {}
+    return bool(policy.get("decoupled", False))
+
+
+_INPUT_KEYS = ("name", "data_type", "dims", "optional")
+_OUTPUT_KEYS = ("name", "data_type", "dims")
+
+
+class ModelConfig:
+    """The config `auto_complete_config` receives and returns (Triton's `pb_utils.ModelConfig`).
+
+    `as_dict()` is the config as JSON (the config endpoint's form, `max_batch_size`, `input` and
+    `output` always present). Only max_batch_size, inputs, outputs, the dynamic batcher and the
+    transaction policy can be changed; each setter refuses, with `ValueError` worded as Triton's,
+    a change that contradicts what config.pbtxt says.
+    """
+
+    def __init__(self, model_config: str) -> None:
+        self._model_config: dict[str, Any] = json.loads(model_config)
+        self._model_config.setdefault("max_batch_size", 0)
+        self._model_config.setdefault("input", [])
+        self._model_config.setdefault("output", [])
+
+    def as_dict(self) -> dict[str, Any]:
+        return self._model_config
+
+    @property
+    def _name(self) -> str:
+        return str(self._model_config.get("name", ""))
+
+    def set_max_batch_size(self, max_batch_size: int) -> None:
+        """Raises ValueError: config.pbtxt sets a larger max_batch_size."""
+        current = int(self._model_config["max_batch_size"])
+        if current > max_batch_size:
+            raise ValueError(
+                f"configuration specified max_batch_size {current}, but in auto-complete-config "
+                f"function for model '{self._name}' specified max_batch_size {max_batch_size}"
+            )
+        self._model_config["max_batch_size"] = max_batch_size
+
+    def set_dynamic_batching(self) -> None:
+        """Raises ValueError: the config already uses another scheduler."""
+        for other in ("sequence_batching", "ensemble_scheduling"):
+            if other in self._model_config:
+                raise ValueError(
+                    f"Configuration specified scheduling_choice as '{other}', but "
+                    f"auto-complete-config function for model '{self._name}' tries to set "
+                    "scheduling_choice as 'dynamic_batching'"
+                )
+        self._model_config.setdefault("dynamic_batching", {})
+
+    def add_input(self, input: dict[str, Any]) -> None:
+        """Raises ValueError: unknown or missing properties, or a clash with config.pbtxt."""
+        self._add("input", input, _INPUT_KEYS)
+
+    def add_output(self, output: dict[str, Any]) -> None:
+        """Raises ValueError: unknown or missing properties, or a clash with config.pbtxt."""
+        self._add("output", output, _OUTPUT_KEYS)
+
+    def set_model_transaction_policy(self, transaction_policy_dict: dict[str, Any]) -> None:
+        """Raises ValueError: a key other than 'decoupled', or a different decoupled value."""
+        if any(key != "decoupled" for key in transaction_policy_dict):
+            raise ValueError(
+                "model transaction property in auto-complete-config function for model "
+                f"'{self._name}' contains property other than 'decoupled'."
+            )
+        policy = self._model_config.setdefault("model_transaction_policy", {})
+        if "decoupled" in transaction_policy_dict:
+            wanted = transaction_policy_dict["decoupled"]
+            if "decoupled" in policy and policy["decoupled"] != wanted:
+                raise ValueError(
+                    "trying to change decoupled property in auto-complete-config for model "
+                    f"'{self._name}', which is already set to '{policy['decoupled']}'."
+                )
+            policy["decoupled"] = wanted
+
+    def _add(self, kind: str, tensor: dict[str, Any], allowed: Sequence[str]) -> None:
+        where = f"in auto-complete-config function for model '{self._name}'"
+        if any(key not in allowed for key in tensor):
+            names = ", ".join(f"'{k}'" for k in allowed[:-1]) + f" and '{allowed[-1]}'"
+            raise ValueError(
+                f"{kind} '{tensor.get('name', '')}' {where} contains property other than {names}."
+            )
+        if "name" not in tensor:
+            raise ValueError(f"{kind} {where} is missing 'name' property.")
+        name = tensor["name"]
+        for key in ("data_type", "dims"):
+            if key not in tensor:
+                raise ValueError(f"{kind} '{name}' {where} is missing '{key}' property.")
+        for current in self._model_config[kind]:
+            if current.get("name") != name:
+                continue
+            declared_type = current.get("data_type", "TYPE_INVALID")
+            if declared_type != "TYPE_INVALID" and declared_type != tensor["data_type"]:
+                raise ValueError(
+                    f"unable to load model '{self._name}', configuration expects datatype "
+                    f"{declared_type} for {kind} '{name}', model provides {tensor['data_type']}"
+                )
+            declared_dims = [int(d) for d in current.get("dims", [])]
+            if declared_dims and declared_dims != [int(d) for d in tensor["dims"]]:
+                raise ValueError(
+                    f"model '{self._name}', tensor '{name}': the model expects dims "
+                    f"{list(tensor['dims'])} but the model configuration specifies dims "
+                    f"{declared_dims}"
+                )
+            if (
+                "optional" in current
+                and "optional" in tensor
+                and current["optional"] != tensor["optional"]
+            ):
+                raise ValueError(
+                    f"model '{self._name}', tensor '{name}': the model expects optional "
+                    f"{tensor['optional']} but the model configuration specifies optional "
+                    f"{current['optional']}"
+                )
+            current["data_type"] = tensor["data_type"]
+            current["dims"] = list(tensor["dims"])
+            if "optional" in tensor:
+                current["optional"] = tensor["optional"]
+            return
+        self._model_config[kind].append(dict(tensor))

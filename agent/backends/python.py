@@ -53,7 +53,7 @@ from agent.backends import python_ipc as ipc
 from agent.errors import BackendError, ModelConfigError, ModelInstanceFailedError, ModelLoadError
 from agent.proto import model_config_pb2 as mc
 from agent.repository.autocomplete import complete_config
-from agent.repository.model_config import config_to_json
+from agent.repository.model_config import config_from_json, config_to_json
 from agent.tensors import datatypes
 from agent.tensors.datatypes import ModelTensor
 
@@ -65,6 +65,13 @@ INITIALIZE_TIMEOUT_KEY = "initialize_timeout_seconds"
 FINALIZE_TIMEOUT_KEY = "finalize_timeout_seconds"
 _DEFAULTS = {EXECUTE_TIMEOUT_KEY: 30.0, INITIALIZE_TIMEOUT_KEY: 120.0, FINALIZE_TIMEOUT_KEY: 5.0}
 _REAP_S = 5.0  # how long a worker that closed its pipe may take to exit before SIGKILL
+# pb_utils.Logger levels → the agent's log levels (Triton's VERBOSE is our DEBUG).
+_LOG_LEVELS = {
+    "INFO": logging.INFO,
+    "WARNING": logging.WARNING,
+    "ERROR": logging.ERROR,
+    "VERBOSE": logging.DEBUG,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,18 +203,12 @@ class PythonBackend:
         """
         self.name = model_name or config.name or version_dir.parent.name
         self.version = version or (int(version_dir.name) if version_dir.name.isdigit() else 0)
-        self._inputs, self._outputs = tensors_from_config(config, self.name)
-        self._declared = {t.name: t for t in self._outputs}
-        self._batched = config.max_batch_size > 0
         self.timeouts = timeouts_from_config(config)
         self.model_file = version_dir / (config.default_model_filename or DEFAULT_MODEL_FILENAME)
         if not self.model_file.is_file():
             raise ModelLoadError(
                 f"python model '{self.name}' version {self.version}: {self.model_file} not found"
             )
-        completed = complete_config(
-            config, self.name, self._inputs, self._outputs, auto_complete=True
-        )
         self._failure: str | None = None
         self._lock = threading.Lock()
         self._closed = False
@@ -215,6 +216,15 @@ class PythonBackend:
         self._idle: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
         self._launcher = _Launcher(f"{self.name}-{self.version}")
         try:
+            # As Triton: the model's auto_complete_config runs before the config is final. The
+            # caller's config becomes what it returned: the loader completes from that one.
+            config.CopyFrom(self._auto_complete(config))
+            self._inputs, self._outputs = tensors_from_config(config, self.name)
+            self._declared = {t.name: t for t in self._outputs}
+            self._batched = config.max_batch_size > 0
+            completed = complete_config(
+                config, self.name, self._inputs, self._outputs, auto_complete=True
+            )
             self._start_workers(completed, version_dir.parent)
         except BaseException:
             self.close()
@@ -287,7 +297,7 @@ class PythonBackend:
         finalized = set()
         for worker in asked:
             try:
-                ipc.receive(worker.conn, deadline)
+                self._receive(worker, deadline)
                 finalized.add(worker.index)
             except (TimeoutError, EOFError, OSError, ipc.WireError):
                 logger.warning(
@@ -304,6 +314,68 @@ class PythonBackend:
             else:
                 _kill(worker)  # not initialized, stuck in finalize, or already gone
         self._launcher.stop()
+
+    def _auto_complete(self, config: mc.ModelConfig) -> mc.ModelConfig:
+        """The config after the model's `auto_complete_config`, run in a worker of its own.
+
+        Raises:
+            ModelLoadError: the file does not import, auto_complete_config raised (Triton's
+                ValueError wording for a contradiction with config.pbtxt) or returned no
+                ModelConfig, or the worker hung or died.
+        """
+        named = mc.ModelConfig()
+        named.CopyFrom(config)
+        named.name = named.name or self.name
+        meta = {
+            "model_file": str(self.model_file),
+            "config": json.dumps(config_to_json(named)),
+            "model_name": self.name,
+        }
+        worker = self._spawn(-1, "auto-complete")
+        where = f"python model '{self.name}' version {self.version}: {self.model_file}"
+        where += ": auto-complete"
+        try:
+            ipc.send(worker.conn, ipc.Message(ipc.AUTOCOMPLETE, meta))
+            reply = self._receive(worker, time.monotonic() + self.timeouts.initialize_s)
+        except TimeoutError:
+            _kill(worker)
+            raise ModelLoadError(
+                f"{where} gave no answer within {self.timeouts.initialize_s:g} s"
+            ) from None
+        except (EOFError, OSError, ipc.WireError):
+            raise ModelLoadError(f"{where}: {self._exit_reason(worker)}") from None
+        finally:
+            worker.conn.close()
+        _reap(worker)  # it exits after answering
+        if reply.kind != ipc.COMPLETED:
+            raise ModelLoadError(f"{where} failed: {reply.meta.get('message', reply.kind)}")
+        try:
+            return config_from_json(json.loads(str(reply.meta["config"])))
+        except (ValueError, ModelConfigError) as exc:
+            text = exc.message if isinstance(exc, ModelConfigError) else str(exc)
+            raise ModelLoadError(f"{where} returned an invalid config: {text}") from None
+
+    def _receive(self, worker: _Worker, deadline: float | None) -> ipc.Message:
+        """The worker's next answer; the `pb_utils.Logger` lines before it go to the agent's log.
+
+        Raises:
+            TimeoutError, EOFError, OSError, ipc.WireError: as `ipc.receive`.
+        """
+        while True:
+            message = ipc.receive(worker.conn, deadline)
+            if message.kind != ipc.LOG:
+                return message
+            meta = message.meta
+            logger.log(
+                _LOG_LEVELS.get(str(meta.get("level")), logging.INFO),
+                "python model %s (%s, %s:%s): %s",
+                self.name,
+                worker.name,
+                os.path.basename(str(meta.get("file", ""))),
+                meta.get("line", 0),
+                meta.get("message", ""),
+                extra={"model": self.name, "version": self.version},
+            )
 
     def _start_workers(self, config: mc.ModelConfig, model_dir: Path) -> None:
         config_json = json.dumps(config_to_json(config))
@@ -335,7 +407,7 @@ class PythonBackend:
         deadline = time.monotonic() + self.timeouts.initialize_s
         for worker, _ in pending:
             try:
-                reply = ipc.receive(worker.conn, deadline)
+                reply = self._receive(worker, deadline)
             except TimeoutError:
                 _kill(worker)
                 raise self._load_error(
@@ -389,7 +461,7 @@ class PythonBackend:
         message = ipc.Message(ipc.EXECUTE, {"outputs": list(output_names)}, list(feeds.items()))
         try:
             ipc.send(worker.conn, message)
-            reply = ipc.receive(worker.conn, time.monotonic() + self.timeouts.execute_s)
+            reply = self._receive(worker, time.monotonic() + self.timeouts.execute_s)
         except TimeoutError:
             _kill(worker)
             self._fail(

@@ -41,6 +41,9 @@ RESULT = "result"  # worker → agent, tensors: the outputs
 ERROR = "error"  # worker → agent: meta {"message"}
 FINALIZE = "finalize"  # agent → worker
 FINALIZED = "finalized"  # worker → agent, then it exits
+AUTOCOMPLETE = "autocomplete"  # agent → worker: meta {"model_file", "config", "model_name"}
+COMPLETED = "completed"  # worker → agent: meta {"config"}: the completed config as JSON
+LOG = "log"  # worker → agent at any time: meta {"level", "message", "file", "line"}
 
 MAX_HEADER_BYTES = 1 << 20
 

@@ -4,23 +4,32 @@ FD is this end of a socketpair inherited from the agent, PPID the agent's pid. T
 
 1. asks the kernel to SIGKILL it when the agent's launching thread dies (Linux
    PR_SET_PDEATHSIG; best effort, for user code stuck where the closed pipe cannot be seen);
-2. reads the INIT message, imports the model file, instantiates `TritonPythonModel` and calls its
-   `initialize(args)`; answers READY, or ERROR with the reason (and exits);
+2. reads its first message: AUTOCOMPLETE (a worker started only for that, as Triton's
+   auto-complete stub) imports the model file, runs `TritonPythonModel.auto_complete_config` on
+   the config, answers COMPLETED with the config or ERROR, and exits; INIT imports the model file,
+   instantiates `TritonPythonModel` and calls its `initialize(args)`; answers READY, or ERROR
+   with the reason (and exits);
 3. serves EXECUTE messages one at a time: one `InferenceRequest` per message, one response back
    (RESULT with its tensors, or ERROR with the exception's type and message);
 4. on FINALIZE calls `finalize()`, answers FINALIZED and exits; when the pipe closes (agent gone)
    it exits without finalizing.
+
+`pb_utils.Logger` lines travel to the agent as LOG messages, which the agent writes to its log
+with the model's name. `import triton_python_backend_utils` is `agent.pb_utils` here.
 
 Only numpy and the small agent modules it needs are imported here, to keep start-up short.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib.util
+import json
 import os
 import signal
 import sys
+import threading
 import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -30,6 +39,24 @@ from agent import pb_utils
 from agent.backends import python_ipc as ipc
 
 _PR_SET_PDEATHSIG = 1
+_TRITON_MODULE = "triton_python_backend_utils"
+
+
+class _Wire:
+    """This worker's end of the pipe; sends are locked (user threads may log meanwhile)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self._lock = threading.Lock()
+
+    def send(self, message: ipc.Message) -> None:
+        with self._lock:
+            ipc.send(self.conn, message)
+
+    def log(self, level: pb_utils.LogLevel, message: str, filename: str, line: int) -> None:
+        meta = {"level": level.name, "message": message, "file": filename, "line": line}
+        with contextlib.suppress(OSError):  # the agent is gone: the next receive ends the worker
+            self.send(ipc.Message(ipc.LOG, meta))
 
 
 def main(argv: list[str]) -> int:
@@ -39,11 +66,18 @@ def main(argv: list[str]) -> int:
         return 2
     conn = Connection(int(argv[0]))
     _die_with_parent(int(argv[1]))
+    # Models written for Triton import the utilities under Triton's name: the same module.
+    sys.modules.setdefault(_TRITON_MODULE, pb_utils)
+    wire = _Wire(conn)
+    pb_utils.set_log_sink(wire.log)
     try:
         init = ipc.receive(conn)
     except EOFError:
         return 0
-    model = _load(conn, init)
+    if init.kind == ipc.AUTOCOMPLETE:
+        wire.send(_auto_complete(init))
+        return 0
+    model = _load(wire, init)
     if model is None:
         return 1
     while True:
@@ -52,13 +86,13 @@ def main(argv: list[str]) -> int:
         except EOFError:
             return 0  # the agent closed the pipe: no finalize, nothing to answer
         if message.kind == ipc.EXECUTE:
-            ipc.send(conn, _execute(model, message))
+            wire.send(_execute(model, message))
         elif message.kind == ipc.FINALIZE:
             _finalize(model)
-            ipc.send(conn, ipc.Message(ipc.FINALIZED))
+            wire.send(ipc.Message(ipc.FINALIZED))
             return 0
         else:
-            ipc.send(conn, _error(f"unexpected message {message.kind!r}"))
+            wire.send(_error(f"unexpected message {message.kind!r}"))
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -72,38 +106,67 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(0)
 
 
-def _load(conn: Connection, init: ipc.Message) -> Any:
+def _import_model(path: Path) -> Any:
+    """The model file's module (its version folder importable, as in Triton)."""
+    sys.path.insert(0, str(path.parent))
+    pb_utils.set_model_dir(str(path.parent))
+    spec = importlib.util.spec_from_file_location(f"_edge_agent_model_{os.getpid()}", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses and pickle look classes up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _auto_complete(message: ipc.Message) -> ipc.Message:
+    """Run `TritonPythonModel.auto_complete_config` (when defined) on the config; COMPLETED."""
+    try:
+        module = _import_model(Path(str(message.meta["model_file"])))
+        cls = getattr(module, "TritonPythonModel", None)
+        if cls is None:
+            return _error("defines no class TritonPythonModel")
+        config = pb_utils.ModelConfig(str(message.meta["config"]))
+        complete = getattr(cls, "auto_complete_config", None)
+        if complete is not None:
+            config = complete(config)
+        if not isinstance(config, pb_utils.ModelConfig):
+            name = message.meta.get("model_name", "")
+            return _error(
+                f"auto_complete_config function in model '{name}' must return a valid "
+                "pb.ModelConfig object."
+            )
+        return ipc.Message(ipc.COMPLETED, {"config": json.dumps(config.as_dict())})
+    except BaseException as exc:  # noqa: BLE001 - user code: any failure is the load's reason
+        traceback.print_exc()
+        return _error(_describe(exc))
+
+
+def _load(wire: _Wire, init: ipc.Message) -> Any:
     """Import the model file and initialize the model; None (after answering ERROR) on failure."""
     if init.kind != ipc.INIT:
-        ipc.send(conn, _error(f"expected {ipc.INIT!r}, got {init.kind!r}"))
+        wire.send(_error(f"expected {ipc.INIT!r}, got {init.kind!r}"))
         return None
     path = Path(str(init.meta["model_file"]))
     args = {str(k): str(v) for k, v in dict(init.meta["args"]).items()}
-    # As in Triton: the model's version folder is importable, for helper modules beside it.
-    sys.path.insert(0, str(path.parent))
     try:
-        spec = importlib.util.spec_from_file_location(f"_edge_agent_model_{os.getpid()}", path)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot import {path}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # dataclasses and pickle look classes up there
-        spec.loader.exec_module(module)
+        module = _import_model(path)
         cls = getattr(module, "TritonPythonModel", None)
         if cls is None:
-            ipc.send(conn, _error("defines no class TritonPythonModel"))
+            wire.send(_error("defines no class TritonPythonModel"))
             return None
         model = cls()
         initialize = getattr(model, "initialize", None)
         if initialize is not None:
             initialize(args)
         if not callable(getattr(model, "execute", None)):
-            ipc.send(conn, _error("TritonPythonModel has no execute method"))
+            wire.send(_error("TritonPythonModel has no execute method"))
             return None
     except BaseException as exc:  # noqa: BLE001 - user code: any failure is the load's reason
         traceback.print_exc()
-        ipc.send(conn, _error(_describe(exc)))
+        wire.send(_error(_describe(exc)))
         return None
-    ipc.send(conn, ipc.Message(ipc.READY))
+    wire.send(ipc.Message(ipc.READY))
     return model
 
 
