@@ -86,37 +86,40 @@ def set_log_sink(sink: LogSink | None) -> None:
     _log_sink = sink or _stderr_sink
 
 
+_Level = LogLevel  # Logger.LogLevel is the same enum (a class attribute of that name)
+
+
 class Logger:
     """Triton's `pb_utils.Logger`: lines in the agent's log, tagged with the model's name."""
 
-    LogLevel: ClassVar[type[LogLevel]] = LogLevel
-    INFO: ClassVar[LogLevel] = LogLevel.INFO
-    WARNING: ClassVar[LogLevel] = LogLevel.WARNING
-    ERROR: ClassVar[LogLevel] = LogLevel.ERROR
-    VERBOSE: ClassVar[LogLevel] = LogLevel.VERBOSE
+    LogLevel: ClassVar[type[_Level]] = _Level
+    INFO: ClassVar[_Level] = _Level.INFO
+    WARNING: ClassVar[_Level] = _Level.WARNING
+    ERROR: ClassVar[_Level] = _Level.ERROR
+    VERBOSE: ClassVar[_Level] = _Level.VERBOSE
 
     @staticmethod
-    def log(message: str, level: LogLevel = LogLevel.INFO) -> None:
-        Logger._emit(message, LogLevel(level))
+    def log(message: str, level: _Level = _Level.INFO) -> None:
+        Logger._emit(message, _Level(level))
 
     @staticmethod
     def log_info(message: str) -> None:
-        Logger._emit(message, LogLevel.INFO)
+        Logger._emit(message, _Level.INFO)
 
     @staticmethod
     def log_warn(message: str) -> None:
-        Logger._emit(message, LogLevel.WARNING)
+        Logger._emit(message, _Level.WARNING)
 
     @staticmethod
     def log_error(message: str) -> None:
-        Logger._emit(message, LogLevel.ERROR)
+        Logger._emit(message, _Level.ERROR)
 
     @staticmethod
     def log_verbose(message: str) -> None:
-        Logger._emit(message, LogLevel.VERBOSE)
+        Logger._emit(message, _Level.VERBOSE)
 
     @staticmethod
-    def _emit(message: str, level: LogLevel) -> None:
+    def _emit(message: str, level: _Level) -> None:
         # The caller of log/log_info/...: two frames up from here, as Triton reports file:line.
         frame = inspect.currentframe()
         caller = frame.f_back.f_back if frame and frame.f_back else None

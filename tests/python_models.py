@@ -263,3 +263,91 @@ STUCK_FINALIZE_MODEL = (
             time.sleep(1)
 """
 )
+
+
+# Written as Triton users write them: Triton's module name, its exception, its logger and
+# auto_complete_config; their config.pbtxt names no backend (model.py makes them Python models).
+def triton_auto_model(max_batch_size: int) -> str:
+    dims = "[4]"
+    return f"""
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        inputs = [{{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": {dims}}},
+                  {{"name": "INPUT1", "data_type": "TYPE_FP32", "dims": {dims}}}]
+        outputs = [{{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": {dims}}},
+                   {{"name": "OUTPUT1", "data_type": "TYPE_FP32", "dims": {dims}}}]
+        config = auto_complete_model_config.as_dict()
+        input_names = [i["name"] for i in config["input"]]
+        output_names = [o["name"] for o in config["output"]]
+        for i in inputs:
+            if i["name"] not in input_names:
+                auto_complete_model_config.add_input(i)
+        for o in outputs:
+            if o["name"] not in output_names:
+                auto_complete_model_config.add_output(o)
+        auto_complete_model_config.set_max_batch_size({max_batch_size})
+        if {max_batch_size} > 0:
+            auto_complete_model_config.set_dynamic_batching()
+        return auto_complete_model_config
+
+    def initialize(self, args):
+        self.model_config = json.loads(args["model_config"])
+        self.args = dict(args)
+        pb_utils.Logger.log_info(f"initialized {{args['model_name']}} on "
+                                 f"{{args['model_instance_kind']}}")
+        pb_utils.Logger.log("via log() " + pb_utils.get_model_dir(), pb_utils.LogLevel.WARNING)
+
+    def execute(self, requests):
+        logger = pb_utils.Logger
+        responses = []
+        for request in requests:
+            in_0 = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            in_1 = pb_utils.get_input_tensor_by_name(request, "INPUT1").as_numpy()
+            if (in_0 < 0).any():
+                logger.log_error("negative INPUT0")
+                raise pb_utils.TritonModelException("INPUT0 must not be negative")
+            logger.log_warn(f"execute {{in_0.shape}}")
+            out_0 = pb_utils.Tensor("OUTPUT0", (in_0 + in_1).astype(np.float32))
+            out_1 = pb_utils.Tensor("OUTPUT1", (in_0 - in_1).astype(np.float32))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[out_0, out_1]))
+        return responses
+
+    def finalize(self):
+        pb_utils.Logger.log_info("Cleaning up...")
+"""
+
+
+# auto_complete_config that contradicts config.pbtxt: Triton refuses it with a ValueError.
+CLASHING_MODEL = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        auto_complete_model_config.add_input(
+            {"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]}
+        )
+        auto_complete_model_config.set_max_batch_size(4)
+        return auto_complete_model_config
+
+    def execute(self, requests):
+        return []
+"""
+
+RETURNS_NOTHING_MODEL = """
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        auto_complete_model_config.set_max_batch_size(2)
+
+    def execute(self, requests):
+        return []
+"""

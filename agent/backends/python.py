@@ -60,6 +60,7 @@ from agent.tensors.datatypes import ModelTensor
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_FILENAME = "model.py"
+PYTHON_BACKEND = "python"
 EXECUTE_TIMEOUT_KEY = "execute_timeout_seconds"
 INITIALIZE_TIMEOUT_KEY = "initialize_timeout_seconds"
 FINALIZE_TIMEOUT_KEY = "finalize_timeout_seconds"
@@ -326,6 +327,7 @@ class PythonBackend:
         named = mc.ModelConfig()
         named.CopyFrom(config)
         named.name = named.name or self.name
+        named.backend = named.backend or PYTHON_BACKEND
         meta = {
             "model_file": str(self.model_file),
             "config": json.dumps(config_to_json(named)),

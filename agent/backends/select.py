@@ -8,7 +8,9 @@
   holds `model.plan`, or only `model.onnx`: then the engine is built on the device on first load and
   cached (`agent.backends.tensorrt_build.cached_engine`), so later loads, restarts and swaps reuse
   it.
-* `backend: "python"` → `PythonBackend`: `model.py` run in one worker process per instance.
+* `backend: "python"` → `PythonBackend`: `model.py` run in one worker process per instance. A
+  config naming no platform and no backend whose version folder holds `model.py` (and no
+  `model.onnx` / `model.plan`) is a Python model too, as in Triton.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from agent.backends.base import Backend
 from agent.backends.tensorrt_build import cached_engine, spec_from_config
 from agent.errors import ModelLoadError
 from agent.proto import model_config_pb2 as mc
+from agent.repository.layout import holds_python_model
 
 TENSORRT_PLATFORM = "tensorrt_plan"
 TENSORRT_BACKEND = "tensorrt"
@@ -36,9 +39,15 @@ class BackendKind(Enum):
     PYTHON = "python"
 
 
-def backend_kind(config: mc.ModelConfig) -> BackendKind:
-    """The backend a config asks for (ONNX Runtime unless it names TensorRT or Python)."""
+def backend_kind(config: mc.ModelConfig, version_dir: Path | None = None) -> BackendKind:
+    """The backend a config asks for (ONNX Runtime unless it names TensorRT or Python).
+
+    With `version_dir`, a config naming neither platform nor backend is a Python model when the
+    folder holds `model.py` (Triton's rule, `layout.holds_python_model`).
+    """
     if config.backend == PYTHON_BACKEND:
+        return BackendKind.PYTHON
+    if version_dir is not None and holds_python_model(version_dir, config):
         return BackendKind.PYTHON
     if config.platform == TENSORRT_PLATFORM or config.backend == TENSORRT_BACKEND:
         return BackendKind.TENSORRT
@@ -77,7 +86,7 @@ def create_backend(
         ModelLoadError: the runtime is missing (TensorRT on a CPU-only host: the model is then
             UNAVAILABLE with that reason), the file is missing or refused.
     """
-    kind = backend_kind(config)
+    kind = backend_kind(config, version_dir)
     # Each runtime is imported when a model first needs it (not to dodge a cycle): a device that
     # serves only Python models never loads onnxruntime, and TensorRT exists on GPU hosts only.
     if kind is BackendKind.PYTHON:

@@ -53,6 +53,48 @@ def select_versions(policy: mc.ModelVersionPolicy, available: Sequence[int]) -> 
     return ordered[-max(count, 1) :] if ordered else []
 
 
+PYTHON_BACKEND = "python"
+_PYTHON_FILENAME = "model.py"
+_OTHER_MODEL_FILES = ("model.onnx", "model.plan")
+
+
+def holds_python_model(version_dir: Path, config: mc.ModelConfig) -> bool:
+    """Whether a version folder of a config naming no platform or backend is a Python model.
+
+    Triton's rule: `default_model_filename: "model.py"`, or `model.py` in the folder (and no
+    ONNX or TensorRT file beside it).
+    """
+    if config.platform or config.backend:
+        return False
+    if config.default_model_filename == _PYTHON_FILENAME:
+        return True
+    if config.default_model_filename:
+        return False
+    return (version_dir / _PYTHON_FILENAME).is_file() and not any(
+        (version_dir / name).is_file() for name in _OTHER_MODEL_FILES
+    )
+
+
+def backend_from_files(model_dir: Path, config: mc.ModelConfig) -> str:
+    """The backend a config without platform and backend gets from its files ("" if none).
+
+    Triton looks at the first version folder (in name order): one holding `model.py` is a
+    Python model.
+    """
+    if config.platform or config.backend:
+        return ""
+    try:
+        folders = [
+            p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit() and int(p.name) > 0
+        ]
+    except OSError:
+        return ""
+    first = min(folders, key=lambda p: p.name, default=None)
+    if first is not None and holds_python_model(first, config):
+        return PYTHON_BACKEND
+    return ""
+
+
 def model_filename(config: mc.ModelConfig) -> str:
     """The file inside a version folder that holds the model."""
     if config.default_model_filename:

@@ -15,6 +15,7 @@ from google.protobuf.message import Message
 
 from agent.errors import ModelConfigError
 from agent.proto import model_config_pb2 as mc
+from agent.repository.layout import backend_from_files
 
 CONFIG_FILENAME = "config.pbtxt"
 
@@ -56,6 +57,9 @@ def parse_model_config(text: str, source: str) -> mc.ModelConfig:
 def load_model_config(model_dir: Path) -> mc.ModelConfig | None:
     """Read `model_dir/config.pbtxt`; None when the file does not exist.
 
+    A config that names no platform and no backend gets `backend: "python"` when the model's
+    first version folder holds `model.py`, as Triton fills it (`layout.backend_from_files`).
+
     Raises:
         ModelConfigError: the file exists but does not parse, or cannot be read as UTF-8.
     """
@@ -66,7 +70,11 @@ def load_model_config(model_dir: Path) -> mc.ModelConfig | None:
         return None
     except (OSError, UnicodeDecodeError) as exc:
         raise ModelConfigError(f"{path}: cannot read: {exc}") from None
-    return parse_model_config(text, str(path))
+    config = parse_model_config(text, str(path))
+    backend = backend_from_files(model_dir, config)
+    if backend:
+        config.backend = backend
+    return config
 
 
 def config_from_json(doc: dict[str, Any]) -> mc.ModelConfig:

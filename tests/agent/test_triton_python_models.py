@@ -1,0 +1,303 @@
+"""Python models written for Triton, unchanged: a real agent, tritonclient over HTTP.
+
+`import triton_python_backend_utils as pb_utils`, `TritonModelException`, `Logger` (to the
+agent's log with the model's name), `auto_complete_config` with and without batching, and a
+config.pbtxt without a `backend:` line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from agent import pb_utils
+from agent.backends.select import BackendKind, backend_kind
+from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
+from agent.proto import model_config_pb2 as mc
+from agent.repository.model_config import load_model_config
+from agent.runtime.daemon import RunningAgent
+from tests.python_models import (
+    CLASHING_MODEL,
+    RETURNS_NOTHING_MODEL,
+    triton_auto_model,
+    write_python_model,
+)
+from tests.server import running_agent
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repo = tmp_path_factory.mktemp("triton_python") / "models"
+    write_python_model(repo, "batch_auto", triton_auto_model(4), 'name: "batch_auto"\n')
+    write_python_model(repo, "nobatch_auto", triton_auto_model(0), "")
+    write_python_model(
+        repo, "bad_batch", triton_auto_model(4), 'name: "bad_batch"\nmax_batch_size: 8\n'
+    )
+    write_python_model(
+        repo,
+        "bad_input",
+        CLASHING_MODEL,
+        'input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 4 ] } ]\n',
+    )
+    write_python_model(repo, "returns_nothing", RETURNS_NOTHING_MODEL, "")
+    return repo
+
+
+@pytest.fixture(scope="module")
+def log_lines() -> Iterator[list[str]]:
+    handler = _Collect()
+    target = logging.getLogger("agent.backends.python")
+    level = target.level
+    target.setLevel(logging.DEBUG)  # the agent's own setting decides in service; here: all
+    target.addHandler(handler)
+    yield handler.lines
+    target.removeHandler(handler)
+    target.setLevel(level)
+
+
+@pytest.fixture(scope="module")
+def agent(repo: Path, log_lines: list[str]) -> Iterator[RunningAgent]:
+    config = AgentConfig(
+        server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1),
+        models=ModelsConfig(
+            repository=repo,
+            intra_op_threads=1,
+            exit_on_error=False,
+            control_mode="explicit",
+            load_models=("*",),
+        ),
+    )
+    with running_agent(config) as running:
+        yield running
+
+
+@pytest.fixture
+def client(agent: RunningAgent) -> Iterator[httpclient.InferenceServerClient]:
+    c = httpclient.InferenceServerClient(f"127.0.0.1:{agent.http_port}", network_timeout=60)
+    yield c
+    c.close()
+
+
+def add_sub(
+    client: httpclient.InferenceServerClient, model: str, a: np.ndarray, b: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    inputs = [
+        httpclient.InferInput("INPUT0", list(a.shape), "FP32"),
+        httpclient.InferInput("INPUT1", list(b.shape), "FP32"),
+    ]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    outputs = [
+        httpclient.InferRequestedOutput("OUTPUT0"),
+        httpclient.InferRequestedOutput("OUTPUT1"),
+    ]
+    result = client.infer(model, inputs, outputs=outputs)
+    return result.as_numpy("OUTPUT0"), result.as_numpy("OUTPUT1")
+
+
+def index_row(client: httpclient.InferenceServerClient, model: str) -> dict[str, Any]:
+    rows = [r for r in client.get_model_repository_index() if r["name"] == model]
+    assert len(rows) == 1, rows
+    row: dict[str, Any] = rows[0]
+    return row
+
+
+def test_auto_completed_batching_model_serves(client: httpclient.InferenceServerClient) -> None:
+    assert client.is_model_ready("batch_auto")
+    a = np.arange(8, dtype=np.float32).reshape(2, 4)
+    b = np.ones((2, 4), dtype=np.float32)
+    out0, out1 = add_sub(client, "batch_auto", a, b)
+    np.testing.assert_array_equal(out0, a + b)
+    np.testing.assert_array_equal(out1, a - b)
+    config = client.get_model_config("batch_auto")
+    assert config["backend"] == "python"
+    assert config["max_batch_size"] == 4
+    assert "dynamic_batching" in config
+    assert [i["name"] for i in config["input"]] == ["INPUT0", "INPUT1"]
+    assert [o["name"] for o in config["output"]] == ["OUTPUT0", "OUTPUT1"]
+    assert config["input"][0]["data_type"] == "TYPE_FP32"
+    assert config["input"][0]["dims"] == [4]
+
+
+def test_auto_completed_model_without_batching(client: httpclient.InferenceServerClient) -> None:
+    a = np.full(4, 3, dtype=np.float32)
+    b = np.full(4, 1, dtype=np.float32)
+    out0, out1 = add_sub(client, "nobatch_auto", a, b)
+    np.testing.assert_array_equal(out0, a + b)
+    np.testing.assert_array_equal(out1, a - b)
+    config = client.get_model_config("nobatch_auto")
+    assert config["backend"] == "python"
+    assert config["max_batch_size"] == 0
+    assert "dynamic_batching" not in config
+
+
+def test_triton_model_exception_fails_the_request(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    a = np.full((1, 4), -1, dtype=np.float32)
+    with pytest.raises(InferenceServerException, match="INPUT0 must not be negative"):
+        add_sub(client, "batch_auto", a, a)
+    assert client.is_model_ready("batch_auto")
+
+
+def test_logger_lines_reach_the_agent_log_with_the_model_name(
+    client: httpclient.InferenceServerClient, repo: Path, log_lines: list[str]
+) -> None:
+    a = np.zeros((1, 4), dtype=np.float32)
+    add_sub(client, "batch_auto", a, a)
+    with pytest.raises(InferenceServerException):
+        add_sub(client, "batch_auto", a - 1, a)
+    mine = [line for line in log_lines if "python model batch_auto " in line]
+    assert any(line.endswith("initialized batch_auto on CPU") for line in mine), mine
+    assert any(f"via log() {repo / 'batch_auto' / '1'}" in line for line in mine), mine
+    assert any("model.py:" in line and "execute (1, 4)" in line for line in mine), mine
+    assert any(line.endswith("negative INPUT0") for line in mine), mine
+    pb_utils.Logger.log_verbose("not from a worker")  # outside a worker: stderr, no error
+
+
+def test_auto_complete_errors_make_the_model_unavailable(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    bad = index_row(client, "bad_batch")
+    assert bad["state"] == "UNAVAILABLE"
+    assert (
+        "ValueError: configuration specified max_batch_size 8, but in auto-complete-config "
+        "function for model 'bad_batch' specified max_batch_size 4"
+    ) in bad["reason"]
+    clash = index_row(client, "bad_input")
+    assert clash["state"] == "UNAVAILABLE"
+    assert (
+        "unable to load model 'bad_input', configuration expects datatype TYPE_INT32 for input "
+        "'INPUT0', model provides TYPE_FP32"
+    ) in clash["reason"]
+    nothing = index_row(client, "returns_nothing")
+    assert nothing["state"] == "UNAVAILABLE"
+    assert (
+        "auto_complete_config function in model 'returns_nothing' must return a valid "
+        "pb.ModelConfig object."
+    ) in nothing["reason"]
+    assert client.is_model_ready("batch_auto")
+
+
+def test_args_hold_every_key_triton_passes(agent: RunningAgent, repo: Path) -> None:
+    served = next(m for m in agent.registry.served_models() if m.name == "nobatch_auto")
+    assert served.config.backend == "python"
+    # The ARGS model of test_python_backend checks the values end to end; here: the key set.
+    source = (repo / "nobatch_auto" / "1" / "model.py").read_text()
+    assert "self.args = dict(args)" in source
+
+
+def test_triton_module_name_is_agent_pb_utils() -> None:
+    import triton_python_backend_utils
+
+    assert triton_python_backend_utils is pb_utils
+    assert issubclass(pb_utils.TritonModelException, Exception)
+    assert pb_utils.Logger.LogLevel is pb_utils.LogLevel
+    assert pb_utils.Logger.INFO is pb_utils.LogLevel.INFO
+
+
+def test_model_py_without_backend_line_is_a_python_model(tmp_path: Path) -> None:
+    write_python_model(tmp_path, "m", "", 'name: "m"\n')
+    config = load_model_config(tmp_path / "m")
+    assert config is not None
+    assert config.backend == "python"
+    assert backend_kind(mc.ModelConfig(), tmp_path / "m" / "1") is BackendKind.PYTHON
+    assert backend_kind(mc.ModelConfig()) is BackendKind.ONNXRUNTIME
+    (tmp_path / "m" / "1" / "model.onnx").write_bytes(b"")
+    assert backend_kind(mc.ModelConfig(), tmp_path / "m" / "1") is BackendKind.ONNXRUNTIME
+    onnx = load_model_config(tmp_path / "m")
+    assert onnx is not None
+    assert onnx.backend == ""
+
+
+def _config(**fields: Any) -> pb_utils.ModelConfig:
+    doc: dict[str, Any] = {"name": "m", "max_batch_size": 0, "input": [], "output": []}
+    doc.update(fields)
+    return pb_utils.ModelConfig(json.dumps(doc))
+
+
+def test_model_config_setters_follow_triton() -> None:
+    config = _config()
+    config.set_max_batch_size(8)
+    config.set_dynamic_batching()
+    config.add_input({"name": "X", "data_type": "TYPE_FP32", "dims": [2], "optional": True})
+    config.add_output({"name": "Y", "data_type": "TYPE_FP32", "dims": [2]})
+    config.set_model_transaction_policy({"decoupled": False})
+    doc = config.as_dict()
+    assert doc["max_batch_size"] == 8
+    assert doc["dynamic_batching"] == {}
+    assert doc["input"] == [{"name": "X", "data_type": "TYPE_FP32", "dims": [2], "optional": True}]
+    assert doc["model_transaction_policy"] == {"decoupled": False}
+    # The same definition again completes the existing entry instead of adding one.
+    declared = _config(input=[{"name": "X", "data_type": "TYPE_INVALID", "dims": []}])
+    declared.add_input({"name": "X", "data_type": "TYPE_FP32", "dims": [2]})
+    assert declared.as_dict()["input"] == [{"name": "X", "data_type": "TYPE_FP32", "dims": [2]}]
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda c: c.add_input({"name": "X", "data_type": "TYPE_FP32", "dims": [3]}),
+            "model 'm', tensor 'X': the model expects dims [3] but the model configuration "
+            "specifies dims [2]",
+        ),
+        (
+            lambda c: c.add_output({"name": "Y", "data_type": "TYPE_FP32", "dims": [1], "x": 1}),
+            "output 'Y' in auto-complete-config function for model 'm' contains property other "
+            "than 'name', 'data_type' and 'dims'.",
+        ),
+        (
+            lambda c: c.add_input({"name": "Z", "dims": [1]}),
+            "input 'Z' in auto-complete-config function for model 'm' is missing 'data_type' "
+            "property.",
+        ),
+        (
+            lambda c: c.set_max_batch_size(2),
+            "configuration specified max_batch_size 4, but in auto-complete-config function for "
+            "model 'm' specified max_batch_size 2",
+        ),
+        (
+            lambda c: c.set_model_transaction_policy({"decoupled": True}),
+            "trying to change decoupled property in auto-complete-config for model 'm', which is "
+            "already set to 'False'.",
+        ),
+        (
+            lambda c: c.set_model_transaction_policy({"other": 1}),
+            "model transaction property in auto-complete-config function for model 'm' contains "
+            "property other than 'decoupled'.",
+        ),
+    ],
+)
+def test_model_config_refuses_as_triton(call: Any, message: str) -> None:
+    config = _config(
+        max_batch_size=4,
+        input=[{"name": "X", "data_type": "TYPE_FP32", "dims": [2]}],
+        model_transaction_policy={"decoupled": False},
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        call(config)
+
+
+def test_dynamic_batching_refused_beside_sequence_batching() -> None:
+    config = _config(sequence_batching={})
+    with pytest.raises(ValueError, match="tries to set scheduling_choice as 'dynamic_batching'"):
+        config.set_dynamic_batching()
