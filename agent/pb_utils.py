@@ -15,9 +15,9 @@ module) and defines::
 JSON string), model_instance_kind ("CPU"/"GPU"), model_instance_name, model_instance_device_id,
 model_repository (the model's folder), model_version and model_name.
 
-The agent merges a dynamic batch into one feed before it reaches the backend, so `execute`
-receives ONE request holding the whole batch (first dimension = rows) and must return one
-response. `request_id()` is therefore empty.
+As in Triton, the requests of a dynamic batch reach `execute` together, each its own
+`InferenceRequest` (not merged), and `execute` returns one response per request, in order.
+`request_id()` is empty.
 
 This module is imported inside the worker process; it needs only numpy.
 """

@@ -351,3 +351,39 @@ class TritonPythonModel:
     def execute(self, requests):
         return []
 """
+
+
+# Answers each request of an execute call with its own X doubled and how many requests the call
+# held; a request whose X is negative gets an error response (the others of its call do not).
+REQUEST_COUNT_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            if (x < 0).any():
+                error = pb_utils.TritonError("negative X")
+                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=error))
+                continue
+            count = np.full((x.shape[0], 1), len(requests), dtype=np.int32)
+            responses.append(
+                pb_utils.InferenceResponse(
+                    [pb_utils.Tensor("Y", x * 2), pb_utils.Tensor("COUNT", count)]
+                )
+            )
+        return responses
+"""
+
+REQUEST_COUNT_CONFIG = """
+max_batch_size: 16
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 2 ] } ]
+output [
+  { name: "Y" data_type: TYPE_FP32 dims: [ 2 ] },
+  { name: "COUNT" data_type: TYPE_INT32 dims: [ 1 ] }
+]
+dynamic_batching { max_queue_delay_microseconds: 300000 preferred_batch_size: [ 16 ] }
+"""

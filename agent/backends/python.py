@@ -6,8 +6,10 @@ declare them: there is no model file to read them from.
 
 Processes: an instance group count of N starts N workers (`python -m
 agent.backends.python_worker`, a fresh interpreter: never a fork of the threaded agent). The
-scheduler runs at most N batches at once, one per executor thread; each `run` takes a free
-worker, sends it the merged batch as ONE request, and waits for its response. Tensors travel over
+scheduler runs at most N batches at once, one per executor thread; each batch takes a free
+worker, which passes its requests to ONE `execute` call, each its own `InferenceRequest` (as
+Triton's Python backend does: `run_requests`, which the scheduler calls instead of merging the
+batch), and waits for their responses. Tensors travel over
 a socketpair as raw buffers (`agent.backends.python_ipc` says why not shared memory).
 
 Isolation:
@@ -50,7 +52,13 @@ import numpy as np
 
 import agent
 from agent.backends import python_ipc as ipc
-from agent.errors import BackendError, ModelConfigError, ModelInstanceFailedError, ModelLoadError
+from agent.errors import (
+    AgentError,
+    BackendError,
+    ModelConfigError,
+    ModelInstanceFailedError,
+    ModelLoadError,
+)
 from agent.proto import model_config_pb2 as mc
 from agent.repository.autocomplete import complete_config
 from agent.repository.model_config import config_from_json, config_to_json
@@ -266,17 +274,34 @@ class PythonBackend:
         *,
         shrink_memory: bool = False,  # nothing to shrink in this process
     ) -> list[np.ndarray]:
-        """Run one merged batch on a free worker.
+        """Run one request (or a merged batch) on a free worker.
 
         Raises:
             BackendError: `execute` raised, reported an error or returned unusable outputs.
+            ModelInstanceFailedError: the worker hung (and was killed) or died, now or before.
+        """
+        answer = self.run_requests([(feeds, output_names)])[0]
+        if isinstance(answer, AgentError):
+            raise answer
+        return answer
+
+    def run_requests(
+        self, requests: Sequence[tuple[Mapping[str, np.ndarray], Sequence[str]]]
+    ) -> list[list[np.ndarray] | AgentError]:
+        """Run the requests of one dynamic batch in ONE `execute` call, each its own
+        `InferenceRequest` (Triton's Python backend semantics); the scheduler calls this instead
+        of merging them. Each answer is that request's outputs, or its error (BackendError).
+
+        Raises:
+            BackendError: `execute` raised or returned a wrong number of responses (every
+                request of the batch fails).
             ModelInstanceFailedError: the worker hung (and was killed) or died, now or before.
         """
         if self._failure is not None:
             raise ModelInstanceFailedError(self._failure)
         worker = self._idle.get()
         try:
-            return self._run_on(worker, feeds, output_names)
+            return self._run_on(worker, requests)
         finally:
             self._idle.put(worker)
 
@@ -456,11 +481,15 @@ class PythonBackend:
         )
 
     def _run_on(
-        self, worker: _Worker, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]
-    ) -> list[np.ndarray]:
+        self,
+        worker: _Worker,
+        requests: Sequence[tuple[Mapping[str, np.ndarray], Sequence[str]]],
+    ) -> list[list[np.ndarray] | AgentError]:
         if self._failure is not None:
             raise ModelInstanceFailedError(self._failure)
-        message = ipc.Message(ipc.EXECUTE, {"outputs": list(output_names)}, list(feeds.items()))
+        described = [{"outputs": list(names), "inputs": len(feeds)} for feeds, names in requests]
+        tensors = [item for feeds, _ in requests for item in feeds.items()]
+        message = ipc.Message(ipc.EXECUTE, {"requests": described}, tensors)
         try:
             ipc.send(worker.conn, message)
             reply = self._receive(worker, time.monotonic() + self.timeouts.execute_s)
@@ -478,9 +507,26 @@ class PythonBackend:
             raise BackendError(
                 f"python model '{self.name}' execute failed: {reply.meta.get('message', '')}"
             )
-        rows = next(iter(feeds.values())).shape[0] if self._batched and feeds else None
-        returned = dict(reply.tensors)
-        return [self._checked(n, returned.get(n), rows) for n in output_names]
+        answers = reply.meta.get("responses")
+        if not isinstance(answers, list) or len(answers) != len(requests):
+            raise BackendError(f"python model '{self.name}': malformed answer from the worker")
+        results: list[list[np.ndarray] | AgentError] = []
+        offset = 0
+        for (feeds, names), answer in zip(requests, answers, strict=True):
+            count = int(answer.get("tensors", 0))
+            returned = dict(reply.tensors[offset : offset + count])
+            offset += count
+            if "error" in answer:
+                results.append(
+                    BackendError(f"python model '{self.name}' execute failed: {answer['error']}")
+                )
+                continue
+            rows = next(iter(feeds.values())).shape[0] if self._batched and feeds else None
+            try:
+                results.append([self._checked(n, returned.get(n), rows) for n in names])
+            except BackendError as exc:
+                results.append(exc)
+        return results
 
     def _checked(self, name: str, array: np.ndarray | None, rows: int | None) -> np.ndarray:
         where = f"python model '{self.name}' output '{name}'"

@@ -9,8 +9,9 @@ FD is this end of a socketpair inherited from the agent, PPID the agent's pid. T
    the config, answers COMPLETED with the config or ERROR, and exits; INIT imports the model file,
    instantiates `TritonPythonModel` and calls its `initialize(args)`; answers READY, or ERROR
    with the reason (and exits);
-3. serves EXECUTE messages one at a time: one `InferenceRequest` per message, one response back
-   (RESULT with its tensors, or ERROR with the exception's type and message);
+3. serves EXECUTE messages one at a time: the requests of one batch, each its own
+   `InferenceRequest`, go to one `execute` call; RESULT carries one response per request (its
+   tensors, or its error), ERROR the exception's type and message when `execute` raised;
 4. on FINALIZE calls `finalize()`, answers FINALIZED and exits; when the pipe closes (agent gone)
    it exits without finalizing.
 
@@ -171,36 +172,64 @@ def _load(wire: _Wire, init: ipc.Message) -> Any:
 
 
 def _execute(model: Any, message: ipc.Message) -> ipc.Message:
-    outputs = [str(n) for n in message.meta.get("outputs", [])]
-    request = pb_utils.InferenceRequest(
-        [pb_utils.Tensor(name, array) for name, array in message.tensors], outputs
-    )
+    """One `execute` call on the message's requests (several when a dynamic batch formed).
+
+    meta {"requests": [{"outputs": [...], "inputs": N}, ...]}, the inputs of each request in
+    order; without "requests", one request with meta "outputs" and every tensor. The answer is
+    RESULT with meta {"responses": [{"tensors": N} or {"error": "..."}]} and the outputs of each
+    response in order, or ERROR when `execute` raised or returned the wrong number of responses.
+    """
+    described = message.meta.get("requests")
+    if not isinstance(described, list):
+        described = [{"outputs": message.meta.get("outputs", []), "inputs": len(message.tensors)}]
+    requests = []
+    offset = 0
+    for item in described:
+        count = int(item.get("inputs", 0))
+        inputs = [pb_utils.Tensor(n, a) for n, a in message.tensors[offset : offset + count]]
+        offset += count
+        requests.append(pb_utils.InferenceRequest(inputs, [str(n) for n in item["outputs"]]))
     try:
-        responses = model.execute([request])
+        responses = model.execute(requests)
     except Exception as exc:  # noqa: BLE001 - user code: report it, stay alive
         traceback.print_exc()
         return _error(_describe(exc), user=True)
-    if not isinstance(responses, list | tuple) or len(responses) != 1:
+    if not isinstance(responses, list | tuple) or len(responses) != len(requests):
         return _error(
-            f"execute must return a list of 1 InferenceResponse, got {_kind_of(responses)}"
+            f"execute must return a list of {len(requests)} InferenceResponse, "
+            f"got {_kind_of(responses)}"
+            + (f" of {len(responses)}" if isinstance(responses, list | tuple) else "")
         )
-    response = responses[0]
+    answers: list[dict[str, Any]] = []
+    tensors: list[tuple[str, Any]] = []
+    for response in responses:
+        outcome = _response_tensors(response)
+        if isinstance(outcome, str):
+            answers.append({"error": outcome})
+        else:
+            answers.append({"tensors": len(outcome)})
+            tensors.extend(outcome)
+    return ipc.Message(ipc.RESULT, {"responses": answers}, tensors)
+
+
+def _response_tensors(response: Any) -> list[tuple[str, Any]] | str:
+    """A response's output tensors, or why they cannot be sent."""
     if not isinstance(response, pb_utils.InferenceResponse):
-        return _error(f"execute returned {_kind_of(response)} instead of an InferenceResponse")
+        return f"execute returned {_kind_of(response)} instead of an InferenceResponse"
     error = response.error()
     if error is not None:
         text = error.message() if isinstance(error, pb_utils.ModelError) else str(error)
-        return _error(f"the model reported an error: {text}", user=True)
+        return f"the model reported an error: {text}"
     tensors = []
     for tensor in response.output_tensors():
         if not isinstance(tensor, pb_utils.Tensor):
-            return _error(f"output {_kind_of(tensor)} is not a pb_utils.Tensor")
+            return f"output {_kind_of(tensor)} is not a pb_utils.Tensor"
         try:
             pb_utils.numpy_to_kserve(tensor.as_numpy().dtype)
         except ValueError as exc:
-            return _error(f"output '{tensor.name()}': {exc}")
+            return f"output '{tensor.name()}': {exc}"
         tensors.append((tensor.name(), tensor.as_numpy()))
-    return ipc.Message(ipc.RESULT, tensors=tensors)
+    return tensors
 
 
 def _finalize(model: Any) -> None:

@@ -288,7 +288,9 @@ class ModelScheduler:
         if self.inline:
             # Completes here; the caller's dispatch loop takes the next batch (no recursion).
             try:
-                outcome: list[ExecutionResult] | BaseException = self._execute(jobs, started)
+                outcome: list[ExecutionResult | BaseException] | BaseException = self._execute(
+                    jobs, started
+                )
             except Exception as exc:  # noqa: BLE001 - reported to the requests as BackendError
                 outcome = exc
             self._complete(jobs, outcome)
@@ -315,14 +317,47 @@ class ModelScheduler:
         self._timer_at = None
         self._dispatch()
 
-    def _execute(self, jobs: Sequence[_Job], started_ns: int) -> list[ExecutionResult]:
+    def _execute(
+        self, jobs: Sequence[_Job], started_ns: int
+    ) -> list[ExecutionResult | BaseException]:
         """Run in an executor thread (or inline): concatenate, run, split."""
         cpu_start = time.thread_time_ns()
         run_ns = 0  # wall time inside the backend (where a device wait shows)
-        results: list[ExecutionResult | None] = [None] * len(jobs)
+        results: list[ExecutionResult | BaseException | None] = [None] * len(jobs)
         groups = [[0]] if len(jobs) == 1 else _group_by_shape(jobs)
+        # A backend that takes a batch's requests one by one (Python models, as Triton's Python
+        # backend) gets them unmerged, and answers each request with its outputs or its error.
+        run_requests = getattr(self._backend, "run_requests", None)
         for group in groups:
             t0 = time.perf_counter_ns()
+            if run_requests is not None and len(group) > 1:
+                answers = run_requests(
+                    [(jobs[i].request.feeds, jobs[i].request.output_names) for i in group]
+                )
+                t2 = time.perf_counter_ns()
+                run_ns += t2 - t0
+                rows = sum(jobs[i].request.batch_size for i in group)
+                for i, answer in zip(group, answers, strict=True):
+                    results[i] = (
+                        answer
+                        if isinstance(answer, BaseException)
+                        else ExecutionResult(
+                            outputs=list(answer),
+                            queue_ns=max(0, started_ns - jobs[i].enqueued_ns),
+                            compute_input_ns=0,
+                            compute_infer_ns=t2 - t0,
+                            compute_output_ns=0,
+                            batch_size=rows,
+                        )
+                    )
+                if self._stats is not None:
+                    self._stats.record_execution(
+                        batch_size=rows,
+                        compute_input_ns=0,
+                        compute_infer_ns=t2 - t0,
+                        compute_output_ns=0,
+                    )
+                continue
             names = (
                 list(jobs[group[0]].request.output_names)
                 if len(group) == 1
@@ -379,14 +414,18 @@ class ModelScheduler:
         self._wall_ns = wall_ns if first else 0.75 * self._wall_ns + 0.25 * wall_ns
         self._runs += 1
 
-    def _on_done(self, jobs: list[_Job], future: asyncio.Future[list[ExecutionResult]]) -> None:
+    def _on_done(
+        self, jobs: list[_Job], future: asyncio.Future[list[ExecutionResult | BaseException]]
+    ) -> None:
         error = future.exception()
         self._complete(jobs, future.result() if error is None else error)
         if not self._closed:
             self._dispatch()
         self._check_idle()
 
-    def _complete(self, jobs: list[_Job], outcome: list[ExecutionResult] | BaseException) -> None:
+    def _complete(
+        self, jobs: list[_Job], outcome: list[ExecutionResult | BaseException] | BaseException
+    ) -> None:
         self._free += 1
         if self._gate is not None and self._need.resources:
             self._gate.release(self._need)

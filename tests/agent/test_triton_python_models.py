@@ -27,6 +27,8 @@ from agent.repository.model_config import load_model_config
 from agent.runtime.daemon import RunningAgent
 from tests.python_models import (
     CLASHING_MODEL,
+    REQUEST_COUNT_CONFIG,
+    REQUEST_COUNT_MODEL,
     RETURNS_NOTHING_MODEL,
     triton_auto_model,
     write_python_model,
@@ -58,6 +60,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
         'input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 4 ] } ]\n',
     )
     write_python_model(repo, "returns_nothing", RETURNS_NOTHING_MODEL, "")
+    write_python_model(repo, "count", REQUEST_COUNT_MODEL, REQUEST_COUNT_CONFIG)
     return repo
 
 
@@ -195,6 +198,34 @@ def test_auto_complete_errors_make_the_model_unavailable(
         "pb.ModelConfig object."
     ) in nothing["reason"]
     assert client.is_model_ready("batch_auto")
+
+
+def test_a_dynamic_batch_reaches_execute_as_separate_requests(agent: RunningAgent) -> None:
+    client = httpclient.InferenceServerClient(
+        f"127.0.0.1:{agent.http_port}", network_timeout=60, concurrency=8
+    )
+    try:
+        pending = []
+        for k in range(4):
+            x = np.full((k + 1, 2), -1.0 if k == 2 else float(k), dtype=np.float32)
+            item = httpclient.InferInput("X", list(x.shape), "FP32")
+            item.set_data_from_numpy(x)
+            pending.append((x, client.async_infer("count", [item])))
+        counts = []
+        for k, (x, request) in enumerate(pending):
+            if k == 2:  # its error response fails this request only
+                with pytest.raises(InferenceServerException, match="negative X"):
+                    request.get_result()
+                continue
+            result = request.get_result()
+            np.testing.assert_array_equal(result.as_numpy("Y"), x * 2)
+            count = result.as_numpy("COUNT")
+            assert count.shape == (k + 1, 1)
+            counts.append(int(count[0, 0]))
+    finally:
+        client.close()
+    # Requests of different row counts share one execute call, each its own InferenceRequest.
+    assert max(counts) > 1, counts
 
 
 def test_args_hold_every_key_triton_passes(agent: RunningAgent, repo: Path) -> None:
