@@ -2,7 +2,13 @@
 
 A version folder holds `model.py` (or the config's `default_model_filename`) defining
 `TritonPythonModel` (see `agent.pb_utils`). Inputs and outputs come from config.pbtxt, which must
-declare them: there is no model file to read them from.
+declare them, or from the model's `auto_complete_config`: there is no model file to read them from.
+
+Auto-complete: as Triton's auto-complete stub, one short-lived worker imports the file and runs
+`TritonPythonModel.auto_complete_config` on the config (as JSON) before any instance starts; its
+errors fail the load with the model's message. The config object the backend was given is
+updated IN PLACE with the result (and `backend: "python"`), because the loader completes and
+serves the config it passed in (`agent.models.loader`, not changed for this).
 
 Processes: an instance group count of N starts N workers (`python -m
 agent.backends.python_worker`, a fresh interpreter: never a fork of the threaded agent). The
