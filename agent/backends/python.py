@@ -208,7 +208,13 @@ class PythonBackend:
     """A Python model version: its worker processes and the config's tensors."""
 
     def __init__(
-        self, version_dir: Path, config: mc.ModelConfig, *, model_name: str = "", version: int = 0
+        self,
+        version_dir: Path,
+        config: mc.ModelConfig,
+        *,
+        model_name: str = "",
+        version: int = 0,
+        auto_complete: bool = True,
     ) -> None:
         """Start one worker per instance and run `initialize` in each.
 
@@ -231,9 +237,11 @@ class PythonBackend:
         self._idle: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
         self._launcher = _Launcher(f"{self.name}-{self.version}")
         try:
-            # As Triton: the model's auto_complete_config runs before the config is final. The
-            # caller's config becomes what it returned: the loader completes from that one.
-            config.CopyFrom(self._auto_complete(config))
+            # As Triton: the model's auto_complete_config runs before the config is final; the
+            # loader completes from `declared_config`, what it returned.
+            if auto_complete:
+                config = self._auto_complete(config)
+            self.declared_config = config
             self._inputs, self._outputs = tensors_from_config(config, self.name)
             self._declared = {t.name: t for t in self._outputs}
             self._batched = config.max_batch_size > 0

@@ -79,8 +79,12 @@ def create_backend(
     cache_root: Path | None = None,
     model_name: str = "",
     version: int = 0,
+    auto_complete: bool = True,
 ) -> Backend:
     """The backend instance for one model version (blocking: may build an engine).
+
+    `auto_complete` off: a Python model's `auto_complete_config` is not run (Triton's
+    `--disable-auto-complete-config`).
 
     Raises:
         ModelLoadError: the runtime is missing (TensorRT on a CPU-only host: the model is then
@@ -92,7 +96,13 @@ def create_backend(
     if kind is BackendKind.PYTHON:
         from agent.backends.python import PythonBackend  # noqa: PLC0415
 
-        return PythonBackend(version_dir, config, model_name=model_name, version=version)
+        return PythonBackend(
+            version_dir,
+            config,
+            model_name=model_name,
+            version=version,
+            auto_complete=auto_complete,
+        )
     if kind is BackendKind.TENSORRT:
         from agent.backends.tensorrt import TensorRTBackend  # noqa: PLC0415 - GPU hosts only
 

@@ -257,10 +257,13 @@ class ModelLoader:
                 cache_root=self.settings.engine_cache_root,
                 model_name=name,
                 version=version,
+                auto_complete=auto,
             )
+            # A Python model's auto_complete_config may have declared more than the file said.
+            declared = getattr(backend, "declared_config", config)
             try:
                 checked = complete_config(
-                    config, name, backend.inputs, backend.outputs, auto_complete=auto
+                    declared, name, backend.inputs, backend.outputs, auto_complete=auto
                 )
             except AgentError:
                 backend.close()
@@ -268,7 +271,7 @@ class ModelLoader:
             return backend, checked
 
         footprint: Footprint | None = None
-        python = backend_kind(config) is BackendKind.PYTHON
+        python = backend_kind(config, path.parent) is BackendKind.PYTHON
         if self.settings.measure_memory and self.ledger is not None and not python:
             (backend, completed), footprint = measure_footprint(
                 load,
@@ -310,7 +313,7 @@ class ModelLoader:
             max_pending=_queue_bound(policy, self.settings.max_queue_size),
             # A Python model's run is a wait on its worker process, cheap in CPU but unbounded
             # when user code hangs: it must never run on the event loop.
-            inline_below_ns=0 if backend_kind(completed) is BackendKind.PYTHON else INLINE_BELOW_NS,
+            inline_below_ns=0 if python else INLINE_BELOW_NS,
         )
         logger.info(
             "model %s version %d ready (providers %s, max batch %d, %d instance(s)%s)",
