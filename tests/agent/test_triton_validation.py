@@ -273,9 +273,9 @@ BEFORE_COMPLETE: list[tuple[str, str]] = [
     ),
     (
         _ENSEMBLE_IO + "ensemble_scheduling { step [ "
-        '{ model_name: "a" input_map { key: "x" value: "IN" } output_map { key: "y" value: "T" } }, '
-        '{ model_name: "b" input_map { key: "x" value: "T" } output_map { key: "y" value: "T" } }, '
-        '{ model_name: "c" input_map { key: "x" value: "T" } output_map { key: "y" value: "OUT" } }'
+        '{ model_name: "a" input_map { key: "x" value: "IN" } output_map { key: "y" value: "T" } },'
+        '{ model_name: "b" input_map { key: "x" value: "T" } output_map { key: "y" value: "T" } },'
+        '{ model_name: "c" input_map { key: "x" value: "T" } output_map { key: "y" value: "OUT" }}'
         " ] }",
         "ensemble tensor 'T' can appear in an output map only once for ensemble 'm' step 1",
     ),
@@ -548,4 +548,5 @@ def test_triton_refusals_fail_their_model_and_the_good_one_serves(tmp_path: Path
         data = httpclient.InferInput("INPUT0", [2, 64], "FP32")
         data.set_data_from_numpy(np.full((2, 64), 0.25, np.float32))
         out = client.infer("good", [data]).as_numpy("OUTPUT0")
-        assert out is not None and out.shape == (2, 10)
+        assert out is not None
+        assert out.shape == (2, 10)
