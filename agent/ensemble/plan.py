@@ -8,7 +8,9 @@
 Refused at load, each with the step and tensor named: a composing model that is not loaded, a map
 key the composing model does not have, a required model input left unmapped, an ensemble tensor
 that nothing produces or that two producers write, an ensemble output no step produces, data types
-or shapes that disagree between producer and consumer, and cycles between steps.
+or shapes that disagree between producer and consumer, cycles between steps, and a step version that
+the composing model's `specific` version policy does not serve. (The rules that need no composing
+model, as Triton words them, are in `agent.repository.triton_rules`.)
 """
 
 from __future__ import annotations
@@ -155,6 +157,18 @@ def _check_step(
     if model is None:
         raise ModelConfigError(
             f"ensemble '{name}': {label}: model '{step.model_name}' is not loaded"
+        )
+    policy = model.version_policy
+    if (
+        step.model_version > 0
+        and policy.WhichOneof("policy_choice") == "specific"
+        and step.model_version not in policy.specific.versions
+    ):
+        served = ", ".join(str(v) for v in policy.specific.versions)
+        raise ModelConfigError(
+            f"ensemble '{name}' depends on '{step.model_name}' whose required version "
+            f"{step.model_version} is not served by its version policy (specific versions: "
+            f"{served})"
         )
     if ensemble_batched and model.max_batch_size == 0:
         raise ModelConfigError(

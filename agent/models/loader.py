@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 
 from agent.backends.base import Backend
 from agent.backends.onnx import default_intra_op_threads
@@ -51,6 +52,7 @@ from agent.proto import model_config_pb2 as mc
 from agent.repository import layout as repository
 from agent.repository.autocomplete import DEFAULT_MAX_BATCH_SIZE, complete_config
 from agent.repository.model_config import instance_count, load_model_config
+from agent.repository.triton_rules import check_against_model, validate_completed
 from agent.repository.validation import validate_config
 from agent.repository.warmup import warmup_requests
 from agent.scheduling.batching import BatchingPolicy
@@ -262,9 +264,12 @@ class ModelLoader:
             # A Python model's auto_complete_config may have declared more than the file said.
             declared = getattr(backend, "declared_config", config)
             try:
+                check_against_model(config, name, backend.inputs, backend.outputs)
                 checked = complete_config(
                     declared, name, backend.inputs, backend.outputs, auto_complete=auto
                 )
+                if first:
+                    validate_completed(checked, name, gpus=_gpu_ids())
             except AgentError:
                 backend.close()
                 raise
@@ -358,6 +363,13 @@ class ModelLoader:
                 raise ModelConfigError(f"model_warmup '{sample_name}': {exc.message}") from None
             for _ in range(count):
                 backend.run(valid.feeds, valid.output_names)
+
+
+@functools.cache
+def _gpu_ids() -> frozenset[int] | None:
+    """Empty where the installed runtime has no GPU support (KIND_GPU is then refused, as by
+    Triton's CPU-only builds); None (not checked) where it has."""
+    return None if "CUDAExecutionProvider" in ort.get_available_providers() else frozenset()
 
 
 def load_order(root: Path, names: list[str]) -> list[str]:

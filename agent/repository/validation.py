@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 
 from agent.errors import ModelConfigError
 from agent.proto import model_config_pb2 as mc
+from agent.repository import triton_rules
 
 # Far above what a device serves; past these a value is a typo, not a plan.
 MAX_BATCH_SIZE = 1 << 20
@@ -35,8 +36,8 @@ def validate_config(config: mc.ModelConfig, model_name: str) -> None:
         raise ModelConfigError(
             f"{where}: max_batch_size {config.max_batch_size} is not in 0..{MAX_BATCH_SIZE}"
         )
-    _check_tensors(config.input, "input", where)
-    _check_tensors(config.output, "output", where)
+    _check_tensors(config.input, "input", where, model_name)
+    _check_tensors(config.output, "output", where, model_name)
     for number, group in enumerate(config.instance_group):
         if not 0 <= group.count <= MAX_INSTANCES_PER_GROUP:
             raise ModelConfigError(
@@ -44,12 +45,11 @@ def validate_config(config: mc.ModelConfig, model_name: str) -> None:
                 f"0..{MAX_INSTANCES_PER_GROUP} (0 means 1)"
             )
     _check_version_policy(config.version_policy, where)
-    if config.HasField("dynamic_batching"):
-        _check_dynamic_batching(config, where)
+    triton_rules.check_config(config, model_name)
 
 
 def _check_tensors(
-    tensors: Iterable[mc.ModelInput | mc.ModelOutput], kind: str, where: str
+    tensors: Iterable[mc.ModelInput | mc.ModelOutput], kind: str, where: str, model_name: str
 ) -> None:
     seen: set[str] = set()
     for number, tensor in enumerate(tensors):
@@ -58,19 +58,15 @@ def _check_tensors(
         if tensor.name in seen:
             raise ModelConfigError(f"{where}: {kind} '{tensor.name}' is declared twice")
         seen.add(tensor.name)
-        label = f"{where} {kind} '{tensor.name}'"
-        _check_dims(tensor.dims, f"{label} dims", allow_empty=True)
-        if tensor.HasField("reshape"):
-            _check_dims(tensor.reshape.shape, f"{label} reshape", allow_empty=True)
+        _check_dims(tensor.dims, f"model {kind} '{tensor.name}'", model_name)
 
 
-def _check_dims(dims: Sequence[int], label: str, *, allow_empty: bool) -> None:
-    if not dims and not allow_empty:
-        raise ModelConfigError(f"{label}: no dimensions")
-    bad = [d for d in dims if d < 1 and d != VARIABLE_DIM]
-    if bad:
+def _check_dims(dims: Sequence[int], label: str, model_name: str) -> None:
+    # Triton's wording; the reshape's dimensions are checked with Triton's other rules.
+    if any(d < 1 and d != VARIABLE_DIM for d in dims):
         raise ModelConfigError(
-            f"{label} {list(dims)}: each dimension must be >= 1, or -1 for a variable size"
+            f"{label} dimension must be integer >= 1, or -1 to indicate a variable-size "
+            f"dimension for {model_name} (dims {list(dims)})"
         )
 
 
@@ -86,12 +82,3 @@ def _check_version_policy(policy: mc.ModelVersionPolicy, where: str) -> None:
             raise ModelConfigError(
                 f"{where}: version_policy specific versions {bad} are not positive numbers"
             )
-
-
-def _check_dynamic_batching(config: mc.ModelConfig, where: str) -> None:
-    batching = config.dynamic_batching
-    bad = [s for s in batching.preferred_batch_size if s < 1]
-    if bad:
-        raise ModelConfigError(
-            f"{where}: dynamic_batching.preferred_batch_size {bad} are not positive sizes"
-        )

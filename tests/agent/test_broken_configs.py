@@ -33,16 +33,16 @@ BROKEN: dict[str, tuple[str, str]] = {
     "not_text": ("\x00\xff garbage", "config.pbtxt"),
     "zero_dim": (
         'max_batch_size: 8\ninput [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 0 ] } ]',
-        "dims [0]: each dimension must be >= 1, or -1",
+        "dimension must be integer >= 1, or -1 to indicate a variable-size dimension",
     ),
     "negative_dim": (
         'max_batch_size: 8\ninput [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -7 ] } ]',
-        "dims [-7]: each dimension must be >= 1, or -1",
+        "variable-size dimension for negative_dim (dims [-7])",
     ),
     "reshape_mismatch": (
         'max_batch_size: 8\ninput [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 64 ] '
         "reshape: { shape: [ 7, 9 ] } } ]",
-        "dims [64] and reshape [7, 9] hold different numbers of elements",
+        "model input 'INPUT0' has different size for dims and reshape for reshape_mismatch",
     ),
     "nameless_input": (
         "max_batch_size: 8\ninput [ { data_type: TYPE_FP32 dims: [ 64 ] } ]",
@@ -55,7 +55,7 @@ BROKEN: dict[str, tuple[str, str]] = {
     ),
     "unknown_output": (
         'max_batch_size: 8\noutput [ { name: "NOPE" data_type: TYPE_FP32 dims: [ 10 ] } ]',
-        "config output 'NOPE' is not an output of the model",
+        "unexpected inference output 'NOPE', allowed outputs are: OUTPUT0",
     ),
     "wrong_type": (
         'max_batch_size: 8\ninput [ { name: "INPUT0" data_type: TYPE_STRING dims: [ 64 ] } ]',
@@ -80,11 +80,11 @@ BROKEN: dict[str, tuple[str, str]] = {
     ),
     "preferred_over_max": (
         "max_batch_size: 4\ndynamic_batching { preferred_batch_size: [ 8 ] }",
-        "preferred_batch_size [8] not in 1..max_batch_size 4",
+        "dynamic batching preferred size must be <= max batch size for preferred_over_max",
     ),
     "priority_out_of_range": (
         "max_batch_size: 8\ndynamic_batching { priority_levels: 2 default_priority_level: 5 }",
-        "default_priority_level 5 not in 1..priority_levels 2",
+        "default priority level must be in range [1, 2] for priority_out_of_range",
     ),
     "unknown_platform": ('platform: "caffe2_netdef"', "platform 'caffe2_netdef'"),
 }

@@ -112,7 +112,8 @@ def test_exit_on_error_stops_startup(broken_repo: Path) -> None:
     )
     assert result.returncode == 1
     assert "bad" in result.stderr
-    assert "config says TYPE_INT32 but the model has TYPE_FP32" in result.stderr
+    assert "configuration expects datatype TYPE_INT32" in result.stderr
+    assert "model provides TYPE_FP32" in result.stderr
 
 
 def test_no_exit_on_error_serves_the_rest(broken_repo: Path) -> None:

@@ -237,7 +237,8 @@ def test_index_rows_for_every_kind_of_model(repo: Path) -> None:
     ]
     [broken] = by_name["broken"]  # the version was tried: it says why it failed
     assert (broken["version"], broken["state"]) == ("1", "UNAVAILABLE")
-    assert "config says TYPE_INT32 but the model has TYPE_FP32" in broken["reason"]
+    assert "configuration expects datatype TYPE_INT32" in broken["reason"]
+    assert "model provides TYPE_FP32" in broken["reason"]
     [garbled] = by_name["garbled"]  # the config did not parse: no version was tried
     assert "version" not in garbled
     assert garbled["state"] == "UNAVAILABLE"

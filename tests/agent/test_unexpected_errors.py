@@ -148,7 +148,9 @@ def test_bad_config_override_is_a_json_400_with_the_reason(
 ) -> None:
     cases = {
         json.dumps({"max_batch_size": -2}): "max_batch_size -2 is not in 0..",
-        json.dumps({"input": [{"name": "X", "dims": [1, 0]}]}): "input 'X' dims [1, 0]",
+        json.dumps(
+            {"input": [{"name": "X", "dims": [1, 0]}]}
+        ): "input 'X' dimension must be integer >= 1",
         json.dumps({"instance_group": [{"count": -1}]}): "count -1 is not in 0..",
         json.dumps({"max_batch_size": "many"}): "invalid model config JSON",
     }

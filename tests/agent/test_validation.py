@@ -21,7 +21,7 @@ def _config(text: str) -> mc.ModelConfig:
         "max_batch_size: 0",
         f"max_batch_size: {MAX_BATCH_SIZE}",
         'input [ { name: "x" data_type: TYPE_FP32 dims: [ -1, 3 ] } ]',
-        'input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] reshape: { shape: [ ] } } ]',
+        'max_batch_size: 8 input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] reshape: { } } ]',
         f"instance_group [ {{ count: {MAX_INSTANCES_PER_GROUP} }} ]",
         "instance_group [ { count: 0 } ]",
         "version_policy: { latest: { num_versions: 2 } }",
@@ -42,9 +42,16 @@ def test_configs_a_model_can_be_served_with_pass(text: str) -> None:
         (f"max_batch_size: {MAX_BATCH_SIZE + 1}", "max_batch_size 1048577 is not in"),
         ("input [ { dims: [ 1 ] } ]", "input 0 has no name"),
         ("output [ { name: 'y' }, { name: 'y' } ]", "output 'y' is declared twice"),
-        ("input [ { name: 'x' dims: [ 0 ] } ]", r"input 'x' dims \[0\]: each dimension must be"),
+        (
+            "input [ { name: 'x' dims: [ 0 ] } ]",
+            r"model input 'x' dimension must be integer >= 1, or -1 to indicate a variable-size "
+            r"dimension for m \(dims \[0\]\)",
+        ),
         ("input [ { name: 'x' dims: [ -2 ] } ]", r"dims \[-2\]"),
-        ("output [ { name: 'y' dims: [ 4 ] reshape: { shape: [ 2, 0 ] } } ]", "reshape"),
+        (
+            "output [ { name: 'y' dims: [ 4 ] reshape: { shape: [ 2, 0 ] } } ]",
+            "model output 'y' reshape dimensions must be integer >= 1",
+        ),
         ("instance_group [ { count: -1 } ]", "instance_group 0 count -1 is not in"),
         ("instance_group [ {}, { count: 100000 } ]", "instance_group 1 count 100000"),
         ("version_policy: { latest: { num_versions: 0 } }", "num_versions must be >= 1"),
@@ -52,7 +59,7 @@ def test_configs_a_model_can_be_served_with_pass(text: str) -> None:
         ("version_policy: { specific: { versions: [ 2, 0 ] } }", r"versions \[0\] are not"),
         (
             "max_batch_size: 8\ndynamic_batching { preferred_batch_size: [ 0 ] }",
-            r"preferred_batch_size \[0\] are not positive",
+            "dynamic batching preferred size must be positive for m",
         ),
     ],
 )
