@@ -163,3 +163,26 @@ def _parameters(params: Any) -> dict[str, Any]:
         choice = param.WhichOneof("parameter_choice")
         out[key] = getattr(param, choice) if choice else None
     return out
+
+
+def decode_log_settings(request: pb.LogSettingsRequest) -> dict[str, Any]:
+    """Triton's log settings map as plain values (a value with no field set is None)."""
+    changes: dict[str, Any] = {}
+    for key, value in request.settings.items():
+        choice = value.WhichOneof("parameter_choice")
+        changes[key] = None if choice is None else getattr(value, choice)
+    return changes
+
+
+def encode_log_settings(settings: dict[str, Any]) -> pb.LogSettingsResponse:
+    """Every log setting, each in the oneof field of its type."""
+    response = pb.LogSettingsResponse()
+    for key, value in settings.items():
+        target = response.settings[key]
+        if isinstance(value, bool):
+            target.bool_param = value
+        elif isinstance(value, int):
+            target.uint32_param = value
+        else:
+            target.string_param = str(value)
+    return response

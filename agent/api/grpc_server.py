@@ -242,6 +242,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             self._dp.shared_memory.unregister_all()
         return pb.SystemSharedMemoryUnregisterResponse()
 
+    @_mapped
+    async def LogSettings(self, request: pb.LogSettingsRequest) -> pb.LogSettingsResponse:
+        settings = self._dp.log_settings.update(grpc_codec.decode_log_settings(request))
+        return grpc_codec.encode_log_settings(settings)
+
     async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
         infer_request = grpc_codec.decode_infer_request(request)
         response = await self._dp.infer(

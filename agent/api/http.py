@@ -134,6 +134,8 @@ def create_app(dataplane: DataPlane, *, max_request_bytes: int) -> web.Applicati
             web.post("/v2/repository/models/{model}/versions/{version}/activate", _activate),
             web.post("/v2/repository/models/{model}/rollback", _rollback),
             web.post("/v2/repository/models/{model}/clear-rejected", _clear_rejected),
+            web.get("/v2/logging", _log_settings),
+            web.post("/v2/logging", _update_log_settings),
             web.get("/v2/systemsharedmemory/status", _shm_status),
             web.get("/v2/systemsharedmemory/region/{region}/status", _shm_status),
             web.post("/v2/systemsharedmemory/region/{region}/register", _shm_register),
@@ -271,6 +273,16 @@ async def _clear_rejected(request: web.Request) -> web.Response:
     model = request.match_info["model"]
     cleared = await _dataplane(request).clear_rejected(model, version, by="clear-rejected")
     return _json({"model": model, "cleared": cleared})
+
+
+async def _log_settings(request: web.Request) -> web.Response:
+    return _json(_dataplane(request).log_settings.get())
+
+
+async def _update_log_settings(request: web.Request) -> web.Response:
+    """Body: the settings to change, e.g. {"log_verbose_level": 1} (Triton's logging extension)."""
+    changes = await _optional_json(request)
+    return _json(_dataplane(request).log_settings.update(changes))
 
 
 async def _shm_status(request: web.Request) -> web.Response:

@@ -34,6 +34,7 @@ from agent.models.registry import ModelRegistry
 from agent.proto import model_config_pb2 as mc
 from agent.repository.model_config import config_from_json, config_to_json
 from agent.scheduling.statistics import FailureReason
+from agent.serving.log_settings import LogSettings
 from agent.serving.response_cache import ResponseCache, cache_key
 from agent.serving.shared_memory import SharedMemoryRegistry
 from agent.tensors.request import InferRequest, InferResponse, OutputTensor, shared_memory_outputs
@@ -43,6 +44,7 @@ logger = logging.getLogger(__name__)
 SERVER_NAME = "edge-agent"
 EXTENSIONS = (
     "binary_tensor_data",
+    "logging",
     "model_configuration",
     "model_repository",
     "parameters",
@@ -64,6 +66,7 @@ class DataPlane:
         versions: CachedVersions | None = None,
         canary: CanaryManager | None = None,
         shared_memory: SharedMemoryRegistry | None = None,
+        log_settings: LogSettings | None = None,
     ) -> None:
         self._registry = registry
         self._cache = cache
@@ -72,6 +75,7 @@ class DataPlane:
         self.versions = versions
         self.canary = canary or CanaryManager(registry)
         self.shared_memory = shared_memory or SharedMemoryRegistry()
+        self.log_settings = log_settings or LogSettings()
         self._ready = False
         registry.step_runner.runner = self.infer  # ensemble steps are ordinary inferences
 
