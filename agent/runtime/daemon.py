@@ -450,7 +450,9 @@ async def run_agent(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         if reload_config is not None:
-            Reloader(config, reload_config, agent.registry, notifier).install(loop)
+            Reloader(
+                config, reload_config, agent.registry, notifier, agent.dataplane.log_settings
+            ).install(loop)
         served = len(agent.registry.served_models())
         notifier.ready(f"serving {served} model(s) on port {agent.http_port}")
         await stop.wait()

@@ -48,13 +48,21 @@ class LogSettings:
         self._root = root or logging.getLogger()
         self._lock = threading.Lock()
         self.log_file = log_file
-        level = self._root.level or logging.WARNING
+        self.log_format = "default"
+        self._filter = _LevelFilter(self)
+        self._from_level(self._root.level or logging.WARNING)
+
+    def _from_level(self, level: int) -> None:
         self.log_info = level <= logging.INFO
         self.log_warning = level <= logging.WARNING
         self.log_error = level <= logging.ERROR
         self.log_verbose_level = 1 if level <= logging.DEBUG else 0
-        self.log_format = "default"
-        self._filter = _LevelFilter(self)
+
+    def set_level(self, name: str) -> None:
+        """Back to one threshold (`debug`, `info`, ...), as `--log-level` and SIGHUP set it."""
+        with self._lock:
+            self._from_level(logging.getLevelName(name.upper()))
+            self._apply()
 
     def get(self) -> dict[str, Any]:
         """All settings, in Triton's order."""

@@ -246,3 +246,20 @@ def test_initial_settings_follow_the_configured_level() -> None:
         True,
         True,
     )
+
+
+def test_set_level_resets_every_switch() -> None:
+    """SIGHUP's `log.level` goes through the same settings, so `/v2/logging` stays true."""
+    root = logging.Logger("probe")
+    root.setLevel(logging.INFO)
+    settings = LogSettings(root=root)
+    settings.update({"log_warning": False, "log_verbose_level": 4})
+    settings.set_level("error")
+    assert settings.get()["log_info"] is False
+    assert settings.get()["log_warning"] is False
+    assert settings.get()["log_error"] is True
+    assert settings.get()["log_verbose_level"] == 0
+    assert root.level == logging.ERROR
+    settings.set_level("debug")
+    assert settings.get()["log_verbose_level"] == 1
+    assert root.level == logging.DEBUG
