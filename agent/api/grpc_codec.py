@@ -186,3 +186,26 @@ def encode_log_settings(settings: dict[str, Any]) -> pb.LogSettingsResponse:
         else:
             target.string_param = str(value)
     return response
+
+
+def decode_trace_settings(request: pb.TraceSettingRequest) -> dict[str, Any]:
+    """Triton's trace settings map as the HTTP body has them: `trace_level` a list of strings,
+    the others one string; no strings is None (clear)."""
+    changes: dict[str, Any] = {}
+    for key, value in request.settings.items():
+        values = list(value.value)
+        if not values:
+            changes[key] = None
+        elif key == "trace_level":
+            changes[key] = values
+        else:
+            changes[key] = values[0] if len(values) == 1 else values
+    return changes
+
+
+def encode_trace_settings(settings: dict[str, Any]) -> pb.TraceSettingResponse:
+    """Every trace setting as a list of strings."""
+    response = pb.TraceSettingResponse()
+    for key, value in settings.items():
+        response.settings[key].value.extend(value if isinstance(value, list) else [str(value)])
+    return response
