@@ -38,7 +38,7 @@ class _LevelFilter(logging.Filter):
         self._settings = settings
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return self._settings.enabled(record.levelno)
+        return not self._settings.gaps or self._settings.enabled(record.levelno)
 
 
 class LogSettings:
@@ -49,6 +49,7 @@ class LogSettings:
         self._lock = threading.Lock()
         self.log_file = log_file
         self.log_format = "default"
+        self.gaps = False  # a level off above the lowest one on: the filter has work to do
         self._filter = _LevelFilter(self)
         self._from_level(self._root.level or logging.WARNING)
 
@@ -114,6 +115,8 @@ class LogSettings:
             if self.enabled(level):
                 lowest = level
         self._root.setLevel(lowest)
+        levels = (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR)
+        self.gaps = any(level > lowest and not self.enabled(level) for level in levels)
         for handler in self._root.handlers:
             if self._filter not in handler.filters:
                 handler.addFilter(self._filter)
