@@ -163,3 +163,49 @@ def _parameters(params: Any) -> dict[str, Any]:
         choice = param.WhichOneof("parameter_choice")
         out[key] = getattr(param, choice) if choice else None
     return out
+
+
+def decode_log_settings(request: pb.LogSettingsRequest) -> dict[str, Any]:
+    """Triton's log settings map as plain values (a value with no field set is None)."""
+    changes: dict[str, Any] = {}
+    for key, value in request.settings.items():
+        choice = value.WhichOneof("parameter_choice")
+        changes[key] = None if choice is None else getattr(value, choice)
+    return changes
+
+
+def encode_log_settings(settings: dict[str, Any]) -> pb.LogSettingsResponse:
+    """Every log setting, each in the oneof field of its type."""
+    response = pb.LogSettingsResponse()
+    for key, value in settings.items():
+        target = response.settings[key]
+        if isinstance(value, bool):
+            target.bool_param = value
+        elif isinstance(value, int):
+            target.uint32_param = value
+        else:
+            target.string_param = str(value)
+    return response
+
+
+def decode_trace_settings(request: pb.TraceSettingRequest) -> dict[str, Any]:
+    """Triton's trace settings map as the HTTP body has them: `trace_level` a list of strings,
+    the others one string; no strings is None (clear)."""
+    changes: dict[str, Any] = {}
+    for key, value in request.settings.items():
+        values = list(value.value)
+        if not values:
+            changes[key] = None
+        elif key == "trace_level":
+            changes[key] = values
+        else:
+            changes[key] = values[0] if len(values) == 1 else values
+    return changes
+
+
+def encode_trace_settings(settings: dict[str, Any]) -> pb.TraceSettingResponse:
+    """Every trace setting as a list of strings."""
+    response = pb.TraceSettingResponse()
+    for key, value in settings.items():
+        response.settings[key].value.extend(value if isinstance(value, list) else [str(value)])
+    return response

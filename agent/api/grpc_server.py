@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -242,12 +243,44 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             self._dp.shared_memory.unregister_all()
         return pb.SystemSharedMemoryUnregisterResponse()
 
+    @_mapped
+    async def TraceSetting(self, request: pb.TraceSettingRequest) -> pb.TraceSettingResponse:
+        changes = grpc_codec.decode_trace_settings(request)  # none: a read, as in Triton
+        settings = self._dp.trace_setting(request.model_name or None, changes or None)
+        return grpc_codec.encode_trace_settings(settings)
+
+    @_mapped
+    async def LogSettings(self, request: pb.LogSettingsRequest) -> pb.LogSettingsResponse:
+        settings = self._dp.log_settings.update(grpc_codec.decode_log_settings(request))
+        return grpc_codec.encode_log_settings(settings)
+
     async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+        if self._dp.tracer.active:
+            return await self._infer_traced(request)
         infer_request = grpc_codec.decode_infer_request(request)
         response = await self._dp.infer(
             request.model_name, request.model_version or None, infer_request
         )
         return grpc_codec.encode_infer_response(response, infer_request)
+
+    async def _infer_traced(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+        """`_infer` with Triton's gRPC timestamps when the request is sampled for tracing."""
+        read = time.perf_counter_ns()
+        trace = self._dp.tracer.start(request.model_name, request.id)
+        infer_request = grpc_codec.decode_infer_request(request)
+        version = request.model_version or None
+        if trace is None:
+            response = await self._dp.infer(request.model_name, version, infer_request)
+            return grpc_codec.encode_infer_response(response, infer_request)
+        trace.stamp("GRPC_WAITREAD_END", read)
+        try:
+            response = await self._dp.infer(request.model_name, version, infer_request, trace)
+            trace.stamp("GRPC_SEND_START")
+            message = grpc_codec.encode_infer_response(response, infer_request)
+            trace.stamp("GRPC_SEND_END")
+            return message
+        finally:
+            self._dp.tracer.finish(trace)
 
 
 async def start_grpc_server(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -134,6 +135,12 @@ def create_app(dataplane: DataPlane, *, max_request_bytes: int) -> web.Applicati
             web.post("/v2/repository/models/{model}/versions/{version}/activate", _activate),
             web.post("/v2/repository/models/{model}/rollback", _rollback),
             web.post("/v2/repository/models/{model}/clear-rejected", _clear_rejected),
+            web.get("/v2/trace/setting", _trace_setting),
+            web.post("/v2/trace/setting", _trace_setting),
+            web.get(model + "/trace/setting", _trace_setting),
+            web.post(model + "/trace/setting", _trace_setting),
+            web.get("/v2/logging", _log_settings),
+            web.post("/v2/logging", _update_log_settings),
             web.get("/v2/systemsharedmemory/status", _shm_status),
             web.get("/v2/systemsharedmemory/region/{region}/status", _shm_status),
             web.post("/v2/systemsharedmemory/region/{region}/register", _shm_register),
@@ -273,6 +280,22 @@ async def _clear_rejected(request: web.Request) -> web.Response:
     return _json({"model": model, "cleared": cleared})
 
 
+async def _trace_setting(request: web.Request) -> web.Response:
+    """Triton's trace extension; POST body: the settings to change, e.g. {"trace_rate": "1"}."""
+    changes = await _optional_json(request) if request.method == "POST" else None
+    return _json(_dataplane(request).trace_setting(request.match_info.get("model"), changes))
+
+
+async def _log_settings(request: web.Request) -> web.Response:
+    return _json(_dataplane(request).log_settings.get())
+
+
+async def _update_log_settings(request: web.Request) -> web.Response:
+    """Body: the settings to change, e.g. {"log_verbose_level": 1} (Triton's logging extension)."""
+    changes = await _optional_json(request)
+    return _json(_dataplane(request).log_settings.update(changes))
+
+
 async def _shm_status(request: web.Request) -> web.Response:
     regions = _dataplane(request).shared_memory.status(request.match_info.get("region"))
     return _json([r.to_json() for r in regions])
@@ -320,11 +343,39 @@ async def _optional_json(request: web.Request) -> dict[str, Any]:
 
 
 async def _infer(request: web.Request) -> web.Response:
+    if _dataplane(request).tracer.active:
+        return await _infer_traced(request)
     header_length = _header_length(request)
     body = await request.read()
     infer_request = decode_infer_request(body, header_length)
     response = await _dataplane(request).infer(*_target(request), infer_request)
-    payload, json_length = encode_infer_response(response, infer_request)
+    return _infer_response(*encode_infer_response(response, infer_request))
+
+
+async def _infer_traced(request: web.Request) -> web.Response:
+    """`_infer` with Triton's HTTP timestamps when the request is sampled for tracing."""
+    dataplane = _dataplane(request)
+    received = time.perf_counter_ns()
+    header_length = _header_length(request)
+    body = await request.read()
+    infer_request = decode_infer_request(body, header_length)
+    trace = dataplane.tracer.start(request.match_info["model"], infer_request.id or "")
+    if trace is None:
+        response = await dataplane.infer(*_target(request), infer_request)
+        return _infer_response(*encode_infer_response(response, infer_request))
+    trace.stamp("HTTP_RECV_START", received)
+    trace.stamp("HTTP_RECV_END")
+    try:
+        response = await dataplane.infer(*_target(request), infer_request, trace)
+        trace.stamp("HTTP_SEND_START")
+        answer = _infer_response(*encode_infer_response(response, infer_request))
+        trace.stamp("HTTP_SEND_END")
+        return answer
+    finally:
+        dataplane.tracer.finish(trace)
+
+
+def _infer_response(payload: bytes, json_length: int | None) -> web.Response:
     if json_length is None:
         return web.Response(body=payload, content_type="application/json")
     return web.Response(

@@ -135,6 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="model cache root: serve its repository view (versions activated atomically)",
     )
     serve.add_argument("--log-level", dest="log.level", help="debug, info, warning, error")
+    serve.add_argument(
+        "--trace-file",
+        type=Path,
+        dest="log.trace_file",
+        help="where request traces go (Triton's trace JSON; turn on with /v2/trace/setting)",
+    )
 
     cache = commands.add_parser("cache", help="the local model cache (agent stopped)")
     cache_commands = cache.add_subparsers(dest="cache_command", required=True)

@@ -8,7 +8,7 @@
     [sync]    source, trusted_root, desired, interval_s, jitter_s, ... (see sync/config.py)
     [mqtt]    host, port, device_id, tls_*, topic_prefix, telemetry_interval_ms, slo, ...
               (see agent/fleet/config.py)
-    [log]     level
+    [log]     level, trace_file
     [canary.MODEL]  version, share, promote_after, window, min_requests, max_error_rate,
               max_p95_ms (one table per model; see agent/canary/policy.py)
 
@@ -82,6 +82,7 @@ class LogConfig:
     """Logging."""
 
     level: str = "info"
+    trace_file: Path | None = None  # Triton's trace JSON (settings: /v2/trace/setting)
 
 
 @dataclass(frozen=True, slots=True)

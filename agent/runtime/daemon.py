@@ -52,6 +52,7 @@ from agent.scheduling.statistics import StatisticsRegistry
 from agent.serving.dataplane import DataPlane
 from agent.serving.response_cache import ResponseCache
 from agent.serving.shared_memory import SharedMemoryRegistry
+from agent.serving.trace import Tracer
 from model_cache import CacheError, ModelCache
 from sync.errors import SyncConfigError, SyncError
 from sync.policy import parse_desired
@@ -87,6 +88,7 @@ class RunningAgent:
         """
         self.dataplane.set_ready(False)
         await self.stack.aclose()
+        self.dataplane.tracer.flush()
         logger.info("agent stopped")
 
 
@@ -184,6 +186,7 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         versions,
         canary,
         shared_memory=SharedMemoryRegistry(enabled=config.server.shared_memory),
+        tracer=Tracer(str(config.log.trace_file or "")),
     )
     sync = _build_sync(config, model_cache, versions, events)
     port = await _serve_http(
@@ -450,7 +453,9 @@ async def run_agent(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         if reload_config is not None:
-            Reloader(config, reload_config, agent.registry, notifier).install(loop)
+            Reloader(
+                config, reload_config, agent.registry, notifier, agent.dataplane.log_settings
+            ).install(loop)
         served = len(agent.registry.served_models())
         notifier.ready(f"serving {served} model(s) on port {agent.http_port}")
         await stop.wait()

@@ -16,6 +16,8 @@ import struct
 from collections.abc import Mapping
 from pathlib import Path
 
+from agent.serving.log_settings import AGENT_HANDLER_NAME, formatter
+
 JOURNAL_SOCKET = Path("/run/systemd/journal/socket")
 EXTRA_FIELDS = ("model", "version", "request_id", "strategy")
 _PRIORITY = {
@@ -93,5 +95,6 @@ def setup_logging(level: str, environ: Mapping[str, str] | None = None) -> None:
         handler.setFormatter(logging.Formatter("%(message)s"))
     else:
         handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(formatter("default"))
+    handler.set_name(AGENT_HANDLER_NAME)  # `agent.serving.log_settings` changes its format live
     logging.basicConfig(level=level.upper(), handlers=[handler])

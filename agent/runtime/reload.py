@@ -33,6 +33,7 @@ from agent.proto import model_config_pb2 as mc
 from agent.repository.model_config import load_model_config
 from agent.runtime.systemd_notify import Notifier
 from agent.scheduling.batching import BatchingPolicy
+from agent.serving.log_settings import LogSettings
 
 __all__ = ["ReloadReport", "Reloader", "restart_keys"]
 
@@ -88,6 +89,7 @@ class Reloader:
         load: Callable[[], AgentConfig],
         registry: ModelRegistry,
         notifier: Notifier | None = None,
+        log_settings: LogSettings | None = None,
     ) -> None:
         """Args:
         running: the config the agent started with.
@@ -95,11 +97,13 @@ class Reloader:
             AgentConfigError); called in a worker thread.
         registry: the loaded models.
         notifier: told RELOADING=1 and then READY=1 around each reload.
+        log_settings: the live log settings (`/v2/logging`), reset to the new `log.level`.
         """
         self._running = running
         self._load = load
         self._registry = registry
         self._notifier = notifier
+        self._log_settings = log_settings
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[ReloadReport]] = set()
 
@@ -152,7 +156,10 @@ class Reloader:
         for key in restart:
             logger.warning("config reload: %s changed; it takes effect after a restart", key)
         if new.log.level.lower() != self._running.log.level.lower():
-            logging.getLogger().setLevel(new.log.level.upper())
+            if self._log_settings is not None:
+                self._log_settings.set_level(new.log.level)
+            else:
+                logging.getLogger().setLevel(new.log.level.upper())
             applied.append(f"log.level: {self._running.log.level} -> {new.log.level}")
             logger.warning("config reload: log level now %s", new.log.level)
             self._running = dataclasses.replace(self._running, log=new.log)

@@ -34,8 +34,10 @@ from agent.models.registry import ModelRegistry
 from agent.proto import model_config_pb2 as mc
 from agent.repository.model_config import config_from_json, config_to_json
 from agent.scheduling.statistics import FailureReason
+from agent.serving.log_settings import LogSettings
 from agent.serving.response_cache import ResponseCache, cache_key
 from agent.serving.shared_memory import SharedMemoryRegistry
+from agent.serving.trace import Trace, Tracer
 from agent.tensors.request import InferRequest, InferResponse, OutputTensor, shared_memory_outputs
 
 logger = logging.getLogger(__name__)
@@ -43,12 +45,14 @@ logger = logging.getLogger(__name__)
 SERVER_NAME = "edge-agent"
 EXTENSIONS = (
     "binary_tensor_data",
+    "logging",
     "model_configuration",
     "model_repository",
     "parameters",
     "schedule_policy",
     "statistics",
     "system_shared_memory",
+    "trace",
 )
 
 
@@ -64,6 +68,8 @@ class DataPlane:
         versions: CachedVersions | None = None,
         canary: CanaryManager | None = None,
         shared_memory: SharedMemoryRegistry | None = None,
+        log_settings: LogSettings | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self._registry = registry
         self._cache = cache
@@ -72,6 +78,8 @@ class DataPlane:
         self.versions = versions
         self.canary = canary or CanaryManager(registry)
         self.shared_memory = shared_memory or SharedMemoryRegistry()
+        self.log_settings = log_settings or LogSettings()
+        self.tracer = tracer or Tracer()
         self._ready = False
         registry.step_runner.runner = self.infer  # ensemble steps are ordinary inferences
 
@@ -202,8 +210,31 @@ class DataPlane:
             return self._registry.stats.snapshot(served.name, str(number) if version else None)
         return self._registry.stats.snapshot()
 
-    async def infer(self, name: str, version: str | None, request: InferRequest) -> InferResponse:
+    def trace_setting(
+        self, model: str | None, changes: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Triton's trace settings, global or one model's; `changes` (POST) updates them first.
+
+        Raises:
+            InvalidInputError: the model is unknown or not ready, or a setting is refused.
+        """
+        if model is not None:
+            try:
+                ready = self.model_ready(model, None)
+            except ModelNotFoundError:
+                ready = False
+            if not ready:
+                raise InvalidInputError(f"Request for unknown model : {model}")
+        if changes is None:
+            return self.tracer.settings(model)
+        return self.tracer.update(model, changes)
+
+    async def infer(
+        self, name: str, version: str | None, request: InferRequest, trace: Trace | None = None
+    ) -> InferResponse:
         """Validate a request, answer from the response cache or queue it on the scheduler.
+
+        `trace` (tracing on and this request sampled) collects the request's timestamps.
 
         Raises:
             ModelNotFoundError, ModelNotReadyError: the model or version cannot serve.
@@ -215,10 +246,14 @@ class DataPlane:
                 every failure it is counted in the statistics and told to the canary.
         """
         start = time.perf_counter_ns()
+        if trace is not None:
+            trace.stamp("REQUEST_START", start)
         await self.manager.wait_if_swapping(name)
         routed = None if version else self.canary.route(name)  # canary: unversioned only
         served, number = self._registry.resolve(name, str(routed) if routed else version)
         loaded = served.versions[number]
+        if trace is not None:
+            trace.model_version = number
         stats = loaded.stats
         version_text = str(number)
         key: bytes | None = None
@@ -241,9 +276,20 @@ class DataPlane:
                         ns=now - lookup, now_ms=_now_ms(), request_ns=now - start
                     )
                     self._canary_outcome(name, routed, start, None)
+                    if trace is not None:
+                        trace.stamp("REQUEST_END")
                     return InferResponse(served.name, version_text, hit, request.id)
                 stats.record_cache_miss(ns=time.perf_counter_ns() - lookup)
+            queued = time.perf_counter_ns() if trace is not None else 0
             result = await loaded.scheduler.submit(valid, priority=priority, timeout_us=timeout_us)
+            if trace is not None:
+                trace.executed(
+                    queued,
+                    result.queue_ns,
+                    result.compute_input_ns,
+                    result.compute_infer_ns,
+                    result.compute_output_ns,
+                )
             sig = served.signature
             outputs = tuple(
                 OutputTensor(n, sig.outputs[n].datatype, sig.shape_output(n, data))
@@ -262,6 +308,8 @@ class DataPlane:
                 now_ms=_now_ms(),
             )
             self._canary_outcome(name, routed, start, error)
+            if trace is not None:
+                trace.stamp("REQUEST_END")
             if error is exc:
                 raise
             raise error from exc
@@ -276,6 +324,8 @@ class DataPlane:
         if key is not None and self._cache is not None:
             self._cache.put(key, outputs, model=served.name, version=version_text)
         self._canary_outcome(name, routed, start, None)
+        if trace is not None:
+            trace.stamp("REQUEST_END")
         return InferResponse(served.name, version_text, outputs, request.id)
 
     def _canary_outcome(
