@@ -20,9 +20,9 @@ from collections.abc import Collection, Iterable, Sequence
 
 from agent.errors import ModelConfigError
 from agent.proto import model_config_pb2 as mc
+from agent.repository.ensemble_rules import check_ensemble
 from agent.tensors.datatypes import ModelTensor
 
-ENSEMBLE_PLATFORM = "ensemble"
 TENSORRT_PLATFORM = "tensorrt_plan"
 WILDCARD_DIM = -1
 # Backends that cannot send a request's responses apart from its execution (Triton's decoupled
@@ -66,7 +66,7 @@ def check_config(config: mc.ModelConfig, model_name: str) -> None:
         _check_dynamic_batching(config.dynamic_batching, name)
     if config.HasField("sequence_batching"):
         _check_sequence_batching(config, name)
-    _check_ensemble(config, name)
+    check_ensemble(config, name)
     if config.model_transaction_policy.decoupled and config.response_cache.enable:
         raise _fail(
             f"Response Cache does not currently support model {name} with 'decoupled' "
@@ -263,92 +263,6 @@ def _check_control_kind(batcher: mc.ModelSequenceBatching, kind: int, model: str
             f"sequence batching control '{field}' must have exactly 2 entries for {kind_name} "
             f"for {model}"
         )
-
-
-def _check_ensemble(config: mc.ModelConfig, model: str) -> None:
-    ensemble = config.platform == ENSEMBLE_PLATFORM
-    if ensemble and config.backend:
-        raise _fail(
-            f"Ensemble model '{model}' must have platform type '{ENSEMBLE_PLATFORM}' and empty "
-            "backend type"
-        )
-    if not config.HasField("ensemble_scheduling"):
-        if ensemble:
-            raise _fail(
-                f"ensemble scheduling must be set for ensemble {model} whose platform is "
-                f"{ENSEMBLE_PLATFORM}"
-            )
-        return
-    if not ensemble:
-        raise _fail(
-            f"ensemble scheduling cannot be set for model '{model}' whose platform is not "
-            f"{ENSEMBLE_PLATFORM}"
-        )
-    if config.instance_group:
-        raise _fail(f"instance group should not be specified for ensemble '{model}'")
-    if config.HasField("optimization"):
-        raise _fail(f"optimization should not be specified for ensemble '{model}'")
-    if config.model_warmup:
-        raise _fail(f"model_warmup can not be specified for ensemble '{model}'")
-    if not config.ensemble_scheduling.step:
-        raise _fail(f"must specify 'step' for ensemble '{model}'")
-    _check_ensemble_flow(config, model)
-
-
-def _check_ensemble_flow(config: mc.ModelConfig, model: str) -> None:
-    """Every ensemble input feeds a step, every output is written, no tensor is left unused."""
-    written: dict[str, set[str]] = {}  # ensemble tensor -> tensors its producing step reads
-    read: set[str] = set()  # tensors some step reads
-    for index, step in enumerate(config.ensemble_scheduling.step):
-        for field in ("model_name", "input_map", "output_map"):
-            if not getattr(step, field):
-                raise _fail(f"must specify '{field}' in step {index} of ensemble '{model}'")
-        for tensor in step.output_map.values():
-            if tensor in written:
-                raise _fail(
-                    f"ensemble tensor '{tensor}' can appear in an output map only once for "
-                    f"ensemble '{model}' step {index}"
-                )
-            written[tensor] = set(step.input_map.values())
-        read.update(step.input_map.values())
-    tensors = read | set(written)
-    inputs = [t.name for t in config.input]
-    for name in inputs:
-        if name not in tensors:
-            raise _fail(f"ensemble input '{name}' for ensemble {model}' is not used")
-    ready = set(inputs)
-    changed = True
-    while changed:  # a step's outputs are ready once all the tensors it reads are
-        changed = False
-        for tensor, needs in written.items():
-            if tensor not in ready and needs <= ready:
-                ready.add(tensor)
-                changed = True
-    outputs = {t.name for t in config.output}
-    for name in (t.name for t in config.output):
-        if name not in tensors:
-            raise _fail(f"ensemble output '{name}' for ensemble {model}' is not used")
-        if name not in ready:
-            missing = _first_unready_source(name, written, ready)
-            cause = (
-                f": at least one of its depending tensors, '{missing}', is not connected"
-                if missing != name
-                else ""
-            )
-            raise _fail(f"output '{name}' for ensemble '{model}' is not written{cause}")
-    for tensor in sorted(tensors - outputs):
-        if tensor not in ready or tensor not in read:
-            raise _fail(f"ensemble tensor '{tensor}' is unused in ensemble '{model}'")
-
-
-def _first_unready_source(name: str, written: dict[str, set[str]], ready: set[str]) -> str:
-    current, seen = name, {name}
-    while True:
-        upstream = sorted(t for t in written.get(current, ()) if t not in ready and t not in seen)
-        if not upstream:
-            return current
-        current = upstream[0]
-        seen.add(current)
 
 
 def _check_model_metrics(metrics: mc.ModelMetrics) -> None:
