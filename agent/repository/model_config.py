@@ -143,5 +143,28 @@ def _scalar_or_message(field: Any, value: Any) -> Any:
 
 
 def instance_count(config: mc.ModelConfig) -> int:
-    """Executions in flight for a model: the sum of its instance groups' counts (default 1)."""
-    return max(1, sum(max(1, g.count) for g in config.instance_group))
+    """Executions in flight for a model: the sum of its instance groups' counts.
+
+    A config not yet completed counts as Triton will complete it: no group is one group of the
+    default count, a group without a count has the default count (`default_instance_count`).
+    """
+    if not config.instance_group:
+        return default_instance_count(config, mc.ModelInstanceGroup.KIND_AUTO)
+    counts = (
+        g.count if g.count > 0 else default_instance_count(config, g.kind)
+        for g in config.instance_group
+    )
+    return max(1, sum(counts))
+
+
+def default_instance_count(config: mc.ModelConfig, kind: int) -> int:
+    """Triton core's SetDefaultInstanceCount on a device without GPUs: 2 for a CPU group (a
+    KIND_AUTO one runs on the CPU here) of the onnxruntime backend, 1 otherwise.
+
+    A config that names neither backend nor platform is an ONNX model (see autocomplete).
+    """
+    onnx = config.backend == "onnxruntime" or (
+        not config.backend and config.platform in ("", "onnxruntime_onnx")
+    )
+    cpu = kind in (mc.ModelInstanceGroup.KIND_CPU, mc.ModelInstanceGroup.KIND_AUTO)
+    return 2 if onnx and cpu else 1

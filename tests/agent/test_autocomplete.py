@@ -67,9 +67,10 @@ def test_completed_defaults_version_policy_and_instance_group() -> None:
 
     assert config.version_policy.WhichOneof("policy_choice") == "latest"
     assert config.version_policy.latest.num_versions == 1
+    # Triton: the group it adds is named after the model; 2 CPU instances for onnxruntime.
     (group,) = config.instance_group
-    assert group.name == "m_0"
-    assert group.count == 1
+    assert group.name == "m"
+    assert group.count == 2
     assert group.kind == mc.ModelInstanceGroup.KIND_CPU
 
 
@@ -79,7 +80,7 @@ def test_instance_group_gaps_are_filled() -> None:
     )
 
     first, second = config.instance_group
-    assert (first.name, first.count, first.kind) == ("m_0", 1, mc.ModelInstanceGroup.KIND_CPU)
+    assert (first.name, first.count, first.kind) == ("m_0", 2, mc.ModelInstanceGroup.KIND_CPU)
     assert (second.name, second.count, second.kind) == ("gpu", 3, mc.ModelInstanceGroup.KIND_GPU)
 
 
@@ -135,9 +136,12 @@ def test_declared_outputs_are_a_subset() -> None:
 
     config = complete('output [ { name: "OUTPUT1" } ]', BATCHING_INPUTS, outputs)
 
+    # Only the batch dimension: Triton's ONNX Runtime backend writes dims [1] and an empty reshape.
     assert [(o.name, o.data_type, list(o.dims)) for o in config.output] == [
-        ("OUTPUT1", mc.TYPE_INT32, []),
+        ("OUTPUT1", mc.TYPE_INT32, [1]),
     ]
+    assert config.output[0].HasField("reshape")
+    assert list(config.output[0].reshape.shape) == []
 
 
 def test_every_datatype_is_completed() -> None:
@@ -334,9 +338,15 @@ def test_strict_complete_config_is_accepted() -> None:
     assert config.instance_group[0].kind == mc.ModelInstanceGroup.KIND_CPU
 
 
-def test_strict_requires_platform() -> None:
-    with pytest.raises(ModelConfigError, match="must set platform or backend"):
-        complete("", auto_complete=False)
+def test_strict_still_fills_backend_fields() -> None:
+    # Triton core fills backend, platform and model file name even with auto-complete off.
+    text = STRICT_FULL.replace('platform: "onnxruntime_onnx"', "")
+    assert "platform" not in text
+
+    config = complete(text, auto_complete=False)
+
+    assert (config.platform, config.backend) == ("onnxruntime_onnx", "onnxruntime")
+    assert config.default_model_filename == "model.onnx"
 
 
 def test_strict_refuses_missing_input() -> None:

@@ -102,7 +102,9 @@ def test_from_config_builds_contracts() -> None:
         "MASK": TensorContract("MASK", "INT64", (2,), None),
     }
     assert list(sig.outputs) == ["PROBS", "LABEL"]
-    assert sig.outputs["LABEL"] == TensorContract("LABEL", "BYTES", (), None)
+    # Only the batch dimension: completed as Triton's ONNX Runtime backend does, dims [1] with an
+    # empty reshape (clients see [batch, 1]).
+    assert sig.outputs["LABEL"] == TensorContract("LABEL", "BYTES", (1,), ())
 
 
 def test_from_config_keeps_reshape_and_optional() -> None:
