@@ -379,3 +379,8 @@ class ModelConfig:
                 current["optional"] = tensor["optional"]
             return
         self._model_config[kind].append(dict(tensor))
+
+
+# Custom metrics (Triton's MetricFamily / Metric) live in their own module, which needs the
+# exceptions above: imported last on purpose.
+from agent.pb_metrics import Metric, MetricFamily, MetricKind  # noqa: E402, F401

@@ -18,6 +18,8 @@ Emitted, per model version (labels `model`, `version`):
     nv_inference_{request,queue,compute_input,compute_infer,compute_output}_summary_us (summary),
     nv_cache_num_hits_per_model, nv_cache_num_misses_per_model,
     nv_cache_hit_duration_per_model, nv_cache_miss_duration_per_model (µs).
+Python models' custom metrics (`pb_utils.MetricFamily`, `agent.backends.custom_metrics`): each
+family under its own name and description, counters untyped like the ones above.
 Host-wide: nv_cpu_utilization, nv_cpu_memory_total_bytes, nv_cpu_memory_used_bytes, and, with a
 `MemorySource`, edge_agent_memory_budget_bytes and edge_agent_memory_used_bytes. With a
 `CanarySource`, edge_agent_canary_share{model,version}: each running canary's share of the
@@ -26,6 +28,7 @@ model's unversioned traffic, for the candidate and the baseline.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Final, Protocol
 
@@ -34,6 +37,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric, UnknownMetricFamily
 
+from agent.backends.custom_metrics import FamilySnapshot
 from agent.scheduling.statistics import (
     Duration,
     InferStat,
@@ -140,6 +144,7 @@ class TritonCollector:
         snaps = [m.snapshot() for m in self._stats.all()]
         yield from _model_families(snaps)
         yield from self._host_families()
+        yield from _custom_families(self._stats.custom_metrics.snapshot())
         if self._canary is not None:
             family = GaugeMetricFamily(
                 "edge_agent_canary_share",
@@ -174,6 +179,31 @@ class TritonCollector:
                 "Memory the agent's loaded models use, in bytes",
                 value=self._memory.used_bytes(),
             )
+
+
+def _custom_families(families: list[FamilySnapshot]) -> Iterator[Metric]:
+    """Python models' `pb_utils.MetricFamily` families, under the names the models gave.
+
+    Counters are untyped, as the agent's own (see the module docstring: no `_total` added);
+    gauges and histograms keep their types. Metrics of one family may have different labels.
+    """
+    types = {"COUNTER": "unknown", "GAUGE": "gauge", "HISTOGRAM": "histogram"}
+    for fam in families:
+        if not fam.series:
+            continue
+        family = Metric(fam.name, fam.description, types[fam.kind])
+        for s in fam.series:
+            if fam.kind != "HISTOGRAM":
+                family.add_sample(fam.name, s.labels, s.value)
+                continue
+            cumulative = 0
+            for bound, count in zip((*s.buckets, math.inf), s.counts, strict=True):
+                cumulative += count
+                le = "+Inf" if bound == math.inf else format(bound, "g")
+                family.add_sample(fam.name + "_bucket", {**s.labels, "le": le}, cumulative)
+            family.add_sample(fam.name + "_count", s.labels, float(cumulative))
+            family.add_sample(fam.name + "_sum", s.labels, s.total)
+        yield family
 
 
 def _counter(

@@ -58,6 +58,7 @@ import numpy as np
 
 import agent
 from agent.backends import python_ipc as ipc
+from agent.backends.custom_metrics import CustomMetricStore
 from agent.errors import (
     AgentError,
     BackendError,
@@ -215,6 +216,7 @@ class PythonBackend:
         model_name: str = "",
         version: int = 0,
         auto_complete: bool = True,
+        custom_metrics: CustomMetricStore | None = None,
     ) -> None:
         """Start one worker per instance and run `initialize` in each.
 
@@ -231,6 +233,7 @@ class PythonBackend:
                 f"python model '{self.name}' version {self.version}: {self.model_file} not found"
             )
         self._failure: str | None = None
+        self._custom_metrics = custom_metrics
         self._lock = threading.Lock()
         self._closed = False
         self._workers: list[_Worker] = []
@@ -349,6 +352,8 @@ class PythonBackend:
                 )
         for worker in self._workers:
             worker.conn.close()
+            if self._custom_metrics is not None:  # its series go with it, as in Triton
+                self._custom_metrics.release(self._metrics_source(worker))
             if worker.index in finalized:
                 _reap(worker)  # it exits by itself after FINALIZED; SIGKILL if it lingers
             else:
@@ -387,6 +392,8 @@ class PythonBackend:
             raise ModelLoadError(f"{where}: {self._exit_reason(worker)}") from None
         finally:
             worker.conn.close()
+            if self._custom_metrics is not None:
+                self._custom_metrics.release(self._metrics_source(worker))
         _reap(worker)  # it exits after answering
         if reply.kind != ipc.COMPLETED:
             raise ModelLoadError(f"{where} failed: {reply.meta.get('message', reply.kind)}")
@@ -404,6 +411,9 @@ class PythonBackend:
         """
         while True:
             message = ipc.receive(worker.conn, deadline)
+            if message.kind == ipc.METRICS:
+                self._apply_metrics(worker, message)
+                continue
             if message.kind != ipc.LOG:
                 return message
             meta = message.meta
@@ -415,6 +425,22 @@ class PythonBackend:
                 os.path.basename(str(meta.get("file", ""))),
                 meta.get("line", 0),
                 meta.get("message", ""),
+                extra={"model": self.name, "version": self.version},
+            )
+
+    def _metrics_source(self, worker: _Worker) -> str:
+        return f"{self.name}/{self.version}/{worker.name}/{worker.process.pid}"
+
+    def _apply_metrics(self, worker: _Worker, message: ipc.Message) -> None:
+        """Custom metrics (pb_utils.MetricFamily) from a worker go to the agent's store."""
+        if self._custom_metrics is None:
+            return
+        for problem in self._custom_metrics.apply(self._metrics_source(worker), message.meta):
+            logger.warning(
+                "python model %s (%s): %s",
+                self.name,
+                worker.name,
+                problem,
                 extra={"model": self.name, "version": self.version},
             )
 

@@ -44,6 +44,9 @@ FINALIZED = "finalized"  # worker → agent, then it exits
 AUTOCOMPLETE = "autocomplete"  # agent → worker: meta {"model_file", "config", "model_name"}
 COMPLETED = "completed"  # worker → agent: meta {"config"}: the completed config as JSON
 LOG = "log"  # worker → agent at any time: meta {"level", "message", "file", "line"}
+# worker → agent before any other message it sends, when custom metrics changed:
+# meta {"families": [...], "metrics": [...]} (see agent.pb_metrics.take_updates)
+METRICS = "metrics"
 
 MAX_HEADER_BYTES = 1 << 20
 

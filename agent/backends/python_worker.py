@@ -36,7 +36,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from agent import pb_utils
+from agent import pb_metrics, pb_utils
 from agent.backends import python_ipc as ipc
 
 _PR_SET_PDEATHSIG = 1
@@ -52,6 +52,11 @@ class _Wire:
 
     def send(self, message: ipc.Message) -> None:
         with self._lock:
+            # Custom metrics changed since the last message go first (coalesced: one message
+            # however many updates), so the agent has them before the response they go with.
+            updates = pb_metrics.take_updates()
+            if updates is not None:
+                ipc.send(self.conn, ipc.Message(ipc.METRICS, updates))
             ipc.send(self.conn, message)
 
     def log(self, level: pb_utils.LogLevel, message: str, filename: str, line: int) -> None:

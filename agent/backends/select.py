@@ -19,6 +19,7 @@ from enum import Enum
 from pathlib import Path
 
 from agent.backends.base import Backend
+from agent.backends.custom_metrics import CustomMetricStore
 from agent.backends.tensorrt_build import cached_engine, spec_from_config
 from agent.errors import ModelLoadError
 from agent.proto import model_config_pb2 as mc
@@ -80,11 +81,13 @@ def create_backend(
     model_name: str = "",
     version: int = 0,
     auto_complete: bool = True,
+    custom_metrics: CustomMetricStore | None = None,
 ) -> Backend:
     """The backend instance for one model version (blocking: may build an engine).
 
     `auto_complete` off: a Python model's `auto_complete_config` is not run (Triton's
-    `--disable-auto-complete-config`).
+    `--disable-auto-complete-config`). `custom_metrics`: where a Python model's
+    `pb_utils.MetricFamily` values go (None: nowhere).
 
     Raises:
         ModelLoadError: the runtime is missing (TensorRT on a CPU-only host: the model is then
@@ -102,6 +105,7 @@ def create_backend(
             model_name=model_name,
             version=version,
             auto_complete=auto_complete,
+            custom_metrics=custom_metrics,
         )
     if kind is BackendKind.TENSORRT:
         from agent.backends.tensorrt import TensorRTBackend  # noqa: PLC0415 - GPU hosts only

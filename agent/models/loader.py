@@ -260,6 +260,7 @@ class ModelLoader:
                 model_name=name,
                 version=version,
                 auto_complete=auto,
+                custom_metrics=self.stats.custom_metrics,
             )
             # A Python model's auto_complete_config may have declared more than the file said.
             declared = getattr(backend, "declared_config", config)

@@ -31,6 +31,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Final, Literal, get_args
 
+from agent.backends.custom_metrics import CustomMetricStore
+
 FailureReason = Literal["REJECTED", "CANCELED", "BACKEND", "OTHER"]  # Triton's `reason` label
 FAILURE_REASONS: Final[tuple[FailureReason, ...]] = get_args(FailureReason)
 
@@ -369,6 +371,9 @@ class StatisticsRegistry:
         self._window = window
         self._lock = threading.Lock()
         self._models: dict[tuple[str, str], ModelStatistics] = {}
+        # Python models' custom metrics (pb_utils.MetricFamily): carried here because this
+        # registry already reaches both the loader (which creates backends) and /metrics.
+        self.custom_metrics = CustomMetricStore()
 
     def get(self, model: str, version: str) -> ModelStatistics:
         """The statistics of one model version, created empty on first use."""
