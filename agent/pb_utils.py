@@ -383,4 +383,7 @@ class ModelConfig:
 
 # Custom metrics (Triton's MetricFamily / Metric) live in their own module, which needs the
 # exceptions above: imported last on purpose.
-from agent.pb_metrics import Metric, MetricFamily, MetricKind  # noqa: E402, F401
+# (`X as X`: re-exported names, for type checkers.)
+from agent.pb_metrics import Metric as Metric  # noqa: E402, PLC0414
+from agent.pb_metrics import MetricFamily as MetricFamily  # noqa: E402, PLC0414
+from agent.pb_metrics import MetricKind as MetricKind  # noqa: E402, PLC0414

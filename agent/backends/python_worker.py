@@ -16,7 +16,9 @@ FD is this end of a socketpair inherited from the agent, PPID the agent's pid. T
    it exits without finalizing.
 
 `pb_utils.Logger` lines travel to the agent as LOG messages, which the agent writes to its log
-with the model's name. `import triton_python_backend_utils` is `agent.pb_utils` here.
+with the model's name. Custom metrics (`pb_utils.MetricFamily`) changed since the last message
+go before each message as one METRICS message (`agent.pb_metrics`). `import
+triton_python_backend_utils` is `agent.pb_utils` here.
 
 Only numpy and the small agent modules it needs are imported here, to keep start-up short.
 """

@@ -103,7 +103,10 @@ def test_operations_the_kind_does_not_support_raise_tritons_message(
             lambda: pb_utils.MetricFamily("9bad name", "d", pb_utils.MetricFamily.GAUGE),
             "Invalid metric name",
         ),
-        (lambda: pb_utils.MetricFamily("t_kind", "d", 7), "Unsupported kind"),
+        (
+            lambda: pb_utils.MetricFamily("t_kind", "d", 7),  # type: ignore[arg-type]
+            "Unsupported kind",
+        ),
         (
             lambda: pb_utils.MetricFamily("t_lab", "d", pb_utils.MetricFamily.GAUGE).Metric(
                 labels={"bad-name": "x"}
@@ -112,7 +115,7 @@ def test_operations_the_kind_does_not_support_raise_tritons_message(
         ),
         (
             lambda: pb_utils.MetricFamily("t_lab", "d", pb_utils.MetricFamily.GAUGE).Metric(
-                labels={"n": 3}
+                labels={"n": 3}  # type: ignore[dict-item]
             ),
             "Parameter [n] must have a type of TRITONSERVER_PARAMETER_STRING",
         ),
@@ -357,7 +360,7 @@ def run(client: httpclient.InferenceServerClient, mode: int, x: float) -> np.nda
     inputs[0].set_data_from_numpy(np.array([mode], dtype=np.int32))
     inputs[1].set_data_from_numpy(np.array([x], dtype=np.float32))
     result = client.infer("metrics_model", inputs)
-    y = result.as_numpy("Y")
+    y: np.ndarray | None = result.as_numpy("Y")
     assert y is not None
     return y
 
