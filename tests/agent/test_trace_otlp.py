@@ -7,6 +7,9 @@ The collector is a tiny OTLP/HTTP receiver on a free loopback port that decodes 
 from __future__ import annotations
 
 import gzip
+import json
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -23,6 +26,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from agent.cli.main import _flags, build_parser
+from agent.config.loader import load_config
 from agent.config.schema import AgentConfig, LogConfig, ModelsConfig, ServerConfig, validate
 from agent.errors import AgentConfigError
 from agent.serving.trace import Trace, Tracer
@@ -274,3 +278,34 @@ def test_cli_flags_reach_the_config() -> None:
     assert flags["log.trace_mode"] == "opentelemetry"
     assert flags["log.trace_otlp_url"] == "http://collector:4318/v1/traces"
     assert flags["log.trace_otlp_resource"] == ("service.name=edge", "site=7")
+
+
+def test_toml_and_environment_reach_the_config(tmp_path: Path) -> None:
+    path = tmp_path / "agent.toml"
+    path.write_text(
+        '[log]\ntrace_mode = "opentelemetry"\n'
+        'trace_otlp_resource = ["service.name=edge", "site=7"]\n',
+        encoding="utf-8",
+    )
+    env = {"EDGE_AGENT_LOG_TRACE_OTLP_URL": "https://collector:4318/v1/traces"}
+    config = load_config(path, {}, env, serving=False)
+    assert config.log.trace_mode == "opentelemetry"
+    assert config.log.trace_otlp_url == "https://collector:4318/v1/traces"
+    assert config.log.trace_otlp_resource == ("service.name=edge", "site=7")
+
+
+def test_triton_mode_starts_no_opentelemetry() -> None:
+    code = (
+        "import json, sys\n"
+        "from agent.config.schema import AgentConfig\n"
+        "from agent.runtime.daemon import _tracer\n"
+        "tracer = _tracer(AgentConfig())\n"
+        "tracer.update(None, {'trace_level': ['TIMESTAMPS'], 'trace_rate': '1'})\n"
+        "tracer.finish(tracer.start('m'))\n"
+        "tracer.close()\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('opentelemetry'))))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert json.loads(done.stdout) == []
