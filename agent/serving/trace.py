@@ -40,6 +40,7 @@ logger = logging.getLogger(__name__)
 KEYS = ("trace_level", "trace_rate", "trace_count", "log_frequency", "trace_file", "trace_mode")
 LEVELS = ("OFF", "TIMESTAMPS")
 MODES = ("triton", "opentelemetry")
+PROPAGATED = ("traceparent", "tracestate")  # W3C trace context headers / gRPC metadata keys
 _UINT32_MAX = 2**32 - 1
 _INT32_MAX = 2**31 - 1
 
@@ -63,6 +64,12 @@ class Trace:
     request_id: str = ""
     model_version: int = 0
     stamps: list[tuple[str, int]] = field(default_factory=list)
+    carrier: dict[str, str] = field(default_factory=dict)  # the client's W3C trace context
+
+    def propagate(self, headers: Mapping[str, str]) -> None:
+        """Keep the request's `traceparent` / `tracestate` (OpenTelemetry mode: the spans join
+        the client's trace)."""
+        self.carrier = {key: headers[key] for key in PROPAGATED if headers.get(key)}
 
     def stamp(self, name: str, ns: int | None = None) -> None:
         self.stamps.append((name, time.perf_counter_ns() if ns is None else ns))

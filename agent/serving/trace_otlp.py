@@ -9,7 +9,9 @@ Triton's span layout, from the timestamps `Trace` collects:
         │                 triton.trace_parent_id (and triton.request_id when the request has one)
         └── compute       COMPUTE_START, COMPUTE_INPUT_END, COMPUTE_OUTPUT_START, COMPUTE_END
 
-Every span is of kind SERVER and starts and ends at its first and last event. The tracer's
+Every span is of kind SERVER and starts and ends at its first and last event. A request that
+carries a W3C `traceparent` (HTTP header or gRPC metadata) has its InferRequest span join that
+trace, as the client's span's child (Triton's context propagation). The tracer's
 timestamps come from a monotonic clock; as in Triton they are moved onto the wall clock by one
 offset taken when the exporter starts. Spans go through the SDK's `BatchSpanProcessor` to the
 OTLP/HTTP exporter (`opentelemetry-sdk`, `opentelemetry-exporter-otlp-proto-http`), imported
@@ -66,9 +68,13 @@ class OtlpExporter:
         from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415
         from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: PLC0415
         from opentelemetry.trace import SpanKind  # noqa: PLC0415
+        from opentelemetry.trace.propagation.tracecontext import (  # noqa: PLC0415
+            TraceContextTextMapPropagator,
+        )
 
         self.url = url
         self._kind = SpanKind.SERVER
+        self._propagator = TraceContextTextMapPropagator()
         self._provider: TracerProvider = TracerProvider(
             resource=Resource.create(dict(resource or DEFAULT_RESOURCE))
         )
@@ -88,7 +94,8 @@ class OtlpExporter:
         root_events = [s for s in stamps if s[0] not in _REQUEST_EVENTS | _COMPUTE_EVENTS]
         request_events = [s for s in stamps if s[0] in _REQUEST_EVENTS]
         compute_events = [s for s in stamps if s[0] in _COMPUTE_EVENTS]
-        root = self._span(ROOT_SPAN, stamps, root_events, None, {})
+        parent = self._propagator.extract(trace.carrier) if trace.carrier else None
+        root = self._span(ROOT_SPAN, stamps, root_events, parent, {})
         if request_events:
             attributes: dict[str, Any] = {
                 "triton.model_name": trace.model_name,

@@ -36,6 +36,9 @@ from tests.server import agent_on_thread
 MODEL = "mlp_classifier"
 ROOT_HTTP = ["HTTP_RECV_START", "HTTP_RECV_END", "HTTP_SEND_START", "HTTP_SEND_END"]
 REQUEST = ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
+# W3C trace contexts a client's OpenTelemetry propagator would send: 00-trace id-span id-flags.
+HTTP_PARENT = "00-0af7651916cd43dd8448eb211c12666c-b7ad6b7169242424-01"
+GRPC_PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 COMPUTE = ["COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END"]
 
 
@@ -147,8 +150,8 @@ def test_spans_reach_the_collector(model_repo: Path, collector: tuple[_Collector
         http.infer(MODEL, _inputs(httpclient, 1))  # tracing off: no span
         http.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"], "trace_rate": "1"})
         http.infer(MODEL, _inputs(httpclient, 2), request_id="req-7")
-        http.infer(MODEL, _inputs(httpclient, 1))
-        grpc.infer(MODEL, _inputs(grpcclient, 1))
+        http.infer(MODEL, _inputs(httpclient, 1), headers={"traceparent": HTTP_PARENT})
+        grpc.infer(MODEL, _inputs(grpcclient, 1), headers={"traceparent": GRPC_PARENT})
         grpc.close()
         http.close()
     # The agent's stop shut the provider down: every queued span was exported by then.
@@ -163,8 +166,9 @@ def test_spans_reach_the_collector(model_repo: Path, collector: tuple[_Collector
     assert len(spans) == 9
     by_id = {s["span_id"]: s for s in spans}
     transports = []
+    parents = {}
     for root in roots:
-        assert root["parent"] == ""
+        parents[root["trace_id"]] = root["parent"]
         assert root["kind"] == 2  # SPAN_KIND_SERVER
         (model,) = [s for s in spans if s["parent"] == root["span_id"]]
         (compute,) = [s for s in spans if s["parent"] == model["span_id"]]
@@ -184,7 +188,7 @@ def test_spans_reach_the_collector(model_repo: Path, collector: tuple[_Collector
             assert times == sorted(times)
             assert span["start"] <= times[0]
             assert times[-1] <= span["end"]
-            if span["parent"]:
+            if span is not root:
                 parent = by_id[span["parent"]]
                 assert parent["start"] <= span["start"] <= span["end"] <= parent["end"]
         root_times = dict(root["events"])
@@ -197,6 +201,11 @@ def test_spans_reach_the_collector(model_repo: Path, collector: tuple[_Collector
     assert sorted(transports) == sorted(
         [ROOT_HTTP, ROOT_HTTP, ["GRPC_WAITREAD_END", "GRPC_SEND_START", "GRPC_SEND_END"]]
     )
+    # The client's trace context: the request joins the client's trace, under the client's span.
+    for header in (HTTP_PARENT, GRPC_PARENT):
+        _, trace_id, span_id, _ = header.split("-")
+        assert parents.pop(trace_id) == span_id
+    assert list(parents.values()) == [""]  # no traceparent: a trace of its own
     request_ids = [s["attributes"].get("triton.request_id") for s in spans if s["name"] == MODEL]
     assert request_ids.count("req-7") == 1
     # Wall-clock nanoseconds (as OpenTelemetry has them), not the monotonic clock's.
