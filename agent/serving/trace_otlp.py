@@ -21,6 +21,7 @@ only when this mode is configured, so a serving agent without it never loads the
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,9 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_URL = "http://localhost:4318/v1/traces"  # Triton's default (`opentelemetry,url=`)
 DEFAULT_RESOURCE = {"service.name": "triton-inference-server"}  # Triton's default resource
+# One export's bound unless OTEL_EXPORTER_OTLP_[TRACES_]TIMEOUT says otherwise: the flush at stop
+# waits for it after the listeners' drain, within systemd's stop timeout.
+EXPORT_TIMEOUT_S = 5.0
 ROOT_SPAN = "InferRequest"
 COMPUTE_SPAN = "compute"
 _REQUEST_EVENTS = frozenset({"REQUEST_START", "QUEUE_START", "REQUEST_END"})
@@ -57,6 +61,13 @@ def parse_resource(pairs: Iterable[str]) -> dict[str, str]:
     return attributes
 
 
+def _timeout_from_environment() -> bool:
+    return any(
+        os.environ.get(key)
+        for key in ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
+    )
+
+
 class OtlpExporter:
     """An SDK tracer provider of its own (the global one is left alone) exporting to `url`."""
 
@@ -78,7 +89,9 @@ class OtlpExporter:
         self._provider: TracerProvider = TracerProvider(
             resource=Resource.create(dict(resource or DEFAULT_RESOURCE))
         )
-        self._provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=url)))
+        timeout = None if _timeout_from_environment() else EXPORT_TIMEOUT_S
+        exporter = OTLPSpanExporter(endpoint=url, timeout=timeout)
+        self._provider.add_span_processor(BatchSpanProcessor(exporter))
         self._tracer = self._provider.get_tracer("edge-agent")
         # Monotonic (perf_counter) nanoseconds + offset = wall-clock nanoseconds.
         self._offset = time.time_ns() - time.perf_counter_ns()
