@@ -7,6 +7,7 @@ Thin like the HTTP handlers: decode with `agent.api.grpc_codec`, call the shared
 
 from __future__ import annotations
 
+import contextvars
 import errno
 import json
 import logging
@@ -73,12 +74,19 @@ def status_for(error: BaseException) -> grpc.StatusCode:
     return lookup(STATUS_FOR_ERROR, error)
 
 
+# The RPC in progress (each runs in its own task): its metadata carries the W3C trace context.
+_call: contextvars.ContextVar[grpc.aio.ServicerContext[Any, Any]] = contextvars.ContextVar(
+    "grpc_call"
+)
+
+
 def _mapped(
     handler: Callable[[Any, Req], Awaitable[Resp]],
 ) -> Callable[[Any, Req, grpc.aio.ServicerContext[Req, Resp]], Awaitable[Resp]]:
     async def wrapper(
         self: Any, request: Req, context: grpc.aio.ServicerContext[Req, Resp]
     ) -> Resp:
+        _call.set(context)
         try:
             return await handler(self, request)
         except Exception as exc:
@@ -141,6 +149,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         context: grpc.aio.ServicerContext[pb.ModelInferRequest, pb.ModelStreamInferResponse],
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """One response per request; an error goes back as error_message, the stream goes on."""
+        _call.set(context)
         async for request in request_iterator:
             try:
                 response = await self._infer(request)
@@ -273,6 +282,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             response = await self._dp.infer(request.model_name, version, infer_request)
             return grpc_codec.encode_infer_response(response, infer_request)
         trace.stamp("GRPC_WAITREAD_END", read)
+        call = _call.get(None)
+        if call is not None:
+            metadata = call.invocation_metadata() or ()
+            trace.propagate({str(k): v for k, v in metadata if isinstance(v, str)})
         try:
             response = await self._dp.infer(request.model_name, version, infer_request, trace)
             trace.stamp("GRPC_SEND_START")

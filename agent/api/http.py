@@ -365,6 +365,7 @@ async def _infer_traced(request: web.Request) -> web.Response:
         return _infer_response(*encode_infer_response(response, infer_request))
     trace.stamp("HTTP_RECV_START", received)
     trace.stamp("HTTP_RECV_END")
+    trace.propagate(request.headers)
     try:
         response = await dataplane.infer(*_target(request), infer_request, trace)
         trace.stamp("HTTP_SEND_START")

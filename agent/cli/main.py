@@ -141,6 +141,26 @@ def build_parser() -> argparse.ArgumentParser:
         dest="log.trace_file",
         help="where request traces go (Triton's trace JSON; turn on with /v2/trace/setting)",
     )
+    serve.add_argument(
+        "--trace-mode",
+        choices=("triton", "opentelemetry"),
+        dest="log.trace_mode",
+        help="triton: the trace file (default); opentelemetry: spans over OTLP/HTTP",
+    )
+    serve.add_argument(
+        "--trace-otlp-url",
+        dest="log.trace_otlp_url",
+        metavar="URL",
+        help="opentelemetry mode: the collector (default http://localhost:4318/v1/traces)",
+    )
+    serve.add_argument(
+        "--trace-otlp-resource",
+        action="append",
+        dest="log.trace_otlp_resource",
+        metavar="KEY=VALUE",
+        help="opentelemetry mode: a resource attribute (repeatable; default "
+        "service.name=triton-inference-server)",
+    )
 
     cache = commands.add_parser("cache", help="the local model cache (agent stopped)")
     cache_commands = cache.add_subparsers(dest="cache_command", required=True)
@@ -255,7 +275,7 @@ def sync_command(args: argparse.Namespace) -> int:
 def _flags(args: argparse.Namespace) -> dict[str, Any]:
     """The parsed flags whose destination is a `section.key` of the config (None: not given)."""
     flags: dict[str, Any] = {k: v for k, v in vars(args).items() if "." in k}
-    for key in ("models.load_models", "sync.desired"):
+    for key in ("models.load_models", "sync.desired", "log.trace_otlp_resource"):
         if flags.get(key) is not None:
             flags[key] = tuple(flags[key])
     return flags

@@ -8,7 +8,7 @@
     [sync]    source, trusted_root, desired, interval_s, jitter_s, ... (see sync/config.py)
     [mqtt]    host, port, device_id, tls_*, topic_prefix, telemetry_interval_ms, slo, ...
               (see agent/fleet/config.py)
-    [log]     level, trace_file
+    [log]     level, trace_file, trace_mode, trace_otlp_url, trace_otlp_resource
     [canary.MODEL]  version, share, promote_after, window, min_requests, max_error_rate,
               max_p95_ms (one table per model; see agent/canary/policy.py)
 
@@ -37,6 +37,7 @@ from sync.errors import SyncConfigError
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 CONTROL_MODES = ("none", "poll", "explicit")
+TRACE_MODES = ("triton", "opentelemetry")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +84,9 @@ class LogConfig:
 
     level: str = "info"
     trace_file: Path | None = None  # Triton's trace JSON (settings: /v2/trace/setting)
+    trace_mode: str = "triton"  # triton: the trace file; opentelemetry: spans over OTLP/HTTP
+    trace_otlp_url: str = ""  # opentelemetry mode; "": Triton's http://localhost:4318/v1/traces
+    trace_otlp_resource: tuple[str, ...] = ()  # opentelemetry mode: "key=value" attributes
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +137,7 @@ def validate(config: AgentConfig, *, serving: bool = True) -> None:
         raise AgentConfigError(
             f"log.level must be one of {', '.join(LOG_LEVELS)}, got {config.log.level!r}"
         )
+    _validate_trace(config.log)
     for key in ("intra_op_threads", "memory_budget_bytes", "response_cache_bytes"):
         if getattr(models, key) < 0:
             raise AgentConfigError(f"models.{key} must be >= 0")
@@ -156,6 +161,33 @@ def validate(config: AgentConfig, *, serving: bool = True) -> None:
     validate_mqtt(config.mqtt)
     if serving:
         _validate_repository(config)
+
+
+def _validate_trace(log: LogConfig) -> None:
+    if log.trace_mode not in TRACE_MODES:
+        raise AgentConfigError(
+            f"log.trace_mode must be one of {', '.join(TRACE_MODES)}, got {log.trace_mode!r}"
+        )
+    if log.trace_mode == "opentelemetry":
+        if log.trace_file is not None:
+            raise AgentConfigError(
+                'log.trace_file is for log.trace_mode = "triton"; opentelemetry mode exports '
+                "spans to log.trace_otlp_url"
+            )
+        if log.trace_otlp_url and not log.trace_otlp_url.startswith(("http://", "https://")):
+            raise AgentConfigError(
+                f"log.trace_otlp_url must be an http:// or https:// URL, got {log.trace_otlp_url!r}"
+            )
+        for pair in log.trace_otlp_resource:
+            key, sep, _ = pair.partition("=")
+            if not sep or not key.strip():
+                raise AgentConfigError(
+                    f"log.trace_otlp_resource entries must be <key>=<value>, got {pair!r}"
+                )
+    elif log.trace_otlp_url or log.trace_otlp_resource:
+        raise AgentConfigError(
+            'log.trace_otlp_url and log.trace_otlp_resource need log.trace_mode = "opentelemetry"'
+        )
 
 
 def _validate_repository(config: AgentConfig) -> None:

@@ -88,7 +88,6 @@ class RunningAgent:
         """
         self.dataplane.set_ready(False)
         await self.stack.aclose()
-        self.dataplane.tracer.flush()
         logger.info("agent stopped")
 
 
@@ -186,8 +185,10 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         versions,
         canary,
         shared_memory=SharedMemoryRegistry(enabled=config.server.shared_memory),
-        tracer=Tracer(str(config.log.trace_file or "")),
+        tracer=_tracer(config),
     )
+    # Entered before the listeners: stopped after them, once no request can finish a trace.
+    stack.push_async_callback(asyncio.to_thread, dataplane.tracer.close)
     sync = _build_sync(config, model_cache, versions, events)
     port = await _serve_http(
         stack,
@@ -235,6 +236,24 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         grpc_port=grpc_port,
         fleet=fleet,
     )
+
+
+def _tracer(config: AgentConfig) -> Tracer:
+    """The trace settings and output: the trace file, or in opentelemetry mode an OTLP/HTTP
+    exporter (the opentelemetry packages are imported only then)."""
+    log = config.log
+    if log.trace_mode != "opentelemetry":
+        return Tracer(str(log.trace_file or ""))
+    from agent.serving.trace_otlp import (  # noqa: PLC0415 - opentelemetry only when configured
+        DEFAULT_URL,
+        OtlpExporter,
+        parse_resource,
+    )
+
+    url = log.trace_otlp_url or DEFAULT_URL
+    exporter = OtlpExporter(url, parse_resource(log.trace_otlp_resource))
+    logger.info("traces: OpenTelemetry spans to %s", url)
+    return Tracer(mode="opentelemetry", exporter=exporter)
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,8 +5,12 @@ a string as Triton answers them: `trace_level` (a list: `["OFF"]` or `["TIMESTAM
 `trace_rate` (one request in this many is traced), `trace_count` (traces left to take, `-1`: no
 limit), `log_frequency` (write the file every this many traces, as `<trace_file>.<n>`; `0`: once,
 to `<trace_file>`, when the agent stops), `trace_file` (set at start with `--trace-file`; not
-over the network, as in Triton) and `trace_mode` (`triton`). A model's settings are the global
-ones with the keys set for that model on top.
+over the network, as in Triton) and `trace_mode` (`triton`, or `opentelemetry`: set at start with
+`--trace-mode`, not over the network). A model's settings are the global ones with the keys set
+for that model on top.
+
+In `opentelemetry` mode a finished trace goes to an exporter (`agent.serving.trace_otlp`: spans
+over OTLP/HTTP) instead of the file; `log_frequency` and `trace_file` then play no part.
 
 A trace is one request: a first entry with `id`, `model_name`, `model_version` (and
 `request_id`), then one entry per timestamp, `{"id": N, "timestamps": [{"name": ..., "ns": ...}]}`,
@@ -27,7 +31,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from agent.errors import InvalidInputError
 
@@ -35,6 +39,8 @@ logger = logging.getLogger(__name__)
 
 KEYS = ("trace_level", "trace_rate", "trace_count", "log_frequency", "trace_file", "trace_mode")
 LEVELS = ("OFF", "TIMESTAMPS")
+MODES = ("triton", "opentelemetry")
+PROPAGATED = ("traceparent", "tracestate")  # W3C trace context headers / gRPC metadata keys
 _UINT32_MAX = 2**32 - 1
 _INT32_MAX = 2**31 - 1
 
@@ -58,6 +64,12 @@ class Trace:
     request_id: str = ""
     model_version: int = 0
     stamps: list[tuple[str, int]] = field(default_factory=list)
+    carrier: dict[str, str] = field(default_factory=dict)  # the client's W3C trace context
+
+    def propagate(self, headers: Mapping[str, str]) -> None:
+        """Keep the request's `traceparent` / `tracestate` (OpenTelemetry mode: the spans join
+        the client's trace)."""
+        self.carrier = {key: headers[key] for key in PROPAGATED if headers.get(key)}
 
     def stamp(self, name: str, ns: int | None = None) -> None:
         self.stamps.append((name, time.perf_counter_ns() if ns is None else ns))
@@ -87,6 +99,14 @@ class Trace:
         ]
 
 
+class TraceExporter(Protocol):
+    """Where finished traces go in `opentelemetry` mode."""
+
+    def export(self, trace: Trace) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
 class _Sampler:
     """Rate and count bookkeeping of one owner of settings (global, or one model's)."""
 
@@ -97,8 +117,19 @@ class _Sampler:
 class Tracer:
     """The live trace settings, the sampling, and the trace file."""
 
-    def __init__(self, trace_file: str = "", initial: TraceConfig | None = None) -> None:
+    def __init__(
+        self,
+        trace_file: str = "",
+        initial: TraceConfig | None = None,
+        *,
+        mode: str = "triton",
+        exporter: TraceExporter | None = None,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"unknown trace mode {mode!r}, expected one of: {', '.join(MODES)}")
         self.trace_file = trace_file
+        self.mode = mode
+        self.exporter = exporter if mode == "opentelemetry" else None
         self._initial = initial or TraceConfig()
         self._global = self._initial
         self._models: dict[str, dict[str, Any]] = {}  # model -> the keys set for it
@@ -121,7 +152,7 @@ class Tracer:
             "trace_count": str(config.count),
             "log_frequency": str(config.log_frequency),
             "trace_file": self.trace_file,
-            "trace_mode": "triton",
+            "trace_mode": self.mode,
         }
 
     def update(self, model: str | None, changes: Mapping[str, Any]) -> dict[str, Any]:
@@ -175,9 +206,14 @@ class Tracer:
 
     def _recompute(self) -> None:
         configs = [self._global, *(self._effective(m) for m in self._models)]
-        self.active = bool(self.trace_file) and any(
+        self.active = self._has_output() and any(
             c.level == "TIMESTAMPS" and c.count != 0 for c in configs
         )
+
+    def _has_output(self) -> bool:
+        if self.mode == "opentelemetry":
+            return self.exporter is not None
+        return bool(self.trace_file)
 
     # -- tracing ----------------------------------------------------------------------------
 
@@ -205,7 +241,12 @@ class Tracer:
             self._recompute()
 
     def finish(self, trace: Trace, model: str | None = None) -> None:
-        """Keep a finished trace; write the file when `log_frequency` traces are waiting."""
+        """Keep a finished trace; write the file when `log_frequency` traces are waiting (in
+        `opentelemetry` mode: hand it to the exporter)."""
+        if self.mode == "opentelemetry":
+            if self.exporter is not None:
+                self.exporter.export(trace)
+            return
         frequency = self._effective(model or trace.model_name).log_frequency
         with self._lock:
             self._pending.append(trace)
@@ -229,6 +270,12 @@ class Tracer:
             else:
                 path = self.trace_file
         _write(path, batch)
+
+    def close(self) -> None:
+        """At stop: write the waiting traces, and flush and shut down the exporter."""
+        self.flush()
+        if self.exporter is not None:
+            self.exporter.shutdown()
 
 
 _FIELD = {

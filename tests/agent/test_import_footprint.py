@@ -9,8 +9,9 @@ import sys
 import pytest
 
 # What each costs in RSS on the development machine: boto3 + python-tuf + cryptography ~26 MiB
-# (only with [sync]), onnx ~11 MiB (only for quantize, poll mode checks and demo generation).
-HEAVY = ("boto3", "botocore", "tuf", "securesystemslib", "onnx", "sklearn")
+# (only with [sync]), onnx ~11 MiB (only for quantize, poll mode checks and demo generation),
+# opentelemetry (only with trace_mode = "opentelemetry").
+HEAVY = ("boto3", "botocore", "tuf", "securesystemslib", "onnx", "sklearn", "opentelemetry")
 
 
 def test_the_serve_path_imports_no_sync_or_onnx_packages() -> None:
