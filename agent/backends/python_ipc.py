@@ -44,6 +44,11 @@ FINALIZED = "finalized"  # worker → agent, then it exits
 AUTOCOMPLETE = "autocomplete"  # agent → worker: meta {"model_file", "config", "model_name"}
 COMPLETED = "completed"  # worker → agent: meta {"config"}: the completed config as JSON
 LOG = "log"  # worker → agent at any time: meta {"level", "message", "file", "line"}
+# BLS (agent.backends.python_bls): worker → agent inside `execute`, meta {"id", "model",
+# "version", "outputs", "timeout_us", "parameters", "request_id"}, tensors: the inputs; the agent
+# answers each with BLS_RESULT, meta {"id"} and the outputs, or {"id", "error"}.
+BLS = "bls"
+BLS_RESULT = "bls_result"
 
 MAX_HEADER_BYTES = 1 << 20
 

@@ -260,6 +260,7 @@ class ModelLoader:
                 model_name=name,
                 version=version,
                 auto_complete=auto,
+                bls=self.step_runner.submit_threadsafe,  # Python models' BLS requests
             )
             # A Python model's auto_complete_config may have declared more than the file said.
             declared = getattr(backend, "declared_config", config)
