@@ -18,6 +18,9 @@ Triton's Python backend does: `run_requests`, which the scheduler calls instead 
 batch), and waits for their responses. Tensors travel over
 a socketpair as raw buffers (`agent.backends.python_ipc` says why not shared memory).
 
+BLS: while it waits for an `execute` answer, the backend runs the model's BLS requests through
+the `bls` callable it was given (the data plane, `agent.backends.python_bls`).
+
 Isolation:
 
 * `execute` raises, or returns a response with an error: that request fails with BackendError

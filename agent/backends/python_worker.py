@@ -15,6 +15,8 @@ FD is this end of a socketpair inherited from the agent, PPID the agent's pid. T
 4. on FINALIZE calls `finalize()`, answers FINALIZED and exits; when the pipe closes (agent gone)
    it exits without finalizing.
 
+Inside `execute`, `pb_utils.InferenceRequest.exec` sends BLS messages and waits for their
+BLS_RESULT (`agent.backends.python_bls`; `async def execute` runs on one event loop per worker).
 `pb_utils.Logger` lines travel to the agent as LOG messages, which the agent writes to its log
 with the model's name. `import triton_python_backend_utils` is `agent.pb_utils` here.
 
