@@ -29,7 +29,7 @@ import inspect
 import json
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -162,17 +162,59 @@ class Tensor:
 
 
 class InferenceRequest:
-    """One request as `execute` sees it: its inputs and the outputs the client asked for."""
+    """A request: as `execute` receives it, or built by the model for BLS and run with `exec`.
+
+    For BLS (Triton's business logic scripting), inside `execute`::
+
+        request = pb_utils.InferenceRequest(
+            model_name="add_sub", requested_output_names=["OUTPUT0"], inputs=[tensor, ...],
+            model_version=-1, timeout=0, parameters={"key": "value"})
+        response = request.exec()             # or: await request.async_exec()
+
+    `model_version` -1 is the version the model's policy serves (a canary may route it);
+    `timeout` is in microseconds (0: none); `parameters` values are bool, int or str. The call
+    runs through the agent's own data plane; a failure (an unknown model included) comes back
+    as a response whose `error()` says why.
+    """
 
     def __init__(
         self,
         inputs: Sequence[Tensor],
         requested_output_names: Sequence[str],
         request_id: str = "",
+        *,
+        model_name: str | bytes = "",
+        model_version: int = -1,
+        correlation_id: int | str = 0,
+        flags: int = 0,
+        timeout: int = 0,
+        preferred_memory: Any = None,
+        trace: Any = None,
+        parameters: Mapping[str, bool | int | str] | None = None,
     ) -> None:
         self._inputs = list(inputs)
-        self._outputs = list(requested_output_names)
+        self._outputs = [str(n) for n in requested_output_names]
         self._id = request_id
+        # Triton models often pass a BYTES element (`as_numpy()[0]`) as the model name.
+        self._model_name = model_name.decode() if isinstance(model_name, bytes) else model_name
+        self._model_version = int(model_version)
+        if not isinstance(correlation_id, int | str):
+            raise TritonModelException("Correlation ID must be integer or string")
+        self._correlation_id = correlation_id
+        self._flags = int(flags)
+        if int(timeout) < 0:
+            raise TritonModelException("timeout must be a non-negative number of microseconds")
+        self._timeout = int(timeout)
+        self._parameters = dict(parameters or {})
+        for key, value in self._parameters.items():
+            if not isinstance(key, str):
+                raise TritonModelException(
+                    f"Expect parameters keys to have type str, found type {type(key)}"
+                )
+            if not isinstance(value, bool | int | str):
+                raise TritonModelException(
+                    f"Expect parameters values to have type bool/int/str, found type {type(value)}"
+                )
 
     def inputs(self) -> list[Tensor]:
         return list(self._inputs)
@@ -182,6 +224,54 @@ class InferenceRequest:
 
     def request_id(self) -> str:
         return self._id
+
+    def model_name(self) -> str:
+        return self._model_name
+
+    def model_version(self) -> int:
+        return self._model_version
+
+    def correlation_id(self) -> int | str:
+        return self._correlation_id
+
+    def flags(self) -> int:
+        return self._flags
+
+    def timeout(self) -> int:
+        return self._timeout
+
+    def parameters(self) -> str:
+        """The parameters as a JSON string (as Triton returns them)."""
+        return json.dumps(self._parameters)
+
+    def exec(self, decoupled: bool = False) -> InferenceResponse:
+        """Run this request on `model_name` and wait for its response (BLS).
+
+        Raises:
+            TritonModelException: called outside `execute`, or with `decoupled=True`.
+        """
+        if decoupled:
+            raise TritonModelException("BLS with decoupled=True is not supported by this agent")
+        if _bls_runner is None:
+            raise TritonModelException("BLS is only supported during the 'execute' function.")
+        return _bls_runner(self)
+
+    def async_exec(self, decoupled: bool = False) -> Awaitable[InferenceResponse]:
+        """`exec` in the running event loop's executor: `await request.async_exec()` (BLS)."""
+        import asyncio  # noqa: PLC0415 - only models with async execute need it
+
+        return asyncio.get_running_loop().run_in_executor(None, self.exec, decoupled)
+
+
+# Runs a BLS request: set by the worker while `execute` runs, None otherwise.
+BlsRunner = Callable[[InferenceRequest], "InferenceResponse"]
+_bls_runner: BlsRunner | None = None
+
+
+def set_bls_runner(runner: BlsRunner | None) -> None:
+    """Let `InferenceRequest.exec` run requests (the worker sets it around `execute`)."""
+    global _bls_runner  # noqa: PLW0603 - one model per worker process
+    _bls_runner = runner
 
 
 class InferenceResponse:

@@ -64,6 +64,27 @@ def scale_model(factor: float) -> onnx.ModelProto:
     return save_ready(graph)
 
 
+def add_sub_model(size: int = 4) -> onnx.ModelProto:
+    """Triton's add_sub example as ONNX: FP32 [size] INPUT0, INPUT1 → OUTPUT0 = sum, OUTPUT1 =
+    difference (no batch dimension, as the example's config)."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
+            helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"]),
+        ],
+        "add_sub",
+        [
+            helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, [size]),
+            helper.make_tensor_value_info("INPUT1", TensorProto.FLOAT, [size]),
+        ],
+        [
+            helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, [size]),
+            helper.make_tensor_value_info("OUTPUT1", TensorProto.FLOAT, [size]),
+        ],
+    )
+    return save_ready(graph)
+
+
 def save_ready(graph: onnx.GraphProto) -> onnx.ModelProto:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
     model.ir_version = IR_VERSION

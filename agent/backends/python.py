@@ -18,6 +18,9 @@ Triton's Python backend does: `run_requests`, which the scheduler calls instead 
 batch), and waits for their responses. Tensors travel over
 a socketpair as raw buffers (`agent.backends.python_ipc` says why not shared memory).
 
+BLS: while it waits for an `execute` answer, the backend runs the model's BLS requests through
+the `bls` callable it was given (the data plane, `agent.backends.python_bls`).
+
 Isolation:
 
 * `execute` raises, or returns a response with an error: that request fails with BackendError
@@ -59,6 +62,7 @@ import numpy as np
 import agent
 from agent.backends import python_ipc as ipc
 from agent.backends.custom_metrics import CustomMetricStore
+from agent.backends.python_bls import BlsCalls, BlsSubmit
 from agent.errors import (
     AgentError,
     BackendError,
@@ -217,8 +221,12 @@ class PythonBackend:
         version: int = 0,
         auto_complete: bool = True,
         custom_metrics: CustomMetricStore | None = None,
+        bls: BlsSubmit | None = None,
     ) -> None:
         """Start one worker per instance and run `initialize` in each.
+
+        `bls` runs the BLS requests the model makes from `execute` (`agent.backends.python_bls`);
+        without it they fail with an error response.
 
         Raises:
             ModelConfigError: inputs/outputs missing from the config, or a bad timeout parameter.
@@ -232,6 +240,7 @@ class PythonBackend:
             raise ModelLoadError(
                 f"python model '{self.name}' version {self.version}: {self.model_file} not found"
             )
+        self._bls = bls
         self._failure: str | None = None
         self._custom_metrics = custom_metrics
         self._lock = threading.Lock()
@@ -530,9 +539,21 @@ class PythonBackend:
         described = [{"outputs": list(names), "inputs": len(feeds)} for feeds, names in requests]
         tensors = [item for feeds, _ in requests for item in feeds.items()]
         message = ipc.Message(ipc.EXECUTE, {"requests": described}, tensors)
+        calls = BlsCalls(self._bls, worker.conn, self.timeouts.execute_s, self.name)
         try:
             ipc.send(worker.conn, message)
-            reply = self._receive(worker, time.monotonic() + self.timeouts.execute_s)
+            # The worker's own time counts: the clock restarts when its BLS calls are answered.
+            deadline = time.monotonic() + self.timeouts.execute_s
+            while True:
+                if calls.busy:
+                    calls.wait()
+                    deadline = time.monotonic() + self.timeouts.execute_s
+                    if not worker.conn.poll(0):
+                        continue
+                reply = self._receive(worker, deadline)
+                if reply.kind != ipc.BLS:
+                    break
+                calls.start(reply)
         except TimeoutError:
             _kill(worker)
             self._fail(
@@ -543,6 +564,8 @@ class PythonBackend:
             self._fail(
                 f"python model '{self.name}' instance {worker.index} {self._exit_reason(worker)}"
             )
+        finally:
+            calls.cancel()
         if reply.kind == ipc.ERROR:
             raise BackendError(
                 f"python model '{self.name}' execute failed: {reply.meta.get('message', '')}"

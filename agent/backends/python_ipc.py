@@ -47,6 +47,11 @@ LOG = "log"  # worker → agent at any time: meta {"level", "message", "file", "
 # worker → agent before any other message it sends, when custom metrics changed:
 # meta {"families": [...], "metrics": [...]} (see agent.pb_metrics.take_updates)
 METRICS = "metrics"
+# BLS (agent.backends.python_bls): worker → agent inside `execute`, meta {"id", "model",
+# "version", "outputs", "timeout_us", "parameters", "request_id"}, tensors: the inputs; the agent
+# answers each with BLS_RESULT, meta {"id"} and the outputs, or {"id", "error"}.
+BLS = "bls"
+BLS_RESULT = "bls_result"
 
 MAX_HEADER_BYTES = 1 << 20
 

@@ -15,6 +15,8 @@ FD is this end of a socketpair inherited from the agent, PPID the agent's pid. T
 4. on FINALIZE calls `finalize()`, answers FINALIZED and exits; when the pipe closes (agent gone)
    it exits without finalizing.
 
+Inside `execute`, `pb_utils.InferenceRequest.exec` sends BLS messages and waits for their
+BLS_RESULT (`agent.backends.python_bls`; `async def execute` runs on one event loop per worker).
 `pb_utils.Logger` lines travel to the agent as LOG messages, which the agent writes to its log
 with the model's name. Custom metrics (`pb_utils.MetricFamily`) changed since the last message
 go before each message as one METRICS message (`agent.pb_metrics`). `import
@@ -28,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib.util
+import inspect
 import json
 import os
 import signal
@@ -39,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import pb_metrics, pb_utils
+from agent.backends import python_bls
 from agent.backends import python_ipc as ipc
 
 _PR_SET_PDEATHSIG = 1
@@ -78,8 +82,10 @@ def main(argv: list[str]) -> int:
     sys.modules.setdefault(_TRITON_MODULE, pb_utils)
     wire = _Wire(conn)
     pb_utils.set_log_sink(wire.log)
+    mailbox = python_bls.Mailbox(conn)  # BLS results arrive while `execute` runs
+    bls = python_bls.BlsClient(wire.send, mailbox)
     try:
-        init = ipc.receive(conn)
+        init = mailbox.receive()
     except EOFError:
         return 0
     if init.kind == ipc.AUTOCOMPLETE:
@@ -90,11 +96,16 @@ def main(argv: list[str]) -> int:
         return 1
     while True:
         try:
-            message = ipc.receive(conn)
+            message = mailbox.receive()
         except EOFError:
             return 0  # the agent closed the pipe: no finalize, nothing to answer
         if message.kind == ipc.EXECUTE:
-            wire.send(_execute(model, message))
+            bls.begin()
+            try:
+                answer = _execute(model, message)
+            finally:
+                bls.end()
+            wire.send(answer)
         elif message.kind == ipc.FINALIZE:
             _finalize(model)
             wire.send(ipc.Message(ipc.FINALIZED))
@@ -198,6 +209,8 @@ def _execute(model: Any, message: ipc.Message) -> ipc.Message:
         requests.append(pb_utils.InferenceRequest(inputs, [str(n) for n in item["outputs"]]))
     try:
         responses = model.execute(requests)
+        if inspect.isawaitable(responses):  # `async def execute`, as Triton allows
+            responses = _run_coroutine(responses)
     except Exception as exc:  # noqa: BLE001 - user code: report it, stay alive
         traceback.print_exc()
         return _error(_describe(exc), user=True)
@@ -217,6 +230,19 @@ def _execute(model: Any, message: ipc.Message) -> ipc.Message:
             answers.append({"tensors": len(outcome)})
             tensors.extend(outcome)
     return ipc.Message(ipc.RESULT, {"responses": answers}, tensors)
+
+
+_loop: Any = None
+
+
+def _run_coroutine(awaitable: Any) -> Any:
+    """Run an `async def execute` to completion on this worker's one event loop."""
+    global _loop  # noqa: PLW0603 - one loop per worker, made on first use
+    import asyncio  # noqa: PLC0415 - only models with async execute need it
+
+    if _loop is None:
+        _loop = asyncio.new_event_loop()
+    return _loop.run_until_complete(awaitable)
 
 
 def _response_tensors(response: Any) -> list[tuple[str, Any]] | str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent.backends.base import Backend
 from agent.backends.custom_metrics import CustomMetricStore
@@ -24,6 +25,9 @@ from agent.backends.tensorrt_build import cached_engine, spec_from_config
 from agent.errors import ModelLoadError
 from agent.proto import model_config_pb2 as mc
 from agent.repository.layout import holds_python_model
+
+if TYPE_CHECKING:
+    from agent.backends.python_bls import BlsSubmit
 
 TENSORRT_PLATFORM = "tensorrt_plan"
 TENSORRT_BACKEND = "tensorrt"
@@ -82,12 +86,14 @@ def create_backend(
     version: int = 0,
     auto_complete: bool = True,
     custom_metrics: CustomMetricStore | None = None,
+    bls: BlsSubmit | None = None,
 ) -> Backend:
     """The backend instance for one model version (blocking: may build an engine).
 
     `auto_complete` off: a Python model's `auto_complete_config` is not run (Triton's
     `--disable-auto-complete-config`). `custom_metrics`: where a Python model's
-    `pb_utils.MetricFamily` values go (None: nowhere).
+    `pb_utils.MetricFamily` values go (None: nowhere). `bls` runs a Python model's BLS requests
+    (the data plane).
 
     Raises:
         ModelLoadError: the runtime is missing (TensorRT on a CPU-only host: the model is then
@@ -106,6 +112,7 @@ def create_backend(
             version=version,
             auto_complete=auto_complete,
             custom_metrics=custom_metrics,
+            bls=bls,
         )
     if kind is BackendKind.TENSORRT:
         from agent.backends.tensorrt import TensorRTBackend  # noqa: PLC0415 - GPU hosts only

@@ -16,6 +16,8 @@ is never mistaken for the ensemble's own.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -33,15 +35,43 @@ StepRunner = Callable[[str, str | None, InferRequest], Awaitable[InferResponse]]
 
 
 class StepRunnerSlot:
-    """Where the data plane plugs in its `infer` once it exists (models load before it)."""
+    """Where the data plane plugs in its `infer` once it exists (models load before it).
+
+    Ensembles call it on the event loop; Python models' BLS requests come from executor threads
+    (`submit_threadsafe`), onto the loop the data plane was bound on.
+    """
 
     def __init__(self) -> None:
         self.runner: StepRunner | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def bind(self, runner: StepRunner) -> None:
+        """Plug in `runner`; called on the agent's event loop, which BLS requests then use."""
+        self.runner = runner
+        with contextlib.suppress(RuntimeError):  # no loop running: BLS stays unavailable
+            self.loop = asyncio.get_running_loop()
 
     def get(self, ensemble: str) -> StepRunner:
         if self.runner is None:
             raise ModelNotReadyError(f"ensemble '{ensemble}' is not connected to a data plane")
         return self.runner
+
+    def submit_threadsafe(
+        self, model: str, version: str | None, request: InferRequest
+    ) -> concurrent.futures.Future[InferResponse]:
+        """Run `request` through the data plane from another thread (a BLS request).
+
+        Raises:
+            ModelNotReadyError: no data plane is bound (yet) on an event loop.
+        """
+        runner, loop = self.runner, self.loop
+        if runner is None or loop is None:
+            raise ModelNotReadyError(f"model '{model}': BLS is not connected to a data plane")
+
+        async def call() -> InferResponse:
+            return await runner(model, version, request)
+
+        return asyncio.run_coroutine_threadsafe(call(), loop)
 
 
 class EnsembleScheduler:

@@ -81,7 +81,8 @@ class DataPlane:
         self.log_settings = log_settings or LogSettings()
         self.tracer = tracer or Tracer()
         self._ready = False
-        registry.step_runner.runner = self.infer  # ensemble steps are ordinary inferences
+        # Ensemble steps and Python models' BLS requests are ordinary inferences.
+        registry.step_runner.bind(self.infer)
 
     def set_ready(self, ready: bool) -> None:
         """Ready once start-up loading is done; not ready again while shutting down."""

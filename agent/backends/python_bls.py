@@ -1,0 +1,331 @@
+"""BLS (Triton's business logic scripting): a Python model runs other models from `execute`.
+
+Worker side: `pb_utils.InferenceRequest.exec` (and `async_exec`, which runs `exec` in the event
+loop's executor, as Triton does) sends a BLS message with the request and waits for the
+BLS_RESULT of the same id. Several calls may be in flight at once (`asyncio.gather`), so the
+pipe is read by whichever thread waits first (`Mailbox`): it files each message it reads for
+the thread it belongs to, BLS results by id and everything else for the main loop.
+
+Agent side: while the backend waits for the answer to EXECUTE, `BlsCalls` starts each BLS
+request it receives through the injected `BlsSubmit` (the data plane's `infer` on the agent's
+event loop: the called model's scheduler batches it, its statistics count it, a canary may
+route it) and sends each result back as it completes. Each call is bounded by its `timeout`
+(microseconds) or, without one, by the calling model's `execute_timeout_seconds`: a call that
+cannot run (a model calling itself while every instance is busy) ends with an error response,
+never a hang. Failures come back as error responses worded as Triton's ("Failed for execute the
+inference request. Model 'x' is not ready." for an unknown or unloaded model), never as a
+failure of the calling model.
+
+Limits: at most `MAX_IN_FLIGHT` calls per `execute` at once; tensors are bounded as every
+message on the wire (`python_ipc`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import CancelledError, Future
+from dataclasses import dataclass
+from multiprocessing import Pipe
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+import numpy as np
+
+from agent import pb_utils
+from agent.backends import python_ipc as ipc
+from agent.errors import AgentError, ModelNotFoundError, ModelNotReadyError, RequestTimeoutError
+from agent.tensors.request import InferInput, InferRequest, InferResponse, RequestedOutput
+
+logger = logging.getLogger(__name__)
+
+MAX_IN_FLIGHT = 256
+
+# Runs a request on (model, version or None) from any thread; the future holds the response.
+BlsSubmit = Callable[[str, str | None, InferRequest], "Future[InferResponse]"]
+
+
+# ---------------------------------------------------------------- worker side
+
+
+class Mailbox:
+    """The worker's reading end, shared by the main loop and threads waiting for BLS results."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._cond = threading.Condition()
+        self._reading = False
+        self._results: dict[int, ipc.Message] = {}
+        self._expected: set[int] = set()
+        self._others: deque[ipc.Message] = deque()
+        self._failure: BaseException | None = None
+
+    def receive(self) -> ipc.Message:
+        """The next message that is not a BLS result (main loop).
+
+        Raises:
+            EOFError, OSError, ipc.WireError: as `ipc.receive`.
+        """
+        return self._wait(lambda: self._others.popleft() if self._others else None)
+
+    def expect(self, call_id: int) -> None:
+        with self._cond:
+            self._expected.add(call_id)
+
+    def result(self, call_id: int) -> ipc.Message:
+        """The BLS_RESULT of `call_id` (after `expect`)."""
+        return self._wait(lambda: self._results.pop(call_id, None))
+
+    def abandon(self) -> None:
+        """Answer every call still waiting with an error (the `execute` that made it returned)."""
+        with self._cond:
+            for call_id in self._expected:
+                meta = {"id": call_id, "error": "the execute call that made this request returned"}
+                self._results[call_id] = ipc.Message(ipc.BLS_RESULT, meta)
+            self._expected.clear()
+            self._cond.notify_all()
+
+    def _wait(self, take: Callable[[], ipc.Message | None]) -> ipc.Message:
+        with self._cond:
+            while True:
+                found = take()
+                if found is not None:
+                    return found
+                if self._failure is not None:
+                    raise self._failure
+                if self._reading:
+                    self._cond.wait()
+                    continue
+                self._reading = True  # this thread reads the next message for everyone
+                self._cond.release()
+                message: ipc.Message | None = None
+                failure: BaseException | None = None
+                try:
+                    message = ipc.receive(self._conn)
+                except (EOFError, OSError, ipc.WireError) as exc:
+                    failure = exc
+                finally:
+                    self._cond.acquire()
+                    self._reading = False
+                    self._cond.notify_all()
+                if failure is not None:
+                    self._failure = failure
+                elif message is not None and message.kind == ipc.BLS_RESULT:
+                    call_id = message.meta.get("id")
+                    if call_id in self._expected:  # else: abandoned, dropped
+                        self._expected.discard(call_id)
+                        self._results[call_id] = message
+                elif message is not None:
+                    self._others.append(message)
+
+
+class BlsClient:
+    """`pb_utils.InferenceRequest.exec` inside the worker, between `begin` and `end`."""
+
+    def __init__(self, send: Callable[[ipc.Message], None], mailbox: Mailbox) -> None:
+        self._send = send
+        self._mailbox = mailbox
+        self._ids = itertools.count(1)
+
+    def begin(self) -> None:
+        pb_utils.set_bls_runner(self.exec)
+
+    def end(self) -> None:
+        pb_utils.set_bls_runner(None)
+        self._mailbox.abandon()
+
+    def exec(self, request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
+        """Run one request through the agent; its response, or an error response."""
+        tensors = []
+        for tensor in request.inputs():
+            if not isinstance(tensor, pb_utils.Tensor):
+                raise pb_utils.TritonModelException(
+                    f"BLS inputs must be pb_utils.Tensor, got {type(tensor).__name__}"
+                )
+            tensors.append((tensor.name(), tensor.as_numpy()))
+        call_id = next(self._ids)
+        meta = {
+            "id": call_id,
+            "model": request.model_name(),
+            "version": request.model_version(),
+            "outputs": request.requested_output_names(),
+            "timeout_us": request.timeout(),
+            "parameters": request.parameters(),
+            "request_id": request.request_id(),
+        }
+        self._mailbox.expect(call_id)
+        try:
+            self._send(ipc.Message(ipc.BLS, meta, tensors))
+            reply = self._mailbox.result(call_id)
+        except (EOFError, OSError, ipc.WireError, ValueError) as exc:
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"BLS failed: {exc}"))
+        if "error" in reply.meta:
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(reply.meta["error"])))
+        return pb_utils.InferenceResponse([pb_utils.Tensor(n, a) for n, a in reply.tensors])
+
+
+# ---------------------------------------------------------------- agent side
+
+
+@dataclass(slots=True)
+class _Call:
+    call_id: Any
+    model: str
+    deadline: float
+    bound_s: float
+    own_timeout: bool
+    future: Future[InferResponse] | None = None
+
+
+class BlsCalls:
+    """The BLS requests of one `execute` call, on the agent side (one executor thread)."""
+
+    def __init__(
+        self, submit: BlsSubmit | None, conn: Connection, default_timeout_s: float, caller: str
+    ) -> None:
+        self._submit = submit
+        self._conn = conn
+        self._default_s = default_timeout_s
+        self._caller = caller
+        self._calls: dict[Any, _Call] = {}
+        self._wake_r: Connection | None = None
+        self._wake_w: Connection | None = None
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._calls)
+
+    def start(self, message: ipc.Message) -> None:
+        """Start the BLS request in `message` (or answer its error at once)."""
+        meta = message.meta
+        call_id = meta.get("id")
+        model = str(meta.get("model", ""))
+        timeout_us = meta.get("timeout_us") or 0
+        own = isinstance(timeout_us, int) and timeout_us > 0
+        bound = timeout_us / 1e6 if own else self._default_s
+        call = _Call(call_id, model, time.monotonic() + bound, bound, own)
+        if len(self._calls) >= MAX_IN_FLIGHT:
+            self._answer(call, error=f"more than {MAX_IN_FLIGHT} BLS requests in flight")
+            return
+        if self._submit is None:
+            self._answer(call, error="BLS needs the agent's data plane, which is not running")
+            return
+        try:
+            request = _infer_request(message, timeout_us if own else None)
+            version = meta.get("version", -1)
+            future = self._submit(model, str(version) if int(version) > 0 else None, request)
+        except (AgentError, TypeError, ValueError) as exc:
+            self._answer(call, error=_message(model, exc))
+            return
+        call.future = future
+        self._calls[call_id] = call
+        if self._wake_r is None:
+            self._wake_r, self._wake_w = Pipe(duplex=False)
+        wake = self._wake_w
+        future.add_done_callback(lambda _: _poke(wake))
+
+    def wait(self) -> None:
+        """Until the worker sends something, a call ends (its result then sent) or times out."""
+        assert self._wake_r is not None
+        now = time.monotonic()
+        limit = max(0.0, min(c.deadline for c in self._calls.values()) - now)
+        ready = wait([self._conn, self._wake_r], limit)
+        if self._wake_r in ready:
+            while self._wake_r.poll():
+                self._wake_r.recv_bytes()
+        now = time.monotonic()
+        for call in list(self._calls.values()):
+            assert call.future is not None
+            if call.future.done():
+                del self._calls[call.call_id]
+                self._finish(call)
+            elif now >= call.deadline:
+                del self._calls[call.call_id]
+                call.future.cancel()
+                self._answer(call, error=self._timeout_message(call))
+
+    def cancel(self) -> None:
+        """The `execute` ended: calls still running are cancelled, their results dropped."""
+        for call in self._calls.values():
+            if call.future is not None:
+                call.future.cancel()
+        self._calls.clear()
+        for end in (self._wake_r, self._wake_w):
+            if end is not None:
+                end.close()
+        self._wake_r = self._wake_w = None
+
+    def _finish(self, call: _Call) -> None:
+        assert call.future is not None
+        try:
+            response = call.future.result()
+        except CancelledError:
+            self._answer(call, error=self._timeout_message(call))
+            return
+        except Exception as exc:  # noqa: BLE001 - any failure is that request's error
+            self._answer(call, error=_message(call.model, exc))
+            return
+        self._answer(call, tensors=[(o.name, o.data) for o in response.outputs])
+
+    def _timeout_message(self, call: _Call) -> str:
+        if call.own_timeout:
+            return "Request timeout expired"
+        return (
+            f"BLS request from model '{self._caller}' to model '{call.model}' gave no answer "
+            f"within {call.bound_s:g} s (the caller's execute_timeout_seconds); pass a timeout "
+            "or add instances if the model calls itself"
+        )
+
+    def _answer(
+        self,
+        call: _Call,
+        *,
+        error: str | None = None,
+        tensors: list[tuple[str, np.ndarray]] | None = None,
+    ) -> None:
+        meta: dict[str, Any] = {"id": call.call_id}
+        if error is not None:
+            meta["error"] = error
+        ipc.send(self._conn, ipc.Message(ipc.BLS_RESULT, meta, tensors or []))
+
+
+def _poke(wake: Connection | None) -> None:
+    if wake is not None:
+        with contextlib.suppress(OSError):
+            wake.send_bytes(b"")
+
+
+def _infer_request(message: ipc.Message, timeout_us: int | None) -> InferRequest:
+    import json  # noqa: PLC0415
+
+    meta = message.meta
+    inputs = tuple(
+        InferInput(name, pb_utils.numpy_to_kserve(array.dtype), tuple(array.shape), array)
+        for name, array in message.tensors
+    )
+    names = [str(n) for n in meta.get("outputs") or []]
+    outputs = tuple(RequestedOutput(n) for n in names) if names else None
+    parameters = json.loads(str(meta.get("parameters") or "{}"))
+    if not isinstance(parameters, dict):
+        raise ValueError("parameters must be an object")
+    if timeout_us is not None:
+        parameters["timeout"] = timeout_us
+    request_id = str(meta.get("request_id") or "") or None
+    return InferRequest(inputs, id=request_id, outputs=outputs, parameters=parameters)
+
+
+def _message(model: str, exc: BaseException) -> str:
+    if isinstance(exc, ModelNotFoundError | ModelNotReadyError):
+        return (
+            f"Failed for execute the inference request. Model '{model}' is not ready. {exc.message}"
+        )
+    if isinstance(exc, RequestTimeoutError):
+        return "Request timeout expired"
+    if isinstance(exc, AgentError):
+        return exc.message
+    return f"{type(exc).__name__}: {exc}"
