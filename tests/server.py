@@ -6,9 +6,12 @@ import asyncio
 import threading
 from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
-from agent.config.schema import AgentConfig
+import tritonclient.http as httpclient
+
+from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.runtime.daemon import RunningAgent, start_agent
 
 T = TypeVar("T")
@@ -46,3 +49,30 @@ def agent_on_thread(config: AgentConfig) -> Iterator[AgentOnThread]:
 def running_agent(config: AgentConfig) -> Iterator[RunningAgent]:
     with agent_on_thread(config) as running:
         yield running.agent
+
+
+@contextmanager
+def explicit_agent(repo: Path, *, metrics_port: int = -1) -> Iterator[RunningAgent]:
+    """An agent loading every model of `repo` in explicit mode, one thread each, on free ports."""
+    config = AgentConfig(
+        server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=metrics_port),
+        models=ModelsConfig(
+            repository=repo,
+            intra_op_threads=1,
+            exit_on_error=False,
+            control_mode="explicit",
+            load_models=("*",),
+        ),
+    )
+    with running_agent(config) as agent:
+        yield agent
+
+
+@contextmanager
+def http_client(agent: RunningAgent) -> Iterator[httpclient.InferenceServerClient]:
+    """tritonclient over HTTP to `agent`, closed afterwards."""
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{agent.http_port}", network_timeout=60)
+    try:
+        yield client
+    finally:
+        client.close()

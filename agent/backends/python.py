@@ -6,9 +6,8 @@ declare them, or from the model's `auto_complete_config`: there is no model file
 
 Auto-complete: as Triton's auto-complete stub, one short-lived worker imports the file and runs
 `TritonPythonModel.auto_complete_config` on the config (as JSON) before any instance starts; its
-errors fail the load with the model's message. The config object the backend was given is
-updated IN PLACE with the result (and `backend: "python"`), because the loader completes and
-serves the config it passed in (`agent.models.loader`, not changed for this).
+errors fail the load with the model's message. Its result is `declared_config`, which the loader
+completes and serves (`agent.models.loader`).
 
 Processes: an instance group count of N starts N workers (`python -m
 agent.backends.python_worker`, a fresh interpreter: never a fork of the threaded agent). The
@@ -31,38 +30,37 @@ Isolation:
   of service (`ModelRegistry.mark_failed`).
 * `initialize` raises, or the file has no `TritonPythonModel`: ModelLoadError naming the file.
 
-Lifetime: workers exit when their pipe closes, and (Linux) are SIGKILLed by the kernel when the
-thread that started them ends (PR_SET_PDEATHSIG). That signal follows the *thread*, so each
-backend starts its workers from its own launcher thread, which lives until `close()`. `close()`
-calls `finalize` (bounded by `finalize_timeout_seconds`, default 5), then ends each worker by PID.
+Lifetime: see `agent.backends.python_process`. `close()` calls `finalize` (bounded by
+`finalize_timeout_seconds`, default 5), then ends each worker by PID. Config parameters and
+declared tensors: `agent.backends.python_config`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import multiprocessing
 import os
 import queue
-import signal
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future
-from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import NoReturn
 
 import numpy as np
 
-import agent
 from agent.backends import python_ipc as ipc
 from agent.backends.custom_metrics import CustomMetricStore
 from agent.backends.python_bls import BlsCalls, BlsSubmit
+from agent.backends.python_config import (
+    DEFAULT_MODEL_FILENAME,
+    PYTHON_BACKEND,
+    tensors_from_config,
+    timeouts_from_config,
+)
+from agent.backends.python_process import Launcher, Worker, kill_worker, reap_worker
 from agent.errors import (
     AgentError,
     BackendError,
@@ -78,13 +76,6 @@ from agent.tensors.datatypes import ModelTensor
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MODEL_FILENAME = "model.py"
-PYTHON_BACKEND = "python"
-EXECUTE_TIMEOUT_KEY = "execute_timeout_seconds"
-INITIALIZE_TIMEOUT_KEY = "initialize_timeout_seconds"
-FINALIZE_TIMEOUT_KEY = "finalize_timeout_seconds"
-_DEFAULTS = {EXECUTE_TIMEOUT_KEY: 30.0, INITIALIZE_TIMEOUT_KEY: 120.0, FINALIZE_TIMEOUT_KEY: 5.0}
-_REAP_S = 5.0  # how long a worker that closed its pipe may take to exit before SIGKILL
 # pb_utils.Logger levels → the agent's log levels (Triton's VERBOSE is our DEBUG).
 _LOG_LEVELS = {
     "INFO": logging.INFO,
@@ -92,121 +83,6 @@ _LOG_LEVELS = {
     "ERROR": logging.ERROR,
     "VERBOSE": logging.DEBUG,
 }
-
-
-@dataclass(frozen=True, slots=True)
-class Timeouts:
-    """Seconds the agent waits for a worker's answer."""
-
-    execute_s: float
-    initialize_s: float
-    finalize_s: float
-
-
-def timeouts_from_config(config: mc.ModelConfig) -> Timeouts:
-    """The timeouts from the config's parameters (defaults 30 s, 120 s, 5 s).
-
-    Raises:
-        ModelConfigError: a value that is not a positive number; the message names the key.
-    """
-    values: dict[str, float] = {}
-    for key, default in _DEFAULTS.items():
-        values[key] = default
-        if key not in config.parameters:
-            continue
-        text = config.parameters[key].string_value
-        try:
-            values[key] = float(text)
-        except ValueError:
-            values[key] = -1.0
-        if not 0 < values[key] < float("inf"):
-            raise ModelConfigError(
-                f"model '{config.name}': parameters {key} must be a positive number of seconds, "
-                f"got {text!r}"
-            )
-    return Timeouts(
-        values[EXECUTE_TIMEOUT_KEY], values[INITIALIZE_TIMEOUT_KEY], values[FINALIZE_TIMEOUT_KEY]
-    )
-
-
-def tensors_from_config(
-    config: mc.ModelConfig, model_name: str
-) -> tuple[tuple[ModelTensor, ...], tuple[ModelTensor, ...]]:
-    """Inputs and outputs as the config declares them; (None, *dims) when the model batches.
-
-    Raises:
-        ModelConfigError: no inputs or no outputs, or one without a data type.
-    """
-    found: list[tuple[ModelTensor, ...]] = []
-    for kind, declared in (("input", config.input), ("output", config.output)):
-        if not declared:
-            raise ModelConfigError(
-                f"python model '{model_name}': config.pbtxt must declare its {kind}s, e.g. "
-                f'{kind} [ {{ name: "{kind.upper()}0" data_type: TYPE_FP32 dims: [ 4 ] }} ]'
-            )
-        tensors = []
-        for entry in declared:
-            type_name = mc.DataType.Name(entry.data_type)
-            dt = datatypes.from_config(type_name)
-            if dt is None:
-                raise ModelConfigError(
-                    f"python model '{model_name}' {kind} '{entry.name}': data_type {type_name} "
-                    "is missing or not supported"
-                )
-            dims = list(entry.reshape.shape) if entry.HasField("reshape") else list(entry.dims)
-            shape = [None if d < 0 else d for d in dims]
-            if config.max_batch_size > 0:
-                shape.insert(0, None)
-            tensors.append(ModelTensor(entry.name, dt, type_name, tuple(shape)))
-        found.append(tuple(tensors))
-    return found[0], found[1]
-
-
-@dataclass(slots=True)
-class _Worker:
-    index: int
-    name: str  # Triton's instance name: GROUP_INDEX
-    process: subprocess.Popen[bytes]
-    conn: Connection
-    ready: bool = False  # initialize succeeded: finalize is due on close
-
-
-class _Launcher:
-    """Starts processes from one thread that outlives them (see PR_SET_PDEATHSIG above)."""
-
-    def __init__(self, label: str) -> None:
-        self._jobs: queue.SimpleQueue[tuple[list[str], int, Future[subprocess.Popen[bytes]]]] = (
-            queue.SimpleQueue()
-        )
-        self._stopped = False
-        self._thread = threading.Thread(target=self._serve, name=f"launch-{label}", daemon=True)
-        self._thread.start()
-
-    def start(self, argv: list[str], fd: int) -> subprocess.Popen[bytes]:
-        done: Future[subprocess.Popen[bytes]] = Future()
-        self._jobs.put((argv, fd, done))
-        return done.result()
-
-    def stop(self) -> None:
-        if not self._stopped:
-            self._stopped = True
-            self._jobs.put(([], -1, Future()))
-
-    def _serve(self) -> None:
-        env = dict(os.environ)
-        # The worker imports `agent` from where this agent runs, installed or not.
-        root = str(Path(agent.__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-        while True:
-            argv, fd, done = self._jobs.get()
-            if not argv:
-                return
-            try:
-                done.set_result(
-                    subprocess.Popen(argv, pass_fds=(fd,), env=env, stdin=subprocess.DEVNULL)
-                )
-            except OSError as exc:
-                done.set_exception(exc)
 
 
 class PythonBackend:
@@ -245,9 +121,9 @@ class PythonBackend:
         self._custom_metrics = custom_metrics
         self._lock = threading.Lock()
         self._closed = False
-        self._workers: list[_Worker] = []
-        self._idle: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
-        self._launcher = _Launcher(f"{self.name}-{self.version}")
+        self._workers: list[Worker] = []
+        self._idle: queue.SimpleQueue[Worker] = queue.SimpleQueue()
+        self._launcher = Launcher(f"{self.name}-{self.version}")
         try:
             # As Triton: the model's auto_complete_config runs before the config is final; the
             # loader completes from `declared_config`, what it returned.
@@ -364,9 +240,9 @@ class PythonBackend:
             if self._custom_metrics is not None:  # its series go with it, as in Triton
                 self._custom_metrics.release(self._metrics_source(worker))
             if worker.index in finalized:
-                _reap(worker)  # it exits by itself after FINALIZED; SIGKILL if it lingers
+                reap_worker(worker)  # it exits by itself after FINALIZED; SIGKILL if it lingers
             else:
-                _kill(worker)  # not initialized, stuck in finalize, or already gone
+                kill_worker(worker)  # not initialized, stuck in finalize, or already gone
         self._launcher.stop()
 
     def _auto_complete(self, config: mc.ModelConfig) -> mc.ModelConfig:
@@ -393,7 +269,7 @@ class PythonBackend:
             ipc.send(worker.conn, ipc.Message(ipc.AUTOCOMPLETE, meta))
             reply = self._receive(worker, time.monotonic() + self.timeouts.initialize_s)
         except TimeoutError:
-            _kill(worker)
+            kill_worker(worker)
             raise ModelLoadError(
                 f"{where} gave no answer within {self.timeouts.initialize_s:g} s"
             ) from None
@@ -403,7 +279,7 @@ class PythonBackend:
             worker.conn.close()
             if self._custom_metrics is not None:
                 self._custom_metrics.release(self._metrics_source(worker))
-        _reap(worker)  # it exits after answering
+        reap_worker(worker)  # it exits after answering
         if reply.kind != ipc.COMPLETED:
             raise ModelLoadError(f"{where} failed: {reply.meta.get('message', reply.kind)}")
         try:
@@ -412,7 +288,7 @@ class PythonBackend:
             text = exc.message if isinstance(exc, ModelConfigError) else str(exc)
             raise ModelLoadError(f"{where} returned an invalid config: {text}") from None
 
-    def _receive(self, worker: _Worker, deadline: float | None) -> ipc.Message:
+    def _receive(self, worker: Worker, deadline: float | None) -> ipc.Message:
         """The worker's next answer; the `pb_utils.Logger` lines before it go to the agent's log.
 
         Raises:
@@ -437,10 +313,10 @@ class PythonBackend:
                 extra={"model": self.name, "version": self.version},
             )
 
-    def _metrics_source(self, worker: _Worker) -> str:
+    def _metrics_source(self, worker: Worker) -> str:
         return f"{self.name}/{self.version}/{worker.name}/{worker.process.pid}"
 
-    def _apply_metrics(self, worker: _Worker, message: ipc.Message) -> None:
+    def _apply_metrics(self, worker: Worker, message: ipc.Message) -> None:
         """Custom metrics (pb_utils.MetricFamily) from a worker go to the agent's store."""
         if self._custom_metrics is None:
             return
@@ -485,7 +361,7 @@ class PythonBackend:
             try:
                 reply = self._receive(worker, deadline)
             except TimeoutError:
-                _kill(worker)
+                kill_worker(worker)
                 raise self._load_error(
                     worker, f"initialize gave no answer within {self.timeouts.initialize_s:g} s"
                 ) from None
@@ -503,7 +379,7 @@ class PythonBackend:
             extra={"model": self.name, "version": self.version},
         )
 
-    def _spawn(self, index: int, instance_name: str) -> _Worker:
+    def _spawn(self, index: int, instance_name: str) -> Worker:
         ours, theirs = multiprocessing.Pipe(duplex=True)
         argv = [
             sys.executable,
@@ -521,9 +397,9 @@ class PythonBackend:
             ) from None
         finally:
             theirs.close()  # the worker holds its own copy; EOF then means the worker is gone
-        return _Worker(index, instance_name, process, ours)
+        return Worker(index, instance_name, process, ours)
 
-    def _load_error(self, worker: _Worker, reason: str) -> ModelLoadError:
+    def _load_error(self, worker: Worker, reason: str) -> ModelLoadError:
         return ModelLoadError(
             f"python model '{self.name}' version {self.version} instance {worker.index}: "
             f"{self.model_file}: {reason}"
@@ -531,7 +407,7 @@ class PythonBackend:
 
     def _run_on(
         self,
-        worker: _Worker,
+        worker: Worker,
         requests: Sequence[tuple[Mapping[str, np.ndarray], Sequence[str]]],
     ) -> list[list[np.ndarray] | AgentError]:
         if self._failure is not None:
@@ -555,7 +431,7 @@ class PythonBackend:
                     break
                 calls.start(reply)
         except TimeoutError:
-            _kill(worker)
+            kill_worker(worker)
             self._fail(
                 f"python model '{self.name}' instance {worker.index} hung: no response within "
                 f"{self.timeouts.execute_s:g} s; worker killed"
@@ -624,8 +500,8 @@ class PythonBackend:
                 logger.error("%s", reason, extra={"model": self.name, "version": self.version})
         raise ModelInstanceFailedError(reason)
 
-    def _exit_reason(self, worker: _Worker) -> str:
-        code = _reap(worker)
+    def _exit_reason(self, worker: Worker) -> str:
+        code = reap_worker(worker)
         if code < 0:
             return f"worker (pid {worker.process.pid}) killed by signal {-code}"
         return f"worker (pid {worker.process.pid}) exited with code {code}"
@@ -636,19 +512,3 @@ def _kserve(dtype: np.dtype) -> str:
         if kind.numpy == dtype:
             return kind.kserve
     return str(dtype)
-
-
-def _kill(worker: _Worker) -> None:
-    if worker.process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(worker.process.pid, signal.SIGKILL)
-    worker.process.wait()
-
-
-def _reap(worker: _Worker) -> int:
-    """Wait for a worker to end (SIGKILL by PID after a grace period); its exit status."""
-    try:
-        return worker.process.wait(timeout=_REAP_S)
-    except subprocess.TimeoutExpired:
-        _kill(worker)
-        return worker.process.wait()

@@ -17,11 +17,10 @@ from tritonclient.utils import InferenceServerException
 from agent import pb_metrics, pb_utils
 from agent.api.metrics import build_registry, render
 from agent.backends.custom_metrics import CustomMetricStore
-from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.runtime.daemon import RunningAgent
 from agent.scheduling.statistics import StatisticsRegistry
 from tests.python_models import write_python_model
-from tests.server import running_agent
+from tests.server import explicit_agent, http_client
 
 COUNTER_NEGATIVE = (
     "TRITONSERVER_METRIC_KIND_COUNTER can only be incremented monotonically by non-negative values."
@@ -317,25 +316,14 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningAgent]:
     repo = tmp_path_factory.mktemp("custom_metrics") / "models"
     write_python_model(repo, "metrics_model", METRICS_MODEL, METRICS_CONFIG)
     write_python_model(repo, "custom_metrics", EXAMPLE_MODEL, EXAMPLE_CONFIG)
-    config = AgentConfig(
-        server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=0),
-        models=ModelsConfig(
-            repository=repo,
-            intra_op_threads=1,
-            exit_on_error=False,
-            control_mode="explicit",
-            load_models=("*",),
-        ),
-    )
-    with running_agent(config) as running:
+    with explicit_agent(repo, metrics_port=0) as running:
         yield running
 
 
 @pytest.fixture
 def client(agent: RunningAgent) -> Iterator[httpclient.InferenceServerClient]:
-    c = httpclient.InferenceServerClient(f"127.0.0.1:{agent.http_port}", network_timeout=60)
-    yield c
-    c.close()
+    with http_client(agent) as c:
+        yield c
 
 
 def metrics(agent: RunningAgent) -> dict[str, Any]:

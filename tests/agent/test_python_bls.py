@@ -18,11 +18,10 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from agent import pb_utils
-from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.runtime.daemon import RunningAgent
 from tests.models import add_sub_model, scale_model, write_model, write_versions
 from tests.python_models import write_python_model
-from tests.server import running_agent
+from tests.server import explicit_agent, http_client
 
 BLS_SYNC_MODEL = """
 import json
@@ -253,25 +252,14 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def agent(repo: Path) -> Iterator[RunningAgent]:
-    config = AgentConfig(
-        server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1),
-        models=ModelsConfig(
-            repository=repo,
-            intra_op_threads=1,
-            exit_on_error=False,
-            control_mode="explicit",
-            load_models=("*",),
-        ),
-    )
-    with running_agent(config) as running:
+    with explicit_agent(repo) as running:
         yield running
 
 
 @pytest.fixture
 def client(agent: RunningAgent) -> Iterator[httpclient.InferenceServerClient]:
-    c = httpclient.InferenceServerClient(f"127.0.0.1:{agent.http_port}", network_timeout=60)
-    yield c
-    c.close()
+    with http_client(agent) as c:
+        yield c
 
 
 def sync_client(url: str) -> list[str]:

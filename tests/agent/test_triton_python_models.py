@@ -21,7 +21,6 @@ from tritonclient.utils import InferenceServerException
 
 from agent import pb_utils
 from agent.backends.select import BackendKind, backend_kind
-from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.proto import model_config_pb2 as mc
 from agent.repository.model_config import load_model_config
 from agent.runtime.daemon import RunningAgent
@@ -33,7 +32,7 @@ from tests.python_models import (
     triton_auto_model,
     write_python_model,
 )
-from tests.server import running_agent
+from tests.server import explicit_agent, http_client
 
 
 class _Collect(logging.Handler):
@@ -78,25 +77,14 @@ def log_lines() -> Iterator[list[str]]:
 
 @pytest.fixture(scope="module")
 def agent(repo: Path, log_lines: list[str]) -> Iterator[RunningAgent]:
-    config = AgentConfig(
-        server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1),
-        models=ModelsConfig(
-            repository=repo,
-            intra_op_threads=1,
-            exit_on_error=False,
-            control_mode="explicit",
-            load_models=("*",),
-        ),
-    )
-    with running_agent(config) as running:
+    with explicit_agent(repo) as running:
         yield running
 
 
 @pytest.fixture
 def client(agent: RunningAgent) -> Iterator[httpclient.InferenceServerClient]:
-    c = httpclient.InferenceServerClient(f"127.0.0.1:{agent.http_port}", network_timeout=60)
-    yield c
-    c.close()
+    with http_client(agent) as c:
+        yield c
 
 
 def add_sub(

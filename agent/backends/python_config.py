@@ -1,0 +1,85 @@
+"""A Python model's config as its backend reads it: timeouts and the declared tensors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agent.errors import ModelConfigError
+from agent.proto import model_config_pb2 as mc
+from agent.tensors import datatypes
+from agent.tensors.datatypes import ModelTensor
+
+DEFAULT_MODEL_FILENAME = "model.py"
+PYTHON_BACKEND = "python"
+EXECUTE_TIMEOUT_KEY = "execute_timeout_seconds"
+INITIALIZE_TIMEOUT_KEY = "initialize_timeout_seconds"
+FINALIZE_TIMEOUT_KEY = "finalize_timeout_seconds"
+_DEFAULTS = {EXECUTE_TIMEOUT_KEY: 30.0, INITIALIZE_TIMEOUT_KEY: 120.0, FINALIZE_TIMEOUT_KEY: 5.0}
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    """Seconds the agent waits for a worker's answer."""
+
+    execute_s: float
+    initialize_s: float
+    finalize_s: float
+
+
+def timeouts_from_config(config: mc.ModelConfig) -> Timeouts:
+    """The timeouts from the config's parameters (defaults 30 s, 120 s, 5 s).
+
+    Raises:
+        ModelConfigError: a value that is not a positive number; the message names the key.
+    """
+    values: dict[str, float] = {}
+    for key, default in _DEFAULTS.items():
+        values[key] = default
+        if key not in config.parameters:
+            continue
+        text = config.parameters[key].string_value
+        try:
+            values[key] = float(text)
+        except ValueError:
+            values[key] = -1.0
+        if not 0 < values[key] < float("inf"):
+            raise ModelConfigError(
+                f"model '{config.name}': parameters {key} must be a positive number of seconds, "
+                f"got {text!r}"
+            )
+    return Timeouts(
+        values[EXECUTE_TIMEOUT_KEY], values[INITIALIZE_TIMEOUT_KEY], values[FINALIZE_TIMEOUT_KEY]
+    )
+
+
+def tensors_from_config(
+    config: mc.ModelConfig, model_name: str
+) -> tuple[tuple[ModelTensor, ...], tuple[ModelTensor, ...]]:
+    """Inputs and outputs as the config declares them; (None, *dims) when the model batches.
+
+    Raises:
+        ModelConfigError: no inputs or no outputs, or one without a data type.
+    """
+    found: list[tuple[ModelTensor, ...]] = []
+    for kind, declared in (("input", config.input), ("output", config.output)):
+        if not declared:
+            raise ModelConfigError(
+                f"python model '{model_name}': config.pbtxt must declare its {kind}s, e.g. "
+                f'{kind} [ {{ name: "{kind.upper()}0" data_type: TYPE_FP32 dims: [ 4 ] }} ]'
+            )
+        tensors = []
+        for entry in declared:
+            type_name = mc.DataType.Name(entry.data_type)
+            dt = datatypes.from_config(type_name)
+            if dt is None:
+                raise ModelConfigError(
+                    f"python model '{model_name}' {kind} '{entry.name}': data_type {type_name} "
+                    "is missing or not supported"
+                )
+            dims = list(entry.reshape.shape) if entry.HasField("reshape") else list(entry.dims)
+            shape = [None if d < 0 else d for d in dims]
+            if config.max_batch_size > 0:
+                shape.insert(0, None)
+            tensors.append(ModelTensor(entry.name, dt, type_name, tuple(shape)))
+        found.append(tuple(tensors))
+    return found[0], found[1]
