@@ -188,11 +188,16 @@ class PythonBackend:
         return answer
 
     def run_requests(
-        self, requests: Sequence[tuple[Mapping[str, np.ndarray], Sequence[str]]]
+        self,
+        requests: Sequence[tuple[Mapping[str, np.ndarray], Sequence[str]]],
+        *,
+        traces: Sequence[object | None] = (),
     ) -> list[list[np.ndarray] | AgentError]:
         """Run the requests of one dynamic batch in ONE `execute` call, each its own
         `InferenceRequest` (Triton's Python backend semantics); the scheduler calls this instead
         of merging them. Each answer is that request's outputs, or its error (BackendError).
+        `traces`: each request's trace (None: untraced), the parent of the BLS requests that
+        `execute` makes with `trace=request.trace()`.
 
         Raises:
             BackendError: `execute` raised or returned a wrong number of responses (every
@@ -203,7 +208,7 @@ class PythonBackend:
             raise ModelInstanceFailedError(self._failure)
         worker = self._idle.get()
         try:
-            return self._run_on(worker, requests)
+            return self._run_on(worker, requests, traces)
         finally:
             self._idle.put(worker)
 
@@ -409,13 +414,19 @@ class PythonBackend:
         self,
         worker: Worker,
         requests: Sequence[tuple[Mapping[str, np.ndarray], Sequence[str]]],
+        traces: Sequence[object | None] = (),
     ) -> list[list[np.ndarray] | AgentError]:
         if self._failure is not None:
             raise ModelInstanceFailedError(self._failure)
-        described = [{"outputs": list(names), "inputs": len(feeds)} for feeds, names in requests]
+        described: list[dict[str, object]] = [
+            {"outputs": list(names), "inputs": len(feeds)} for feeds, names in requests
+        ]
+        for index, trace in enumerate(traces):
+            if trace is not None:  # the worker's `request.trace()` names it by this index
+                described[index]["trace"] = index
         tensors = [item for feeds, _ in requests for item in feeds.items()]
         message = ipc.Message(ipc.EXECUTE, {"requests": described}, tensors)
-        calls = BlsCalls(self._bls, worker.conn, self.timeouts.execute_s, self.name)
+        calls = BlsCalls(self._bls, worker.conn, self.timeouts.execute_s, self.name, traces)
         try:
             ipc.send(worker.conn, message)
             # The worker's own time counts: the clock restarts when its BLS calls are answered.

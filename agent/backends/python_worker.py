@@ -206,7 +206,10 @@ def _execute(model: Any, message: ipc.Message) -> ipc.Message:
         count = int(item.get("inputs", 0))
         inputs = [pb_utils.Tensor(n, a) for n, a in message.tensors[offset : offset + count]]
         offset += count
-        requests.append(pb_utils.InferenceRequest(inputs, [str(n) for n in item["outputs"]]))
+        index = item.get("trace")  # set when the agent traces this request
+        trace = pb_utils.InferenceTrace(index if isinstance(index, int) else None)
+        outputs = [str(n) for n in item["outputs"]]
+        requests.append(pb_utils.InferenceRequest(inputs, outputs, trace=trace))
     try:
         responses = model.execute(requests)
         if inspect.isawaitable(responses):  # `async def execute`, as Triton allows

@@ -217,7 +217,18 @@ class ModelScheduler:
         cpu_start = time.thread_time_ns()
         t0 = time.perf_counter_ns()
         try:
-            outputs = self._backend.run(request.feeds, request.output_names)
+            # A traced request to a Python model: its BLS requests are children of its trace.
+            if request.trace is not None and (
+                run_requests := getattr(self._backend, "run_requests", None)
+            ):
+                (answer,) = run_requests(
+                    [(request.feeds, request.output_names)], traces=[request.trace]
+                )
+                if isinstance(answer, BaseException):
+                    raise answer
+                outputs = answer
+            else:
+                outputs = self._backend.run(request.feeds, request.output_names)
         except AgentError:
             raise
         except Exception as exc:  # noqa: BLE001 - as _complete: the runtime failed
@@ -326,13 +337,17 @@ class ModelScheduler:
         results: list[ExecutionResult | BaseException | None] = [None] * len(jobs)
         groups = [[0]] if len(jobs) == 1 else _group_by_shape(jobs)
         # A backend that takes a batch's requests one by one (Python models, as Triton's Python
-        # backend) gets them unmerged, and answers each request with its outputs or its error.
+        # backend) gets them unmerged, and answers each request with its outputs or its error;
+        # with their traces, the parents of the BLS requests they make.
         run_requests = getattr(self._backend, "run_requests", None)
         for group in groups:
             t0 = time.perf_counter_ns()
-            if run_requests is not None and len(group) > 1:
+            if run_requests is not None and (
+                len(group) > 1 or jobs[group[0]].request.trace is not None
+            ):
                 answers = run_requests(
-                    [(jobs[i].request.feeds, jobs[i].request.output_names) for i in group]
+                    [(jobs[i].request.feeds, jobs[i].request.output_names) for i in group],
+                    traces=[jobs[i].request.trace for i in group],
                 )
                 t2 = time.perf_counter_ns()
                 run_ns += t2 - t0

@@ -41,6 +41,9 @@ class ValidatedRequest:
     feeds: dict[str, np.ndarray]
     output_names: tuple[str, ...]
     batch_size: int
+    # The request's trace (the data plane's type, opaque down here), or None: untraced. An
+    # ensemble hands it to its steps and a Python model to its BLS requests (child traces).
+    trace: object | None = None
 
 
 @dataclass(frozen=True, slots=True)
