@@ -1,14 +1,15 @@
-"""Triton's trace extension: sampled per-request timestamps, written as Triton's trace JSON.
+"""Triton's trace extension: sampled requests' timestamps and tensors, as Triton's trace JSON.
 
 Settings are Triton's (`GET/POST /v2[/models/M]/trace/setting`, gRPC `TraceSetting`), every value
 a string as Triton answers them: `trace_level` (a list: `["OFF"]`, or one or both of
-`TIMESTAMPS` and `TENSORS`),
-`trace_rate` (one request in this many is traced), `trace_count` (traces left to take, `-1`: no
-limit), `log_frequency` (write the file every this many traces, as `<trace_file>.<n>`; `0`: once,
-to `<trace_file>`, when the agent stops), `trace_file` (set at start with `--trace-file`; not
-over the network, as in Triton) and `trace_mode` (`triton`, or `opentelemetry`: set at start with
+`TIMESTAMPS` and `TENSORS`), `trace_rate` (one request in this many is traced), `trace_count`
+(traces left to take, `-1`: no limit), `log_frequency` (write every this many traces, as
+`<trace_file>.<n>`; `0`: to `<trace_file>` when the settings change or the agent stops; see
+`agent.serving.trace_file`), `trace_file` (set at start with `--trace-file`; not over the
+network, as in Triton) and `trace_mode` (`triton`, or `opentelemetry`: set at start with
 `--trace-mode`, not over the network). A model's settings are the global ones with the keys set
-for that model on top.
+for that model on top; as Triton's TraceSetting, the global settings and each model with keys
+of its own sample, count and keep traces on their own (`_Owner`).
 
 In `opentelemetry` mode a finished trace goes to an exporter (`agent.serving.trace_otlp`: spans
 over OTLP/HTTP) instead of the file; `log_frequency` and `trace_file` then play no part.

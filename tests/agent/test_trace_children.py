@@ -16,6 +16,7 @@ import tritonclient.http as httpclient
 
 from agent.config.schema import AgentConfig, LogConfig, ModelsConfig, ServerConfig
 from agent.runtime.daemon import RunningAgent
+from agent.serving.trace import Tracer
 from agent.serving.trace_tensors import tensor_entry
 from tests.server import running_agent
 from tests.trace_models import write_trace_children_repo
@@ -285,3 +286,28 @@ def test_tensor_entry_formats_every_type() -> None:
     assert tensor_entry("f", "FP64", np.array([0.1, 1e20]))["data"] == "0.1,1e+20"
     assert tensor_entry("s", "BYTES", np.array([b"ab", b"c"], np.object_))["data"] == '"ab","c"'
     assert tensor_entry("e", "FP32", np.zeros((0, 3), np.float32))["shape"] == "0,3"
+
+
+def test_a_child_that_outlives_its_parent_is_written_on_its_own(tmp_path: Path) -> None:
+    tracer = Tracer(str(tmp_path / "t.json"))
+    tracer.update(None, ON)
+    parent = tracer.start("bls_traced")
+    assert parent is not None
+    child = tracer.spawn(parent, "add_sub", "call-1")
+    early = tracer.spawn(parent, "add_sub")
+    for trace in (parent, child, early):
+        trace.stamp("REQUEST_START")
+    tracer.finish(early)  # waits for its parent
+    assert not list(tmp_path.iterdir())
+    tracer.finish(parent)
+    tracer.finish(child)  # a BLS call left running by its model: written alone, still linked
+    first = json.loads((tmp_path / "t.json.0").read_text())
+    late = json.loads((tmp_path / "t.json.1").read_text())
+    assert [e["id"] for e in first if "model_name" in e] == [parent.id, early.id]
+    assert late[0] == {
+        "id": child.id,
+        "model_name": "add_sub",
+        "model_version": 0,
+        "request_id": "call-1",
+        "parent_id": parent.id,
+    }

@@ -30,7 +30,7 @@ from agent.config.loader import load_config
 from agent.config.schema import AgentConfig, LogConfig, ModelsConfig, ServerConfig, validate
 from agent.errors import AgentConfigError
 from agent.serving.trace import Trace, Tracer
-from agent.serving.trace_otlp import DEFAULT_RESOURCE, parse_resource
+from agent.serving.trace_otlp import DEFAULT_RESOURCE, OtlpExporter, parse_resource
 from tests.server import agent_on_thread
 from tests.trace_models import write_trace_children_repo
 
@@ -274,6 +274,30 @@ def test_ensemble_steps_and_bls_calls_are_child_spans(
         assert parent["start"] <= span["start"] <= span["end"] <= parent["end"]
     (bls_root,) = [r for r in roots.values() if r["parent"]]
     assert bls_root["trace_id"] == GRPC_PARENT.split("-")[1]  # joined the client's trace
+
+
+def test_a_late_child_span_still_joins_its_parent(collector: tuple[_Collector, str]) -> None:
+    received, endpoint = collector
+    exporter = OtlpExporter(endpoint)
+    tracer = Tracer(mode="opentelemetry", exporter=exporter)
+    tracer.update(None, {"trace_level": ["TIMESTAMPS"], "trace_rate": "1"})
+    parent = tracer.start("bls_traced")
+    assert parent is not None
+    child = tracer.spawn(parent, "add_sub")
+    for name in ("HTTP_RECV_START", "REQUEST_START"):
+        parent.stamp(name)
+    child.stamp("REQUEST_START")
+    for name in ("REQUEST_END", "HTTP_SEND_END"):
+        parent.stamp(name)
+    tracer.finish(parent)
+    child.stamp("REQUEST_END")
+    tracer.finish(child)  # after its parent was exported
+    tracer.close()
+    spans = {s["name"]: s for s in received.spans}
+    assert set(spans) == {"InferRequest", "bls_traced", "add_sub"}
+    assert spans["add_sub"]["parent"] == spans["bls_traced"]["span_id"]
+    assert spans["add_sub"]["trace_id"] == spans["InferRequest"]["trace_id"]
+    assert spans["add_sub"]["attributes"]["triton.trace_parent_id"] == parent.id
 
 
 def test_tracer_hands_traces_to_the_exporter_only_in_opentelemetry_mode() -> None:
