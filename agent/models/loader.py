@@ -52,7 +52,8 @@ from agent.proto import model_config_pb2 as mc
 from agent.repository import layout as repository
 from agent.repository.autocomplete import DEFAULT_MAX_BATCH_SIZE, complete_config
 from agent.repository.model_config import instance_count, load_model_config
-from agent.repository.triton_rules import check_against_model, validate_completed
+from agent.repository.model_rules import check_against_model
+from agent.repository.triton_rules import validate_completed
 from agent.repository.validation import validate_config
 from agent.repository.warmup import warmup_requests
 from agent.scheduling.batching import BatchingPolicy

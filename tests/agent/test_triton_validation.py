@@ -20,7 +20,8 @@ from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.ensemble.plan import build_plan
 from agent.errors import ModelConfigError
 from agent.proto import model_config_pb2 as mc
-from agent.repository.triton_rules import check_against_model, validate_completed
+from agent.repository.model_rules import check_against_model
+from agent.repository.triton_rules import validate_completed
 from agent.repository.validation import validate_config
 from agent.runtime.demo import mlp_model
 from agent.tensors import datatypes
@@ -447,9 +448,25 @@ def _tensor(name: str, config_type: str = "TYPE_FP32") -> ModelTensor:
             "unexpected inference output 'zz', allowed outputs are: y for m",
         ),
         (
-            'input [ { name: "b" data_type: TYPE_INT32 } ]',
+            'input [ { name: "a" }, { name: "b" data_type: TYPE_INT32 } ]',
             "unable to load model 'm', configuration expects datatype TYPE_INT32 for input 'b', "
             "model provides TYPE_FP32",
+        ),
+        # onnxruntime_backend ValidateInputs: the count first, whatever the names.
+        (
+            'input [ { name: "b" } ]',
+            "unable to load model 'm', configuration expects 1 inputs, model provides 2",
+        ),
+        (
+            'input [ { name: "a" }, { name: "b" }, { name: "c" } ]',
+            "unable to load model 'm', configuration expects 3 inputs, model provides 2",
+        ),
+        (
+            'input [ { name: "a" } ] batch_input [ { kind: BATCH_ELEMENT_COUNT '
+            'target_name: "b" data_type: TYPE_FP32 source_input: "a" } ] '
+            'sequence_batching { control_input [ { name: "s" control [ { kind: '
+            "CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ] } ] } ] }",
+            "unable to load model 'm', configuration expects 3 inputs, model provides 2",
         ),
     ],
 )
@@ -459,7 +476,14 @@ def test_a_partial_tensor_list_that_contradicts_the_model_is_refused(
     with pytest.raises(ModelConfigError) as caught:
         check_against_model(_config(text), "m", [_tensor("a"), _tensor("b")], [_tensor("y")])
     assert message in caught.value.message
-    check_against_model(_config('input [ { name: "b" } ]'), "m", [_tensor("a"), _tensor("b")], [])
+    check_against_model(
+        _config('input [ { name: "b" }, { name: "a" } ]'), "m", [_tensor("a"), _tensor("b")], []
+    )
+    # A partial output list is fine; the Python backend's inputs come from its own config.
+    check_against_model(_config('output [ { name: "y" } ]'), "m", [_tensor("a")], [_tensor("y")])
+    check_against_model(
+        _config('backend: "python" input [ { name: "b" } ]'), "m", [_tensor("a"), _tensor("b")], []
+    )
 
 
 def test_an_ensemble_step_version_no_version_policy_serves_is_refused() -> None:
