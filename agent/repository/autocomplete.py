@@ -15,7 +15,8 @@ steps as Triton takes them:
   batching). A config listing both inputs and outputs is left as written: max_batch_size 0
   stays 0 and no batcher is added. TensorRT engines are completed by their backend from the
   engine (`agent.backends.tensorrt_config`); Python models by their `auto_complete_config`.
-  Beyond Triton, missing data types and dims of listed tensors are filled too.
+  Beyond Triton, missing data types and dims of listed tensors are filled too (with
+  auto-complete off they are refused, in Triton's words).
 - Normalisation, always (core `NormalizeModelConfig`, `NormalizeInstanceGroup`): the version
   policy, `preferred_batch_size: [max_batch_size]` for a `dynamic_batching` that has none,
   pinned-memory optimization flags, and instance groups (see `_fill_instance_groups`).
@@ -80,7 +81,9 @@ def complete_config(
     onnx = out.backend == ONNX_BACKEND
     if auto_complete and onnx:
         _onnx_auto_complete(out, inputs, outputs)
-    if out.max_batch_size > 0 and not _model_can_batch(inputs, outputs):
+    # tensorrt_backend's CompareDimsSupported lets an engine's fixed first dimension batch.
+    can_batch = out.backend == TENSORRT_BACKEND or _model_can_batch(inputs, outputs)
+    if out.max_batch_size > 0 and not can_batch:
         fixed = next(t for t in (*inputs, *outputs) if not t.shape or t.shape[0] is not None)
         raise ModelConfigError(
             f"model '{model_name}': config max_batch_size is {out.max_batch_size} but the model's "
@@ -271,8 +274,10 @@ def _complete_one(
         raise ModelConfigError(f"{where}: the model's type {tensor.type_name} is not supported")
     model_type = mc.DataType.Value(tensor.datatype.config)
     if cfg.data_type == mc.TYPE_INVALID:
-        if not auto_complete:
-            raise ModelConfigError(f"{where}: config sets no data_type (auto-complete is off)")
+        if not auto_complete:  # Triton core ValidateIOShape (with or without auto-complete)
+            raise ModelConfigError(
+                f"model {kind} '{tensor.name}' must specify 'data_type' for {model_name}"
+            )
         cfg.data_type = model_type  # type: ignore[assignment]
     elif cfg.data_type != model_type:
         raise ModelConfigError(
@@ -283,7 +288,9 @@ def _complete_one(
     has_reshape = cfg.HasField("reshape")
     if not cfg.dims and not has_reshape:
         if not auto_complete:
-            raise ModelConfigError(f"{where}: config sets no dims (auto-complete is off)")
+            raise ModelConfigError(
+                f"model {kind} '{tensor.name}' must specify 'dims' for {model_name}"
+            )
         cfg.dims.extend(-1 if d is None else d for d in model_dims)
         if not cfg.dims:
             # onnxruntime_backend AutoCompleteIO: no dimension left (a scalar, or only the batch

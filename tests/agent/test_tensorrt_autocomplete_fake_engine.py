@@ -382,3 +382,25 @@ def test_fake_engine_completed_config_passes_the_servers_completion() -> None:
     assert completed.max_batch_size == 8
     assert list(completed.dynamic_batching.preferred_batch_size) == [8]
     assert tensors(completed.input) == [("INPUT0", "TYPE_FP32", [16], False)]
+
+
+def test_fake_engine_fixed_first_dimension_batches_as_in_triton() -> None:
+    # A static engine: its profile's kMAX first dimension (2) is the max batch, and
+    # tensorrt_backend CompareDimsSupported accepts the fixed first dimension as the batch one.
+    engine = FakeEngine(
+        FakeTensor("X", TensorIOMode.INPUT, (2, 6), profiles=[((2, 6), (2, 6), (2, 6))]),
+        FakeTensor("Y", TensorIOMode.OUTPUT, (2, 6)),
+    )
+    declared = complete("", engine)
+    fp32 = datatypes.BY_KSERVE["FP32"]
+
+    completed = complete_config(
+        declared,
+        "trt",
+        [ModelTensor("X", fp32, "float32", (2, 6))],
+        [ModelTensor("Y", fp32, "float32", (2, 6))],
+        auto_complete=True,
+    )
+
+    assert completed.max_batch_size == 2
+    assert tensors(completed.input) == [("X", "TYPE_FP32", [6], False)]
