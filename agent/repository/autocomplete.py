@@ -307,7 +307,6 @@ def _complete_one(
             "different numbers of elements"
         )
     checked = list(cfg.reshape.shape) if has_reshape else list(cfg.dims)
-    label = "reshape" if has_reshape else "dims"
     if not tensor.shape:
         # onnxruntime_backend ValidateInputs/ValidateOutputs: a scalar model tensor takes any
         # dims of ones (the backend feeds it rank 0 and reports the config's dims).
@@ -319,10 +318,24 @@ def _complete_one(
             )
         return
     if not _dims_compatible(checked, model_dims):
-        raise ModelConfigError(
-            f"{where}: config {label} {checked} do not match the model's shape "
-            f"{_fmt(tensor.shape)}{' (batch dimension excluded)' if batch else ''}"
-        )
+        raise ModelConfigError(_dims_mismatch(model_name, tensor, checked, batch))
+
+
+def _dims_mismatch(model_name: str, tensor: ModelTensor, dims: Sequence[int], batch: bool) -> str:
+    """onnxruntime_backend / tensorrt_backend `CompareDimsSupported`, in their words (the
+    reshape, when there is one, stands for the dims)."""
+    model = [-1 if d is None else d for d in tensor.shape]
+    expects = (
+        f"model '{model_name}', tensor '{tensor.name}': the model expects {len(model)} "
+        f"dimensions (shape {_triton_shape(model)}) but the model configuration specifies "
+    )
+    if not batch:
+        return f"{expects}{len(dims)} dimensions (shape {_triton_shape(dims)})"
+    full = [-1, *dims]
+    return (
+        f"{expects}{len(full)} dimensions (an initial batch dimension because max_batch_size > 0 "
+        f"followed by the explicit tensor shape, making complete shape {_triton_shape(full)})"
+    )
 
 
 def _dims_compatible(config_dims: Sequence[int], model_dims: Sequence[int | None]) -> bool:
