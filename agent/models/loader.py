@@ -13,7 +13,7 @@ import functools
 import logging
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +52,8 @@ from agent.proto import model_config_pb2 as mc
 from agent.repository import layout as repository
 from agent.repository.autocomplete import DEFAULT_MAX_BATCH_SIZE, complete_config
 from agent.repository.model_config import instance_count, load_model_config
-from agent.repository.triton_rules import check_against_model, validate_completed
+from agent.repository.model_rules import check_against_model
+from agent.repository.triton_rules import validate_completed
 from agent.repository.validation import validate_config
 from agent.repository.warmup import warmup_requests
 from agent.scheduling.batching import BatchingPolicy
@@ -65,6 +66,7 @@ from agent.tensors.signature import ModelSignature
 logger = logging.getLogger(__name__)
 
 ServedConfig = Callable[[str], "mc.ModelConfig | None"]
+ServedVersions = Callable[[str], "Collection[int] | None"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +92,7 @@ class ModelLoader:
         ledger: MemoryLedger | None,
         gate: LimiterGate | None,
         served_config: ServedConfig,
+        served_versions: ServedVersions | None = None,
     ) -> None:
         self.root = root
         self.settings = settings
@@ -97,6 +100,7 @@ class ModelLoader:
         self.ledger = ledger
         self._gate = gate
         self._served_config = served_config  # ensembles check their steps against these
+        self._served_versions = served_versions
         self._lock = threading.Lock()
         self._generation = 0
         # Ensembles run their steps through the data plane, which binds its `infer` here.
@@ -217,7 +221,7 @@ class ModelLoader:
             )
         if completed.version_policy.WhichOneof("policy_choice") is None:
             completed.version_policy.latest.num_versions = 1
-        plan = build_plan(completed, self._served_config)
+        plan = build_plan(completed, self._served_config, self._served_versions)
         signature = ModelSignature.from_config(completed)
         policy = BatchingPolicy.from_config(completed)
         loaded: dict[int, LoadedVersion] = {}
