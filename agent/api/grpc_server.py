@@ -39,6 +39,7 @@ from agent.errors import (
     SharedMemoryNotFoundError,
     lookup,
 )
+from agent.models.pushed import FILE_PREFIX
 from agent.proto import grpc_service_pb2 as pb
 from agent.proto import grpc_service_pb2_grpc as pb_grpc
 from agent.serving.dataplane import DataPlane
@@ -198,16 +199,32 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.RepositoryModelLoadRequest
     ) -> pb.RepositoryModelLoadResponse:
         config: dict[str, Any] | None = None
-        if "config" in request.parameters:
-            raw = request.parameters["config"].string_param
-            try:
-                parsed = json.loads(raw)
-            except ValueError as exc:
-                raise InvalidInputError(f"parameter 'config' is not valid JSON: {exc}") from None
-            if not isinstance(parsed, dict):
-                raise InvalidInputError("parameter 'config' must be a JSON object")
-            config = parsed
-        await self._dp.load_model(request.model_name, config)
+        files: dict[str, bytes] = {}  # load with files: Triton's "file:<path>" bytes_param
+        for key, param in request.parameters.items():
+            kind = param.WhichOneof("parameter_choice")
+            if key == "config":
+                if kind != "string_param":
+                    raise InvalidInputError(
+                        f"invalid value type for load parameter '{key}', expected string_param."
+                    )
+                try:
+                    parsed = json.loads(param.string_param)
+                except ValueError as exc:
+                    raise InvalidInputError(
+                        f"parameter 'config' is not valid JSON: {exc}"
+                    ) from None
+                if not isinstance(parsed, dict):
+                    raise InvalidInputError("parameter 'config' must be a JSON object")
+                config = parsed
+            elif key.startswith(FILE_PREFIX):
+                if kind != "bytes_param":
+                    raise InvalidInputError(
+                        f"invalid value type for load parameter '{key}', expected bytes_param."
+                    )
+                files[key] = param.bytes_param
+            else:
+                raise InvalidInputError(f"unrecognized load parameter '{key}'.")
+        await self._dp.load_model(request.model_name, config, files)
         return pb.RepositoryModelLoadResponse()
 
     @_mapped

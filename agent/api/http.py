@@ -8,6 +8,8 @@ with its traceback and answered as a JSON 500, never as aiohttp's plain-text pag
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import logging
 import time
@@ -39,6 +41,7 @@ from agent.errors import (
     SharedMemoryNotFoundError,
     lookup,
 )
+from agent.models.pushed import FILE_PREFIX
 from agent.serving.dataplane import DataPlane
 
 logger = logging.getLogger(__name__)
@@ -226,7 +229,8 @@ async def _repository_index(request: web.Request) -> web.Response:
 
 
 async def _load_model(request: web.Request) -> web.Response:
-    """Triton's load: an optional body {"parameters": {"config": "<model config JSON>"}}."""
+    """Triton's load: an optional body {"parameters": {"config": "<model config JSON>",
+    "file:<path>": "<base64>"...}}."""
     doc = await _optional_json(request)
     params = doc.get("parameters", {})
     if not isinstance(params, dict):
@@ -240,7 +244,21 @@ async def _load_model(request: web.Request) -> web.Response:
             raise InvalidInputError(f"parameter 'config' is not valid JSON: {exc}") from None
         if not isinstance(config, dict):
             raise InvalidInputError("parameter 'config' must be a JSON object")
-    await _dataplane(request).load_model(request.match_info["model"], config)
+    # --- load with files (Triton's "file:<path>" parameters, base64 in JSON) ---
+    files: dict[str, bytes] = {}
+    for key, value in params.items():
+        if key == "config":
+            continue
+        if not key.startswith(FILE_PREFIX):
+            raise InvalidInputError(f"unrecognized load parameter '{key}'.")
+        if not isinstance(value, str):
+            raise InvalidInputError(f"File parameter '{key}' must be a base64-encoded string")
+        try:
+            files[key] = base64.b64decode(value, validate=True)
+        except binascii.Error as exc:
+            raise InvalidInputError(f"File parameter '{key}' is not valid base64: {exc}") from None
+    await _dataplane(request).load_model(request.match_info["model"], config, files)
+    # --- end load with files ---
     return web.Response(status=200)
 
 

@@ -236,8 +236,9 @@ class ModelManager:
         try:
             old = self._registry.unload(name)
             restore: mc.ModelConfig | None = None
+            restore_from: Path | None = None
             if old is not None:
-                restore = _pinned(old)
+                restore, restore_from = _pinned(old), old.source
                 await _drain(old)
                 await asyncio.to_thread(self._registry.release, old)
             fault("swap-old-released")
@@ -246,7 +247,9 @@ class ModelManager:
                 await self._switch(build, plan)
             except Exception:
                 if restore is not None:
-                    again = await asyncio.to_thread(self._registry.build, name, restore)
+                    again = await asyncio.to_thread(
+                        self._registry.build, name, restore, restore_from
+                    )
                     self._registry.commit(again)
                 raise
         finally:

@@ -200,7 +200,8 @@ class ModelLoader:
                 f"version {v}: {st.reason}" for v, st in sorted(record.versions.items())
             )
             raise ModelLoadError(f"model '{name}': no version could be loaded ({reasons})")
-        return ServedModel(name, completed, ModelSignature.from_config(completed), loaded)
+        signature = ModelSignature.from_config(completed)
+        return ServedModel(name, completed, signature, loaded, source=model_dir)
 
     def _load_ensemble(
         self,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 
 from agent.backends.base import Backend
 from agent.ensemble.runner import EnsembleScheduler
@@ -73,6 +74,7 @@ class ServedModel:
     config: mc.ModelConfig
     signature: ModelSignature
     versions: dict[int, LoadedVersion]
+    source: Path | None = None  # the model folder it was loaded from (to load it again)
 
     @property
     def latest_version(self) -> int:

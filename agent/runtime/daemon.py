@@ -13,7 +13,9 @@ import asyncio
 import contextlib
 import functools
 import logging
+import shutil
 import signal
+import tempfile
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +38,7 @@ from agent.models.control import ModelControlMode, ModelManager
 from agent.models.events import EventTee, LogEvents
 from agent.models.loader import LoadSettings
 from agent.models.memory_plan import MemoryLedger, detect_budget_bytes, process_rss_bytes
+from agent.models.pushed import PushedModels
 from agent.models.registry import ModelRegistry
 from agent.repository.watch import RepositoryWatcher
 from agent.runtime.demo import default_demo_dir, ensure_demo_repository
@@ -142,6 +145,12 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         ledger=ledger,
         gate=LimiterGate(RateLimiter()),
     )
+    # Folders of models loaded from request files: removed after the models are unloaded.
+    pushed = (
+        _pushed_models(config, stack)
+        if ModelControlMode(config.models.control_mode) is ModelControlMode.EXPLICIT
+        else None
+    )
     stack.push_async_callback(asyncio.to_thread, registry.close)
     mode = ModelControlMode(config.models.control_mode)
     events = EventTee(CacheEvents(model_cache) if model_cache is not None else LogEvents())
@@ -185,6 +194,8 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         versions,
         canary,
         shared_memory=SharedMemoryRegistry(enabled=config.server.shared_memory),
+        pushed=pushed,
+        max_request_bytes=config.server.max_request_bytes,
         tracer=_tracer(config),
     )
     # Entered before the listeners: stopped after them, once no request can finish a trace.
@@ -482,3 +493,15 @@ async def run_agent(
         notifier.stopping("draining in-flight requests")
         loop.remove_signal_handler(signal.SIGHUP)
     return 0
+
+
+def _pushed_models(config: AgentConfig, stack: contextlib.AsyncExitStack) -> PushedModels:
+    """Where models loaded from request files live: in the cache directory when there is one
+    (cleared at start-up, so nothing a crash left is kept), else a private temporary folder."""
+    if config.cache.dir is not None:
+        pushed = PushedModels(config.cache.dir / "pushed")
+        stack.callback(pushed.close)
+    else:
+        pushed = PushedModels(Path(tempfile.mkdtemp(prefix="edge-agent-pushed-")))
+        stack.callback(shutil.rmtree, pushed.root, ignore_errors=True)
+    return pushed

@@ -31,6 +31,7 @@ from agent.errors import (
 )
 from agent.models.cache_control import CachedVersions
 from agent.models.control import ModelControlMode, ModelManager
+from agent.models.pushed import PushedModels, parse_file_parameters
 from agent.models.registry import ModelRegistry
 from agent.proto import model_config_pb2 as mc
 from agent.repository.model_config import config_from_json, config_to_json
@@ -73,6 +74,8 @@ class DataPlane:
         shared_memory: SharedMemoryRegistry | None = None,
         log_settings: LogSettings | None = None,
         tracer: Tracer | None = None,
+        pushed: PushedModels | None = None,
+        max_request_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         self._registry = registry
         self._cache = cache
@@ -83,6 +86,9 @@ class DataPlane:
         self.shared_memory = shared_memory or SharedMemoryRegistry()
         self.log_settings = log_settings or LogSettings()
         self.tracer = tracer or Tracer()
+        # Models loaded from files sent with the load request (None: such loads are refused).
+        self.pushed = pushed
+        self._max_request_bytes = max_request_bytes
         self._ready = False
         # Ensemble steps and Python models' BLS requests are ordinary inferences.
         registry.step_runner.bind(self.infer)
@@ -140,25 +146,47 @@ class DataPlane:
             rows = [r for r in rows if r.get("state") == "READY"]
         return rows
 
-    async def load_model(self, name: str, config: dict[str, Any] | None) -> str:
+    async def load_model(
+        self,
+        name: str,
+        config: dict[str, Any] | None,
+        files: Mapping[str, bytes] | None = None,
+    ) -> str:
         """Explicit load (or reload) of a model, with an optional JSON config override.
+
+        With `files` (Triton's `file:<path>` parameters, decoded), the model is loaded from
+        those files and the config, not from the repository (see `agent.models.pushed`).
 
         Raises:
             ModelControlError: the agent is not in explicit model-control mode.
+            InvalidInputError: files without a config, or a path outside the model folder.
             ModelConfigError: the override is not a valid config.
             ModelNotFoundError, ModelLoadError: as `ModelManager.load`.
         """
         self._require_explicit("load")
+        pushed = parse_file_parameters(
+            files or {}, has_config=config is not None, max_bytes=self._max_request_bytes
+        )
         override = config_from_json(config) if config is not None else None
-        strategy = await self.manager.load(name, override)
+        if pushed is not None:
+            if self.pushed is None:
+                raise ModelControlError("this agent does not load models from request files")
+            assert override is not None  # parse_file_parameters requires the config
+            strategy = await self.pushed.load(self.manager, name, override, pushed)
+        else:
+            strategy = await self.manager.load(name, override)
+            if self.pushed is not None:  # served from the repository again
+                await self.pushed.forget(name)
         if self._cache is not None:
             self._cache.invalidate(name)
         return strategy
 
     async def unload_model(self, name: str) -> None:
-        """Explicit unload; queued requests finish first."""
+        """Explicit unload; queued requests finish first (a pushed model's files are removed)."""
         self._require_explicit("unload")
         await self.manager.unload(name)
+        if self.pushed is not None:
+            await self.pushed.forget(name)
         if self._cache is not None:
             self._cache.invalidate(name)
 
