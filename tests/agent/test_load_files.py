@@ -12,7 +12,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
+from agent.config.schema import AgentConfig, CacheConfig, ModelsConfig, ServerConfig
 from agent.errors import InvalidInputError
 from agent.models.pushed import PushedModels, parse_file_parameters
 from agent.runtime.daemon import RunningAgent
@@ -203,3 +203,31 @@ def test_folders_left_by_a_crash_are_removed_at_start(tmp_path: Path) -> None:
     pushed = PushedModels(root)
     assert list(root.iterdir()) == []
     assert pushed.folder("m") is None
+
+
+def test_with_a_model_cache_pushed_files_live_in_its_folder_and_are_cleared(
+    tmp_path: Path,
+) -> None:
+    cache_dir = tmp_path / "cache"
+    leftover = cache_dir / "pushed" / ".staging-dead" / "1"
+    leftover.mkdir(parents=True)  # a push cut short by kill -9
+    config = AgentConfig(
+        server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1),
+        models=ModelsConfig(intra_op_threads=1, control_mode="explicit"),
+        cache=CacheConfig(dir=cache_dir),
+    )
+    with running_agent(config) as running:
+        assert list((cache_dir / "pushed").iterdir()) == []
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{running.http_port}")
+        try:
+            client.load_model("pushed", config=PUSHED_CONFIG, files=_scaled(4.0))
+            np.testing.assert_allclose(_infer_http(client), [[0.0, 4.0, 8.0, 12.0]])
+            [folder] = (cache_dir / "pushed").iterdir()
+            assert (folder / "1" / "model.onnx").is_file()
+            assert (folder / "config.pbtxt").is_file()
+            # The cache itself holds no version of it: pushes are not signed versions.
+            assert running.model_cache is not None
+            assert running.model_cache.list_versions("pushed") == []
+        finally:
+            client.close()
+    assert list((cache_dir / "pushed").iterdir()) == []
