@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc as grpclib
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -15,6 +18,8 @@ from tritonclient.utils import InferenceServerException
 from agent.config.schema import AgentConfig, CacheConfig, ModelsConfig, ServerConfig
 from agent.errors import InvalidInputError
 from agent.models.pushed import PushedModels, parse_file_parameters
+from agent.proto import grpc_service_pb2 as pb
+from agent.proto import grpc_service_pb2_grpc as pb_grpc
 from agent.runtime.daemon import RunningAgent
 from agent.runtime.demo import mlp_model
 from tests.models import M_CONFIG, scale_model, write_model
@@ -141,9 +146,6 @@ def test_files_without_config_are_refused(
 
 
 def test_unrecognized_parameters_and_bad_base64_are_refused(agent: RunningAgent) -> None:
-    import urllib.error
-    import urllib.request
-
     def post(params: dict[str, object]) -> tuple[int, str]:
         req = urllib.request.Request(
             f"http://127.0.0.1:{agent.http_port}/v2/repository/models/pushed/load",
@@ -231,3 +233,28 @@ def test_with_a_model_cache_pushed_files_live_in_its_folder_and_are_cleared(
         finally:
             client.close()
     assert list((cache_dir / "pushed").iterdir()) == []
+
+
+def test_grpc_parameters_of_the_wrong_type_are_refused(agent: RunningAgent) -> None:
+    with grpclib.insecure_channel(f"127.0.0.1:{agent.grpc_port}") as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        cases = {
+            "file:1/model.onnx": "invalid value type for load parameter 'file:1/model.onnx', "
+            "expected bytes_param.",
+            "colour": "unrecognized load parameter 'colour'.",
+        }
+        for key, message in cases.items():
+            request = pb.RepositoryModelLoadRequest(model_name="pushed")
+            request.parameters["config"].string_param = PUSHED_CONFIG
+            request.parameters[key].string_param = "x"
+            with pytest.raises(grpclib.RpcError) as err:
+                stub.RepositoryModelLoad(request, timeout=30)
+            assert err.value.code() == grpclib.StatusCode.INVALID_ARGUMENT
+            assert err.value.details() == message
+        request = pb.RepositoryModelLoadRequest(model_name="pushed")
+        request.parameters["config"].bytes_param = b"{}"
+        with pytest.raises(grpclib.RpcError) as err:
+            stub.RepositoryModelLoad(request, timeout=30)
+        assert err.value.details() == (
+            "invalid value type for load parameter 'config', expected string_param."
+        )
