@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException
 
 from agent.config.schema import AgentConfig, CacheConfig, ModelsConfig, ServerConfig
 from agent.errors import InvalidInputError
 from agent.models.pushed import PushedModels, parse_file_parameters
-from agent.proto import grpc_service_pb2 as pb
-from agent.proto import grpc_service_pb2_grpc as pb_grpc
 from agent.runtime.daemon import RunningAgent
 from agent.runtime.demo import mlp_model
 from tests.models import M_CONFIG, scale_model, write_model
