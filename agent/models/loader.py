@@ -58,7 +58,10 @@ from agent.repository.warmup import warmup_requests
 from agent.scheduling.batching import BatchingPolicy
 from agent.scheduling.rate_limiter import ResourceNeed
 from agent.scheduling.scheduler import INLINE_BELOW_NS, LimiterGate, ModelScheduler
-from agent.scheduling.statistics import StatisticsRegistry
+from agent.scheduling.sequence_policy import SequencePolicy
+from agent.scheduling.sequence_scheduler import SequenceScheduler
+from agent.scheduling.sequence_tensors import SequenceTensors
+from agent.scheduling.statistics import ModelStatistics, StatisticsRegistry
 from agent.tensors import datatypes
 from agent.tensors.signature import ModelSignature
 
@@ -307,21 +310,34 @@ class ModelLoader:
         executor = ThreadPoolExecutor(instances, thread_name_prefix=f"infer-{name}-{version}")
         stats = self.stats.get(name, str(version))
         policy = BatchingPolicy.from_config(completed)
-        scheduler = ModelScheduler(
-            model=name,
-            version=version,
-            backend=backend,
-            policy=policy,
-            instances=instances,
-            executor=executor,
-            stats=stats,
-            gate=self._gate,
-            need=_resource_need(completed, self._gate),
-            max_pending=_queue_bound(policy, self.settings.max_queue_size),
-            # A Python model's run is a wait on its worker process, cheap in CPU but unbounded
-            # when user code hangs: it must never run on the event loop.
-            inline_below_ns=0 if python else INLINE_BELOW_NS,
-        )
+        scheduler: ModelScheduler | SequenceScheduler
+        if completed.HasField("sequence_batching"):
+            try:
+                scheduler = self._sequence_scheduler(
+                    completed, model_dir, backend, instances, executor, stats, key
+                )
+            except AgentError:
+                executor.shutdown(wait=False)
+                backend.close()
+                if self.ledger is not None:
+                    self.ledger.release(key)
+                raise
+        else:
+            scheduler = ModelScheduler(
+                model=name,
+                version=version,
+                backend=backend,
+                policy=policy,
+                instances=instances,
+                executor=executor,
+                stats=stats,
+                gate=self._gate,
+                need=_resource_need(completed, self._gate),
+                max_pending=_queue_bound(policy, self.settings.max_queue_size),
+                # A Python model's run is a wait on its worker process, cheap in CPU but unbounded
+                # when user code hangs: it must never run on the event loop.
+                inline_below_ns=0 if python else INLINE_BELOW_NS,
+            )
         logger.info(
             "model %s version %d ready (providers %s, max batch %d, %d instance(s)%s)",
             name,
@@ -336,6 +352,38 @@ class ModelLoader:
         )
         return completed, LoadedVersion(
             version, backend, scheduler, executor, stats, footprint, key
+        )
+
+    def _sequence_scheduler(
+        self,
+        config: mc.ModelConfig,
+        model_dir: Path,
+        backend: Backend,
+        instances: int,
+        executor: ThreadPoolExecutor,
+        stats: ModelStatistics,
+        key: tuple[str, str],
+    ) -> SequenceScheduler:
+        """The sequence batcher of a stateful model; its slots' state counts in the budget.
+
+        Raises:
+            ModelConfigError: a control or state the config describes cannot be built.
+            MemoryBudgetError: the state of every slot does not fit beside the model.
+        """
+        policy = SequencePolicy.from_config(config, instances, self.settings.max_queue_size)
+        tensors = SequenceTensors.from_config(config, model_dir)
+        if self.ledger is not None and self.settings.measure_memory and tensors.states:
+            held = self.ledger.reserved().get(key, 0)
+            self.ledger.reserve(key, held + tensors.state_bytes * policy.slots)
+        return SequenceScheduler(
+            model=config.name,
+            version=int(key[1].split("@")[0]),
+            backend=backend,
+            policy=policy,
+            tensors=tensors,
+            instances=instances,
+            executor=executor,
+            stats=stats,
         )
 
     def _fit_to_budget(
@@ -363,8 +411,11 @@ class ModelLoader:
                 valid = signature.validate(request)
             except AgentError as exc:
                 raise ModelConfigError(f"model_warmup '{sample_name}': {exc.message}") from None
+            feeds = dict(valid.feeds)
+            if config.HasField("sequence_batching"):
+                feeds.update(sequence_feeds(config, valid.batch_size, model_dir))
             for _ in range(count):
-                backend.run(valid.feeds, valid.output_names)
+                backend.run(feeds, valid.output_names)
 
 
 @functools.cache
@@ -432,7 +483,18 @@ def _run_zeros(
         else np.zeros(shape, dt.numpy)
         for name, (shape, dt) in shapes.items()
     }
+    if config.HasField("sequence_batching"):  # controls and state, as the batcher feeds them
+        feeds.update(sequence_feeds(config, batch))
     backend.run(feeds, list(signature.outputs), shrink_memory=shrink)
+
+
+def sequence_feeds(
+    config: mc.ModelConfig, batch: int, model_dir: Path | None = None
+) -> dict[str, np.ndarray]:
+    """Control and initial-state inputs of `batch` starting sequences (zero and warm-up runs)."""
+    tensors = SequenceTensors.from_config(config, model_dir)
+    rows = [(1, True, False)] * batch
+    return {**tensors.control_feeds(rows), **tensors.state_feeds([None] * batch)}
 
 
 def _resource_need(config: mc.ModelConfig, gate: LimiterGate | None) -> ResourceNeed:

@@ -97,6 +97,13 @@ def complete_config(
             f"model '{model_name}': config max_batch_size is {out.max_batch_size} but the model's "
             f"'{fixed.name}' has no dynamic batch dimension (shape {_fmt(fixed.shape)})"
         )
+    # Control and state inputs are fed by the sequence batcher, never listed as inputs.
+    fed = {c.name for c in out.sequence_batching.control_input}
+    fed.update(s.input_name for s in out.sequence_batching.state)
+    outputs = [
+        t for t in outputs if t.name not in {s.output_name for s in out.sequence_batching.state}
+    ]
+    inputs = [t for t in inputs if t.name not in fed]
     _complete_tensors(out, out.input, inputs, "input", auto_complete, require_all=True)
     _complete_tensors(out, out.output, outputs, "output", auto_complete, require_all=False)
     _fill_defaults(out)

@@ -33,9 +33,12 @@ from agent.models.control import ModelControlMode, ModelManager
 from agent.models.registry import ModelRegistry
 from agent.proto import model_config_pb2 as mc
 from agent.repository.model_config import config_from_json, config_to_json
+from agent.scheduling.sequence_policy import sequence_parameters
+from agent.scheduling.sequence_scheduler import SequenceScheduler
 from agent.scheduling.statistics import FailureReason
 from agent.serving.log_settings import LogSettings
 from agent.serving.response_cache import ResponseCache, cache_key
+from agent.serving.sequence_routes import SequenceRoutes
 from agent.serving.shared_memory import SharedMemoryRegistry
 from agent.serving.trace import Trace, Tracer
 from agent.tensors.request import InferRequest, InferResponse, OutputTensor, shared_memory_outputs
@@ -73,6 +76,7 @@ class DataPlane:
     ) -> None:
         self._registry = registry
         self._cache = cache
+        self._sequences = SequenceRoutes()  # live sequences stay on the version they started on
         self.manager = manager or ModelManager(registry)
         self.mode = mode
         self.versions = versions
@@ -250,8 +254,10 @@ class DataPlane:
         if trace is not None:
             trace.stamp("REQUEST_START", start)
         await self.manager.wait_if_swapping(name)
-        routed = None if version else self.canary.route(name)  # canary: unversioned only
-        served, number = self._registry.resolve(name, str(routed) if routed else version)
+        sequence = sequence_parameters(request.parameters)
+        owner = None if version else self._sequences.find(name, sequence)
+        routed = None if version or owner else self.canary.route(name)  # canary: unversioned only
+        served, number = owner or self._registry.resolve(name, str(routed) if routed else version)
         loaded = served.versions[number]
         if trace is not None:
             trace.model_version = number
@@ -282,7 +288,12 @@ class DataPlane:
                     return InferResponse(served.name, version_text, hit, request.id)
                 stats.record_cache_miss(ns=time.perf_counter_ns() - lookup)
             queued = time.perf_counter_ns() if trace is not None else 0
-            result = await loaded.scheduler.submit(valid, priority=priority, timeout_us=timeout_us)
+            if isinstance(loaded.scheduler, SequenceScheduler):
+                self._sequences.started(served.name, sequence, served, number)
+                submitted = loaded.scheduler.submit(valid, sequence, timeout_us=timeout_us)
+            else:
+                submitted = loaded.scheduler.submit(valid, priority=priority, timeout_us=timeout_us)
+            result = await submitted
             if trace is not None:
                 trace.executed(
                     queued,

@@ -1,0 +1,320 @@
+"""Asyncio driver of the sequence batcher for one model version.
+
+The policy lives in `agent.scheduling.sequence_policy` (pure, fed timestamps). This module drives
+it: `expire`/`take` on each arrival, each finished execution and at the policy's deadline (a loop
+timer); each batch runs on the model's executor with the control tensors and the sequences' state
+added to its inputs; the state outputs are kept per sequence for its next request and dropped
+when the sequence ends or idles out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+import numpy as np
+
+from agent.backends.base import Backend
+from agent.errors import (
+    AgentError,
+    BackendError,
+    InvalidInputError,
+    ModelNotReadyError,
+    OverloadedError,
+)
+from agent.scheduling.batching import BatchingPolicy
+from agent.scheduling.deadline_timer import DeadlineTimer
+from agent.scheduling.scheduler import ExecutionResult
+from agent.scheduling.sequence_policy import (
+    CorrelationId,
+    SequenceBatcher,
+    SequencePolicy,
+    SequenceRequest,
+    Step,
+)
+from agent.scheduling.sequence_tensors import SequenceTensors
+from agent.scheduling.statistics import ModelStatistics
+from agent.tensors.signature import ValidatedRequest
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Job:
+    request: ValidatedRequest
+    future: asyncio.Future[ExecutionResult]
+    enqueued_ns: int
+
+
+class SequenceScheduler:
+    """Queues and executes the requests of one version of a stateful model."""
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        version: int,
+        backend: Backend,
+        policy: SequencePolicy,
+        tensors: SequenceTensors,
+        instances: int,
+        executor: Executor,
+        stats: ModelStatistics | None = None,
+    ) -> None:
+        self.model = model
+        self.version = version
+        self.sequence_policy = policy
+        self.tensors = tensors
+        self._backend = backend
+        self._batcher: SequenceBatcher[_Job] = SequenceBatcher(policy, model)
+        self._free = max(1, instances)
+        self._instances = max(1, instances)
+        self._executor = executor
+        self._stats = stats
+        self._states: dict[CorrelationId, dict[str, np.ndarray]] = {}
+        self._timer: DeadlineTimer | None = None
+        self._closed = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def policy(self) -> BatchingPolicy:
+        """The request-size limits, as the dynamic scheduler reports them."""
+        return BatchingPolicy.unbatched(self.sequence_policy.max_batch_size)
+
+    def set_policy(self, policy: BatchingPolicy) -> None:
+        """Dynamic-batching settings do not apply to a sequence batcher (kept for the reload)."""
+        logger.info("model %s: sequence batcher keeps its settings", self.model)
+
+    @property
+    def pending(self) -> int:
+        """Requests queued or executing, plus live sequences (a drain waits for them to end)."""
+        return len(self._batcher) + (self._instances - self._free) + self._batcher.live
+
+    @property
+    def live_sequences(self) -> int:
+        return self._batcher.live
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of sequence state held now."""
+        return sum(a.nbytes for s in self._states.values() for a in s.values())
+
+    def owns(self, corrid: CorrelationId) -> bool:
+        """Whether a sequence with this id is live or waiting for a slot on this version."""
+        return not self._closed and self._batcher.owns(corrid)
+
+    async def submit(
+        self, request: ValidatedRequest, sequence: SequenceRequest | None, *, timeout_us: int | None
+    ) -> ExecutionResult:
+        """Queue a request of a sequence and wait for its outputs.
+
+        Raises:
+            InvalidInputError: no correlation id, missing START, wrong id type, batch size > 1.
+            OverloadedError: no sequence slot freed within the request's timeout (503).
+            ModelNotReadyError: the version is unloading.
+            BackendError: the runtime failed.
+        """
+        if self._closed:
+            raise ModelNotReadyError(f"model '{self.model}' version {self.version} is unloading")
+        if request.batch_size > 1:
+            raise InvalidInputError(
+                f"inference request to model '{self.model}' must specify batch-size 1 due to "
+                "requirements of sequence batcher"
+            )
+        seq = sequence or SequenceRequest(0)
+        self.tensors.check_corrid(seq.correlation_id)
+        job = _Job(request, asyncio.get_running_loop().create_future(), time.perf_counter_ns())
+        self._batcher.add(
+            seq.correlation_id,
+            job,
+            start=seq.start,
+            end=seq.end,
+            now=time.monotonic(),
+            timeout_us=timeout_us,
+        )
+        self._idle.clear()
+        if self._stats is not None:
+            self._stats.pending_inc()
+        self._dispatch()
+        try:
+            return await job.future
+        finally:
+            if self._stats is not None:
+                self._stats.pending_dec()
+
+    async def drain(self) -> None:
+        """Wait until every sequence has ended or idled out and nothing runs."""
+        while self.pending:
+            self._idle.clear()
+            await self._idle.wait()
+
+    def close(self, reason: str = "was unloaded") -> None:
+        """Refuse new work and fail whatever is still queued, saying why (`reason`)."""
+        self._closed = True
+        if self._timer is not None:
+            self._timer.close()
+        for job in self._batcher.drain():
+            _settle(job, ModelNotReadyError(f"model '{self.model}' {reason}"))
+        self._states.clear()
+        self._check_idle()
+
+    def _dispatch(self) -> None:
+        now = time.monotonic()
+        expired = self._batcher.expire(now)
+        for job in expired.refused:
+            _settle(
+                job,
+                OverloadedError(
+                    f"model '{self.model}': no sequence slot freed in time (all "
+                    f"{self.sequence_policy.slots} taken); timeout of the corresponding "
+                    "sequence has been expired"
+                ),
+            )
+        for corrid in expired.released:
+            self._states.pop(corrid, None)
+            logger.info(
+                "model %s: sequence %s released after %d us idle",
+                self.model,
+                corrid,
+                self.sequence_policy.max_sequence_idle_us,
+            )
+        while self._free > 0 and not self._closed:
+            steps = self._batcher.take(now)
+            if steps is None:
+                break
+            self._free -= 1
+            self._launch(steps)
+        self._arm_timer()
+        self._check_idle()
+
+    def _launch(self, steps: list[Step[_Job]]) -> None:
+        held = [None if s.start else self._states.get(s.correlation_id) for s in steps]
+        started = time.perf_counter_ns()
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self._executor, self._execute, steps, held, started)
+        future.add_done_callback(lambda f: self._on_done(steps, f))
+
+    def _execute(
+        self,
+        steps: list[Step[_Job]],
+        held: list[dict[str, np.ndarray] | None],
+        started_ns: int,
+    ) -> tuple[list[ExecutionResult], list[dict[str, np.ndarray]]]:
+        """Run in an executor thread: one batch of one request per sequence."""
+        results: list[ExecutionResult | None] = [None] * len(steps)
+        states: list[dict[str, np.ndarray]] = [{} for _ in steps]
+        for group in self._group_by_shape(steps, held):
+            t0 = time.perf_counter_ns()
+            requests = [steps[i].item.request for i in group]
+            feeds = (
+                dict(requests[0].feeds)
+                if len(group) == 1
+                else {n: np.concatenate([r.feeds[n] for r in requests]) for n in requests[0].feeds}
+            )
+            rows = [(steps[i].correlation_id, steps[i].start, steps[i].end) for i in group]
+            feeds.update(self.tensors.control_feeds(rows))
+            feeds.update(self.tensors.state_feeds([held[i] for i in group]))
+            wanted: dict[str, None] = {}
+            for r in requests:
+                wanted.update(dict.fromkeys(r.output_names))
+            wanted.update(dict.fromkeys(self.tensors.state_outputs))
+            names = list(wanted)
+            t1 = time.perf_counter_ns()
+            outputs = dict(zip(names, self._backend.run(feeds, names), strict=True))
+            t2 = time.perf_counter_ns()
+            batched = self.tensors.batched
+            for row, i in enumerate(group):
+                request = requests[row]
+
+                results[i] = ExecutionResult(
+                    outputs=[_row(outputs[n], row, batched) for n in request.output_names],
+                    queue_ns=max(0, started_ns - steps[i].item.enqueued_ns),
+                    compute_input_ns=t1 - t0,
+                    compute_infer_ns=t2 - t1,
+                    compute_output_ns=0,
+                    batch_size=len(group),
+                )
+                states[i] = {
+                    n: np.array(outputs[n][row] if batched else outputs[n])
+                    for n in self.tensors.state_outputs
+                }
+            t3 = time.perf_counter_ns()
+            if self._stats is not None:
+                self._stats.record_execution(
+                    batch_size=len(group),
+                    compute_input_ns=t1 - t0,
+                    compute_infer_ns=t2 - t1,
+                    compute_output_ns=t3 - t2,
+                )
+        return [r for r in results if r is not None], states
+
+    def _on_done(
+        self,
+        steps: list[Step[_Job]],
+        future: asyncio.Future[tuple[list[ExecutionResult], list[dict[str, np.ndarray]]]],
+    ) -> None:
+        self._free += 1
+        error = future.exception()
+        if error is None:
+            results, states = future.result()
+            for step, result, state in zip(steps, results, states, strict=True):
+                if not step.end:
+                    self._states[step.correlation_id] = state
+                _settle(step.item, result)
+        else:
+            failure = (
+                error
+                if isinstance(error, AgentError)
+                else BackendError(f"execution failed: {error}")
+            )
+            for step in steps:
+                _settle(step.item, failure)
+        for corrid in self._batcher.done(steps, time.monotonic()):
+            self._states.pop(corrid, None)
+        if not self._closed:
+            self._dispatch()
+        self._check_idle()
+
+    def _group_by_shape(
+        self, steps: list[Step[_Job]], held: list[dict[str, np.ndarray] | None]
+    ) -> list[list[int]]:
+        """Rows can share a batch only when their inputs and states have the same shapes."""
+        initial = tuple((s.output_name, s.initial.shape) for s in self.tensors.states)
+        groups: dict[tuple[object, ...], list[int]] = {}
+        for i, step in enumerate(steps):
+            key = tuple((n, a.shape) for n, a in step.item.request.feeds.items())
+            state = held[i]
+            key += initial if state is None else tuple((n, a.shape) for n, a in state.items())
+            groups.setdefault(key, []).append(i)
+        return list(groups.values())
+
+    def _arm_timer(self) -> None:
+        if self._closed:
+            return
+        deadline = self._batcher.deadline()
+        if self._timer is None:
+            if deadline is None:
+                return
+            self._timer = DeadlineTimer(asyncio.get_running_loop(), self._dispatch)
+        self._timer.arm(deadline)
+
+    def _check_idle(self) -> None:
+        if not self.pending:
+            self._idle.set()
+
+
+def _row(data: np.ndarray, row: int, batched: bool) -> np.ndarray:
+    return data[row : row + 1] if batched else data
+
+
+def _settle(job: _Job, outcome: ExecutionResult | BaseException) -> None:
+    if job.future.done():  # the client went away
+        return
+    if isinstance(outcome, BaseException):
+        job.future.set_exception(outcome)
+    else:
+        job.future.set_result(outcome)
