@@ -96,7 +96,13 @@ class SequenceScheduler:
 
     @property
     def live_sequences(self) -> int:
+        """Sequences holding a slot."""
         return self._batcher.live
+
+    @property
+    def waiting_sequences(self) -> int:
+        """New sequences waiting for a slot."""
+        return self._batcher.waiting
 
     @property
     def state_bytes(self) -> int:
