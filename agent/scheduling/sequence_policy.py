@@ -337,8 +337,12 @@ class SequenceBatcher(Generic[T]):
         self._promote()
         return ended
 
-    def deadline(self) -> float | None:
+    def deadline(self, *, batches: bool = True) -> float | None:
         """The earliest instant at which `expire()` or `take()` may answer differently.
+
+        Args:
+            batches: count when the next batch is due; False while the caller could not run
+                one anyway (every instance busy), so that only idling and backlog expiry count.
 
         Returns:
             Monotonic seconds, or None when nothing will change without an arrival.
@@ -348,7 +352,7 @@ class SequenceBatcher(Generic[T]):
         times.extend(
             s.last_active + idle for s in self._live.values() if not s.running and not s.queue
         )
-        ready = self._ready()
+        ready = self._ready() if batches else []
         if ready:
             times.append(ready[0].queue[0].arrived + self.policy.max_queue_delay_us * _US)
         return min(times, default=None)

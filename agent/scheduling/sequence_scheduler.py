@@ -301,7 +301,9 @@ class SequenceScheduler:
     def _arm_timer(self) -> None:
         if self._closed:
             return
-        deadline = self._batcher.deadline()
+        # With every instance busy the next batch waits for an execution to finish: a timer
+        # for a batch that is already due would only spin.
+        deadline = self._batcher.deadline(batches=self._free > 0)
         if self._timer is None:
             if deadline is None:
                 return

@@ -20,7 +20,8 @@ from tritonclient.utils import InferenceServerException
 from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.runtime.daemon import RunningAgent
 from agent.scheduling.sequence_scheduler import SequenceScheduler
-from tests.models import ACCUMULATOR_CONFIG, accumulator_model, write_model
+from bench.sequence_models import ACCUMULATOR_CONFIG, accumulator_model
+from tests.models import write_model
 from tests.server import running_agent
 from tests.support import wait_until
 
