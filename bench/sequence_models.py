@@ -8,11 +8,12 @@ from onnx import TensorProto, helper
 from agent.runtime.demo import IR_VERSION, OPSET
 
 
-def accumulator_model(scale: float = 1.0) -> onnx.ModelProto:
+def accumulator_model(scale: float = 1.0, width: int = 1) -> onnx.ModelProto:
     """A stateful model: OUTPUT = S_IN * (1 - START) + scale * INPUT * READY.
 
     S_OUT = OUTPUT is the implicit state fed back as S_IN with the sequence's next request;
-    CORRID_OUT echoes the correlation id the batcher fed in CORRID. All tensors [batch, 1].
+    CORRID_OUT echoes the correlation id the batcher fed in CORRID. INPUT, S_IN, OUTPUT and S_OUT
+    are [batch, width], the controls and CORRID_OUT [batch, 1].
     """
     one = helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])
     k = helper.make_tensor("k", TensorProto.FLOAT, [], [scale])
@@ -26,21 +27,22 @@ def accumulator_model(scale: float = 1.0) -> onnx.ModelProto:
         helper.make_node("Identity", ["OUTPUT"], ["S_OUT"]),
         helper.make_node("Identity", ["CORRID"], ["CORRID_OUT"]),
     ]
-    row: list[str | int | None] = ["batch", 1]
+    row: list[str | int | None] = ["batch", width]
+    flag: list[str | int | None] = ["batch", 1]
     graph = helper.make_graph(
         nodes,
         "accumulator",
         [
             helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, row),
-            helper.make_tensor_value_info("START", TensorProto.INT32, row),
-            helper.make_tensor_value_info("READY", TensorProto.FLOAT, row),
-            helper.make_tensor_value_info("CORRID", TensorProto.UINT64, row),
+            helper.make_tensor_value_info("START", TensorProto.INT32, flag),
+            helper.make_tensor_value_info("READY", TensorProto.FLOAT, flag),
+            helper.make_tensor_value_info("CORRID", TensorProto.UINT64, flag),
             helper.make_tensor_value_info("S_IN", TensorProto.FLOAT, row),
         ],
         [
             helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, row),
             helper.make_tensor_value_info("S_OUT", TensorProto.FLOAT, row),
-            helper.make_tensor_value_info("CORRID_OUT", TensorProto.UINT64, row),
+            helper.make_tensor_value_info("CORRID_OUT", TensorProto.UINT64, flag),
         ],
         [one, k],
     )

@@ -285,10 +285,12 @@ class ModelLoader:
         if self.settings.measure_memory and self.ledger is not None and not python:
             (backend, completed), footprint = measure_footprint(
                 load,
-                functools.partial(_run_zeros, limit_bytes=self.ledger.budget_bytes()),
+                functools.partial(
+                    _run_zeros, limit_bytes=self.ledger.budget_bytes(), model_dir=model_dir
+                ),
                 max_batch=config.max_batch_size or DEFAULT_MAX_BATCH_SIZE,
             )
-            _run_zeros((backend, completed), 1, shrink=True)
+            _run_zeros((backend, completed), 1, shrink=True, model_dir=model_dir)
         else:
             backend, completed = load()
         # Old and new builds of one version coexist during a swap: each holds its own share.
@@ -452,6 +454,7 @@ def _run_zeros(
     *,
     shrink: bool = False,
     limit_bytes: int | None = None,
+    model_dir: Path | None = None,
 ) -> None:
     """Run the model once on zeros at a batch size, to measure its memory.
 
@@ -484,7 +487,7 @@ def _run_zeros(
         for name, (shape, dt) in shapes.items()
     }
     if config.HasField("sequence_batching"):  # controls and state, as the batcher feeds them
-        feeds.update(sequence_feeds(config, batch))
+        feeds.update(sequence_feeds(config, batch, model_dir))
     backend.run(feeds, list(signature.outputs), shrink_memory=shrink)
 
 
