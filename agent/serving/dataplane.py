@@ -253,9 +253,10 @@ class DataPlane:
         start = time.perf_counter_ns()
         if trace is not None:
             trace.stamp("REQUEST_START", start)
-        await self.manager.wait_if_swapping(name)
         sequence = sequence_parameters(request.parameters)
         owner = None if version else self._sequences.find(name, sequence)
+        if owner is None:  # a live sequence's old build is draining: its requests must not wait
+            await self.manager.wait_if_swapping(name)
         routed = None if version or owner else self.canary.route(name)  # canary: unversioned only
         served, number = owner or self._registry.resolve(name, str(routed) if routed else version)
         loaded = served.versions[number]
