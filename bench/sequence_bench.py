@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import re
 import subprocess
 import sys
 import tempfile
@@ -33,6 +34,7 @@ from bench.report import load_average, markdown_table
 from bench.sequence_models import ACCUMULATOR_CONFIG, accumulator_model
 
 SERVERS = ("stateless", "direct", "oldest")
+_AVG_LATENCY = re.compile(r"Avg latency: (\d+) usec")
 _STRATEGY = {
     "direct": "direct { max_queue_delay_microseconds: 100 }",
     "oldest": "oldest { max_candidate_sequences: 8 max_queue_delay_microseconds: 100"
@@ -114,11 +116,17 @@ def run_point(
         requests=requests,
         server_us=(after - before) / requests,
         client_us=0.0,
-        # Point reads throughput as concurrency / mean latency: hand it perf_analyzer's figure.
-        avg_us=concurrency * 1e6 / float(row["Inferences/Second"]),
+        avg_us=_mean_latency_us(done.stdout),  # throughput by Little's law, as cpu_per_request
         p50_us=float(row["p50 latency"]),
         p99_us=float(row["p99 latency"]),
     )
+
+
+def _mean_latency_us(output: str) -> float:
+    match = _AVG_LATENCY.search(output)
+    if match is None:
+        raise BenchError(f"no 'Avg latency' in perf_analyzer's output:\n{output[-2000:]}")
+    return float(match.group(1))
 
 
 def render(points: Sequence[Point]) -> str:

@@ -316,7 +316,7 @@ class ModelLoader:
         if completed.HasField("sequence_batching"):
             try:
                 scheduler = self._sequence_scheduler(
-                    completed, model_dir, backend, instances, executor, stats, key
+                    completed, model_dir, backend, instances, executor, stats, key, python=python
                 )
             except AgentError:
                 executor.shutdown(wait=False)
@@ -365,6 +365,8 @@ class ModelLoader:
         executor: ThreadPoolExecutor,
         stats: ModelStatistics,
         key: tuple[str, str],
+        *,
+        python: bool,
     ) -> SequenceScheduler:
         """The sequence batcher of a stateful model; its slots' state counts in the budget.
 
@@ -386,6 +388,7 @@ class ModelLoader:
             instances=instances,
             executor=executor,
             stats=stats,
+            inline_below_ns=0 if python else INLINE_BELOW_NS,  # as for the dynamic scheduler
         )
 
     def _fit_to_budget(

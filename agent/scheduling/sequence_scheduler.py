@@ -4,7 +4,9 @@ The policy lives in `agent.scheduling.sequence_policy` (pure, fed timestamps). T
 it: `expire`/`take` on each arrival, each finished execution and at the policy's deadline (a loop
 timer); each batch runs on the model's executor with the control tensors and the sequences' state
 added to its inputs; the state outputs are kept per sequence for its next request and dropped
-when the sequence ends or idles out.
+when the sequence ends or idles out. Tiny models run inline on the event loop once measured
+cheaper than the hand-off to a thread, by the dynamic scheduler's rule
+(`agent.scheduling.scheduler`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from agent.errors import (
 )
 from agent.scheduling.batching import BatchingPolicy
 from agent.scheduling.deadline_timer import DeadlineTimer
-from agent.scheduling.scheduler import ExecutionResult
+from agent.scheduling.scheduler import INLINE_BELOW_NS, ExecutionResult
 from agent.scheduling.sequence_policy import (
     CorrelationId,
     SequenceBatcher,
@@ -40,6 +42,11 @@ from agent.scheduling.statistics import ModelStatistics
 from agent.tensors.signature import ValidatedRequest
 
 logger = logging.getLogger(__name__)
+
+_PROBE_RUNS = 4  # executions measured on the executor before inline is considered
+_WALL_FACTOR = 10  # wall-time limit for inline, as a multiple of the CPU-time limit
+# A batch's outputs per request, and the state each of its sequences returned.
+_Outcome = tuple[list[ExecutionResult], list[dict[str, np.ndarray]]]
 
 
 @dataclass(slots=True)
@@ -63,6 +70,7 @@ class SequenceScheduler:
         instances: int,
         executor: Executor,
         stats: ModelStatistics | None = None,
+        inline_below_ns: int = INLINE_BELOW_NS,
     ) -> None:
         self.model = model
         self.version = version
@@ -79,6 +87,10 @@ class SequenceScheduler:
         self._closed = False
         self._idle = asyncio.Event()
         self._idle.set()
+        self._inline_below_ns = inline_below_ns
+        self._runs = 0
+        self._exec_ns = 0.0  # moving average of one execution's CPU time on its thread
+        self._wall_ns = 0.0  # and of its wall time
 
     @property
     def policy(self) -> BatchingPolicy:
@@ -194,12 +206,30 @@ class SequenceScheduler:
                 break
             self._free -= 1
             self._launch(steps)
+            now = time.monotonic()  # an inline execution moved the clock on
         self._arm_timer()
         self._check_idle()
+
+    @property
+    def inline(self) -> bool:
+        """Whether batches run on the event loop (measured cheaper than the hand-off to a
+        thread, as in the dynamic scheduler), not on the executor."""
+        return (
+            self._runs >= _PROBE_RUNS
+            and self._exec_ns < self._inline_below_ns
+            and self._wall_ns < self._inline_below_ns * _WALL_FACTOR
+        )
 
     def _launch(self, steps: list[Step[_Job]]) -> None:
         held = [None if s.start else self._states.get(s.correlation_id) for s in steps]
         started = time.perf_counter_ns()
+        if self.inline:  # completes here; the caller's dispatch loop takes the next batch
+            try:
+                outcome: _Outcome | BaseException = self._execute(steps, held, started)
+            except Exception as exc:  # noqa: BLE001 - reported to the requests as BackendError
+                outcome = exc
+            self._complete(steps, outcome)
+            return
         loop = asyncio.get_running_loop()
         future = loop.run_in_executor(self._executor, self._execute, steps, held, started)
         future.add_done_callback(lambda f: self._on_done(steps, f))
@@ -209,8 +239,10 @@ class SequenceScheduler:
         steps: list[Step[_Job]],
         held: list[dict[str, np.ndarray] | None],
         started_ns: int,
-    ) -> tuple[list[ExecutionResult], list[dict[str, np.ndarray]]]:
-        """Run in an executor thread: one batch of one request per sequence."""
+    ) -> _Outcome:
+        """Run in an executor thread (or inline): one batch of one request per sequence."""
+        cpu_start = time.thread_time_ns()
+        run_ns = 0
         results: list[ExecutionResult | None] = [None] * len(steps)
         states: list[dict[str, np.ndarray]] = [{} for _ in steps]
         for group in self._group_by_shape(steps, held):
@@ -232,6 +264,7 @@ class SequenceScheduler:
             t1 = time.perf_counter_ns()
             outputs = dict(zip(names, self._backend.run(feeds, names), strict=True))
             t2 = time.perf_counter_ns()
+            run_ns += t2 - t1
             batched = self.tensors.batched
             for row, i in enumerate(group):
                 request = requests[row]
@@ -256,34 +289,42 @@ class SequenceScheduler:
                     compute_infer_ns=t2 - t1,
                     compute_output_ns=t3 - t2,
                 )
+        self._measured(time.thread_time_ns() - cpu_start, run_ns)
         return [r for r in results if r is not None], states
 
-    def _on_done(
-        self,
-        steps: list[Step[_Job]],
-        future: asyncio.Future[tuple[list[ExecutionResult], list[dict[str, np.ndarray]]]],
-    ) -> None:
-        self._free += 1
+    def _measured(self, ns: int, wall_ns: int) -> None:
+        # One writer at a time per instance thread; a lost update only delays the switch.
+        first = self._runs == 0
+        self._exec_ns = ns if first else 0.75 * self._exec_ns + 0.25 * ns
+        self._wall_ns = wall_ns if first else 0.75 * self._wall_ns + 0.25 * wall_ns
+        self._runs += 1
+
+    def _on_done(self, steps: list[Step[_Job]], future: asyncio.Future[_Outcome]) -> None:
         error = future.exception()
-        if error is None:
-            results, states = future.result()
+        self._complete(steps, future.result() if error is None else error)
+        if not self._closed:
+            self._dispatch()
+        self._check_idle()
+
+    def _complete(self, steps: list[Step[_Job]], outcome: _Outcome | BaseException) -> None:
+        """Settle a batch's requests, keep the state it returned, free its instance."""
+        self._free += 1
+        if isinstance(outcome, BaseException):
+            failure = (
+                outcome
+                if isinstance(outcome, AgentError)
+                else BackendError(f"execution failed: {outcome}")
+            )
+            for step in steps:
+                _settle(step.item, failure)
+        else:
+            results, states = outcome
             for step, result, state in zip(steps, results, states, strict=True):
                 if not step.end:
                     self._states[step.correlation_id] = state
                 _settle(step.item, result)
-        else:
-            failure = (
-                error
-                if isinstance(error, AgentError)
-                else BackendError(f"execution failed: {error}")
-            )
-            for step in steps:
-                _settle(step.item, failure)
         for corrid in self._batcher.done(steps, time.monotonic()):
             self._states.pop(corrid, None)
-        if not self._closed:
-            self._dispatch()
-        self._check_idle()
 
     def _group_by_shape(
         self, steps: list[Step[_Job]], held: list[dict[str, np.ndarray] | None]
