@@ -16,6 +16,7 @@ from typing import Any
 
 from agent import __version__
 from agent.canary.control import CanaryManager
+from agent.ensemble.runner import EnsembleScheduler
 from agent.errors import (
     AgentError,
     BackendError,
@@ -292,6 +293,10 @@ class DataPlane:
             if isinstance(loaded.scheduler, SequenceScheduler):
                 self._sequences.started(served.name, sequence, served, number)
                 submitted = loaded.scheduler.submit(valid, sequence, timeout_us=timeout_us)
+            elif isinstance(loaded.scheduler, EnsembleScheduler):
+                submitted = loaded.scheduler.submit(
+                    valid, priority=priority, timeout_us=timeout_us, sequence=sequence
+                )
             else:
                 submitted = loaded.scheduler.submit(valid, priority=priority, timeout_us=timeout_us)
             result = await submitted

@@ -35,6 +35,14 @@ SEQUENCE_IDLE_US = 2_000_000
 BACKLOG_WAIT_US = 30_000_000  # a START's wait for a slot, beyond the idle time on a busy host
 ABANDONED = {1048, 1049}  # the last sequence of two workers never ends: it idles out
 
+ENSEMBLE = """
+name: "acc_ensemble" platform: "ensemble" max_batch_size: 4
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 1 ] } ]
+ensemble_scheduling { step { model_name: "acc_oldest" model_version: -1
+  input_map { key: "INPUT" value: "X" } output_map { key: "OUTPUT" value: "SUM" } } }
+"""
+
 
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningAgent]:
@@ -51,6 +59,8 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningAgent]:
     swap = ACCUMULATOR_CONFIG.format(name="acc_swap", strategy=STRATEGIES["oldest"], idle_us=10**7)
     write_model(repo, "acc_swap", accumulator_model(1.0), swap, versions=(1,))
     write_model(repo, "acc_swap", accumulator_model(2.0), None, versions=(2,))
+    (repo / "acc_ensemble" / "1").mkdir(parents=True)
+    (repo / "acc_ensemble" / "config.pbtxt").write_text(ENSEMBLE)
     settings = AgentConfig(
         server=ServerConfig(http_port=0, grpc_port=0, metrics_port=-1),
         models=ModelsConfig(
@@ -258,4 +268,23 @@ def test_sequence_spans_a_hot_swap_and_ends_on_its_version(agent: RunningAgent) 
         assert step(301, 3.0, sequence_end=True) == ("1", 6.0)
         assert swap.result(timeout=60) == 200
     assert step(302, 1.0, sequence_end=True) == ("2", 4.0)
+    client.close()
+
+
+def test_an_ensemble_passes_the_sequence_to_its_stateful_step(agent: RunningAgent) -> None:
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{agent.http_port}")
+
+    def step(corrid: int, v: float, **kw: Any) -> float:
+        x = httpclient.InferInput("X", [1, 1], "FP32")
+        x.set_data_from_numpy(np.array([[v]], np.float32))
+        result = client.infer("acc_ensemble", [x], sequence_id=corrid, **kw)
+        return float(result.as_numpy("SUM")[0, 0])
+
+    assert step(401, 1.0, sequence_start=True) == 1.0
+    assert step(402, 5.0, sequence_start=True) == 5.0
+    assert step(401, 2.0) == 3.0
+    assert step(402, 5.0, sequence_end=True) == 10.0
+    assert step(401, 3.0, sequence_end=True) == 6.0
+    with pytest.raises(InferenceServerException, match="must specify the START flag"):
+        step(401, 1.0)
     client.close()
