@@ -12,6 +12,7 @@ from agent.scheduling.sequence_policy import (
     SequenceBatcher,
     SequencePolicy,
     SequenceRequest,
+    Step,
     sequence_parameters,
 )
 from agent.scheduling.sequence_tensors import SequenceTensors
@@ -227,3 +228,59 @@ def test_policy_from_config_per_strategy() -> None:
     config.sequence_batching.oldest.preferred_batch_size.append(2)
     policy = SequencePolicy.from_config(config, instances=1)
     assert (policy.strategy, policy.slots, policy.preferred_batch_sizes) == ("oldest", 16, (2,))
+
+
+def test_a_model_without_batch_dimension_gets_unbatched_controls_and_state() -> None:
+    config = text_format.Parse(CONFIG, mc.ModelConfig())
+    config.max_batch_size = 0
+    tensors = SequenceTensors.from_config(config)
+    feeds = tensors.control_feeds([(7, True, False)])
+    assert feeds["START"].shape == (1,)
+    assert tensors.state_feeds([None])["S_IN"].shape == (2,)
+    policy = SequencePolicy.from_config(config, instances=3)
+    assert (policy.max_batch_size, policy.slots) == (1, 3)
+
+
+@pytest.mark.parametrize("strategy", ["direct", "oldest"])
+def test_random_traffic_keeps_order_slots_and_one_request_per_sequence(strategy: str) -> None:
+    rng = np.random.default_rng(3)
+    policy = SequencePolicy(
+        strategy=strategy,  # type: ignore[arg-type]
+        max_batch_size=3,
+        slots=4,
+        max_sequence_idle_us=10**9,
+        max_queue_delay_us=50,
+        preferred_batch_sizes=(2,),
+    )
+    b: SequenceBatcher[tuple[int, int]] = SequenceBatcher(policy, "m")
+    lengths = {corrid: int(rng.integers(1, 6)) for corrid in range(1, 31)}
+    sent = dict.fromkeys(lengths, 0)
+    ran: dict[int, list[int]] = {c: [] for c in lengths}
+    running: list[list[Step[tuple[int, int]]]] = []
+    now = 0.0
+    for _ in range(100_000):  # bounded: a stall fails below instead of hanging
+        if not (any(sent[c] < n for c, n in lengths.items()) or running or len(b)):
+            break
+        now += float(rng.uniform(0, 40e-6))
+        open_ = [c for c, n in lengths.items() if sent[c] < n]
+        if open_ and rng.random() < 0.6:
+            c = open_[int(rng.integers(len(open_)))]
+            i = sent[c]
+            b.add(c, (c, i), start=i == 0, end=i == lengths[c] - 1, now=now)
+            sent[c] += 1
+        if running and rng.random() < 0.5:
+            b.done(running.pop(0), now)
+        b.expire(now)
+        steps = b.take(now) if len(running) < 2 else None
+        if steps is not None:
+            assert len(steps) <= 3
+            corrids = [s.correlation_id for s in steps]
+            assert len(set(corrids)) == len(corrids)  # one request per sequence
+            for s in steps:
+                ran[s.item[0]].append(s.item[1])
+                assert s.start == (s.item[1] == 0)
+            running.append(steps)
+        assert b.live <= 4
+    for c, n in lengths.items():
+        assert ran[c] == list(range(n)), c
+    assert b.live == 0
