@@ -24,11 +24,12 @@ import itertools
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from agent.backends.base import Backend
+from agent.backends.cancellation import CancelSignal
 from agent.errors import (
     AgentError,
     BackendError,
@@ -66,6 +67,9 @@ class _Job:
     future: asyncio.Future[ExecutionResult]
     enqueued_ns: int
     seq: int
+    # Set when the caller stops waiting (client gone, parent BLS call cancelled): a queued job
+    # is then skipped, a running one told to its backend (`run_requests`).
+    cancel: CancelSignal = field(default_factory=CancelSignal)
 
 
 class LimiterGate:
@@ -195,6 +199,9 @@ class ModelScheduler:
         self._dispatch()
         try:
             return await job.future
+        except asyncio.CancelledError:
+            job.cancel.cancel()
+            raise
         finally:
             if self._stats is not None:
                 self._stats.pending_dec()
@@ -257,8 +264,10 @@ class ModelScheduler:
             batch = self._former.take(now)
             if batch is None:
                 break
+            jobs = [job for job in batch.items if not job.cancel.cancelled]
+            if not jobs:  # every caller went away while it waited: no work to run
+                continue
             self._free -= 1
-            jobs = list(batch.items)
             if self._gate is not None and self._need.resources:
                 key = f"{self.model}:{self.version}#{jobs[0].seq}"
                 if not self._gate.acquire(key, self._need, functools.partial(self._granted, jobs)):
@@ -326,13 +335,15 @@ class ModelScheduler:
         results: list[ExecutionResult | BaseException | None] = [None] * len(jobs)
         groups = [[0]] if len(jobs) == 1 else _group_by_shape(jobs)
         # A backend that takes a batch's requests one by one (Python models, as Triton's Python
-        # backend) gets them unmerged, and answers each request with its outputs or its error.
+        # backend) gets them unmerged, and answers each request with its outputs or its error;
+        # it is told which requests are cancelled while they run.
         run_requests = getattr(self._backend, "run_requests", None)
         for group in groups:
             t0 = time.perf_counter_ns()
-            if run_requests is not None and len(group) > 1:
+            if run_requests is not None:
                 answers = run_requests(
-                    [(jobs[i].request.feeds, jobs[i].request.output_names) for i in group]
+                    [(jobs[i].request.feeds, jobs[i].request.output_names) for i in group],
+                    cancelled=[jobs[i].cancel for i in group],
                 )
                 t2 = time.perf_counter_ns()
                 run_ns += t2 - t0
