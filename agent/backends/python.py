@@ -20,6 +20,10 @@ a socketpair as raw buffers (`agent.backends.python_ipc` says why not shared mem
 BLS: while it waits for an `execute` answer, the backend runs the model's BLS requests through
 the `bls` callable it was given (the data plane, `agent.backends.python_bls`).
 
+Cancellation: `run_requests` takes one `CancelSignal` per request from the scheduler; a request
+cancelled while `execute` runs is marked in the worker (`request.is_cancelled()`), and once all
+are, the execute's BLS calls are cancelled (`python_bls` says when else they are).
+
 Isolation:
 
 * `execute` raises, or returns a response with an error: that request fails with BackendError
@@ -455,9 +459,7 @@ class PythonBackend:
         seq = next(self._executes)
         message = ipc.Message(ipc.EXECUTE, {"requests": described, "seq": seq}, tensors)
         calls = BlsCalls(self._bls, worker.conn, self.timeouts.execute_s, self.name)
-        for signal in cancelled:
-            signal.on_cancel(calls.wake)
-        told: set[int] = set()
+        calls.watch(seq, cancelled)
         try:
             ipc.send(worker.conn, message)
             # The worker's own time counts: the clock restarts when its BLS calls are answered.
@@ -467,7 +469,7 @@ class PythonBackend:
                 calls.wait(deadline)
                 if busy:
                     deadline = time.monotonic() + self.timeouts.execute_s
-                told |= self._tell_cancelled(worker, seq, cancelled, told, calls)
+                calls.tell_cancelled()
                 if not worker.conn.poll(0):
                     if not calls.busy and time.monotonic() >= deadline:
                         raise TimeoutError
@@ -517,24 +519,6 @@ class PythonBackend:
             except BackendError as exc:
                 results.append(exc)
         return results
-
-    @staticmethod
-    def _tell_cancelled(
-        worker: Worker,
-        seq: int,
-        cancelled: Sequence[CancelSignal],
-        told: set[int],
-        calls: BlsCalls,
-    ) -> set[int]:
-        """Send the worker a CANCEL for requests newly cancelled; when every request of the
-        execute is, cancel its BLS calls. Returns the indices told now."""
-        new = {i for i, s in enumerate(cancelled) if s.cancelled and i not in told}
-        if new:
-            meta = {"seq": seq, "requests": sorted(new)}
-            ipc.send(worker.conn, ipc.Message(ipc.CANCEL, meta))
-            if len(told) + len(new) == len(cancelled):
-                calls.cancel_running()
-        return new
 
     def _checked(self, name: str, array: np.ndarray | None, rows: int | None) -> np.ndarray:
         where = f"python model '{self.name}' output '{name}'"

@@ -1,10 +1,12 @@
 """BLS (Triton's business logic scripting): a Python model runs other models from `execute`.
 
-Worker side: `pb_utils.InferenceRequest.exec` (and `async_exec`, which runs `exec` in the event
-loop's executor, as Triton does) sends a BLS message with the request and waits for the
-BLS_RESULT of the same id. Several calls may be in flight at once (`asyncio.gather`), so the
-pipe is read by whichever thread waits first (`Mailbox`): it files each message it reads for
-the thread it belongs to, BLS results by id and everything else for the main loop.
+Worker side: `pb_utils.InferenceRequest.exec` and `async_exec` go through `BlsClient.submit`,
+which sends a BLS message and returns a future that the worker's pipe reader
+(`python_mailbox`) completes with the BLS_RESULT of the same id. `exec` waits on it;
+`async_exec` awaits it (`asyncio.wrap_future`), so several calls may be in flight at once
+(`asyncio.gather`) without a thread each. Cancelling the awaiting task cancels the future, which
+sends BLS_CANCEL; the agent then cancels the child request. Results of calls nobody waits for
+any more are dropped as they arrive.
 
 Agent side: while the backend waits for the answer to EXECUTE, `BlsCalls` starts each BLS
 request it receives through the injected `BlsSubmit` (the data plane's `infer` on the agent's
@@ -16,6 +18,13 @@ never a hang. Failures come back as error responses worded as Triton's ("Failed 
 inference request. Model 'x' is not ready." for an unknown or unloaded model), never as a
 failure of the calling model.
 
+Cancellation, as Triton's: cancelling a call's future cancels the child's data-plane task, so
+its scheduler skips it while queued or tells its backend while it runs. That happens when the
+model cancels the call (BLS_CANCEL), when the execute ends with calls still running (abandoned,
+timed out, or the worker died), and when every request of the execute was cancelled (its
+client went away, or its own BLS caller was cancelled): the worker is then told with CANCEL
+(`InferenceRequest.is_cancelled()`) and its calls are answered "Request was cancelled".
+
 Limits: at most `MAX_IN_FLIGHT` calls per `execute` at once; tensors are bounded as every
 message on the wire (`python_ipc`).
 """
@@ -25,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import CancelledError, Future, InvalidStateError
 from dataclasses import dataclass
 from multiprocessing import Pipe
@@ -36,6 +45,7 @@ import numpy as np
 
 from agent import pb_utils
 from agent.backends import python_ipc as ipc
+from agent.backends.cancellation import CancelSignal
 from agent.backends.python_mailbox import Mailbox
 from agent.errors import AgentError, ModelNotFoundError, ModelNotReadyError, RequestTimeoutError
 from agent.tensors.request import InferInput, InferRequest, InferResponse, RequestedOutput
@@ -159,14 +169,31 @@ class BlsCalls:
         self._wake_r: Connection | None
         self._wake_w: Connection | None
         self._wake_r, self._wake_w = Pipe(duplex=False)
+        self._seq = -1
+        self._signals: Sequence[CancelSignal] = ()
+        self._told: set[int] = set()
 
     @property
     def busy(self) -> bool:
         return bool(self._calls)
 
-    def wake(self) -> None:
-        """Interrupt `wait` (from any thread): a request of this execute was cancelled."""
-        _poke(self._wake_w)
+    def watch(self, seq: int, cancelled: Sequence[CancelSignal]) -> None:
+        """The cancel signals of the execute's requests (EXECUTE number `seq`): a cancellation
+        interrupts `wait`, and `tell_cancelled` passes it on."""
+        self._seq, self._signals = seq, cancelled
+        for signal in cancelled:
+            signal.on_cancel(lambda: _poke(self._wake_w))
+
+    def tell_cancelled(self) -> None:
+        """Send the worker a CANCEL for the requests newly cancelled (`is_cancelled()`); once
+        every request of the execute is, cancel its BLS calls."""
+        new = [i for i, s in enumerate(self._signals) if s.cancelled and i not in self._told]
+        if not new:
+            return
+        self._told.update(new)
+        ipc.send(self._conn, ipc.Message(ipc.CANCEL, {"seq": self._seq, "requests": new}))
+        if len(self._told) == len(self._signals):
+            self.cancel_running()
 
     def start(self, message: ipc.Message) -> None:
         """Start the BLS request in `message` (or answer its error at once)."""

@@ -15,11 +15,15 @@ FD is this end of a socketpair inherited from the agent, PPID the agent's pid. T
 4. on FINALIZE calls `finalize()`, answers FINALIZED and exits; when the pipe closes (agent gone)
    it exits without finalizing.
 
-Inside `execute`, `pb_utils.InferenceRequest.exec` sends BLS messages and waits for their
-BLS_RESULT (`agent.backends.python_bls`; `async def execute` runs on one event loop per worker).
+A reader thread (`agent.backends.python_mailbox`) takes every message off the pipe as it
+arrives, so the agent never blocks writing to this worker. Inside `execute`,
+`pb_utils.InferenceRequest.exec` / `async_exec` send BLS messages and wait for their BLS_RESULT
+(`agent.backends.python_bls`; `async def execute` runs on one event loop per worker). A CANCEL
+from the agent marks requests of the running execute (`request.is_cancelled()`).
 `pb_utils.Logger` lines travel to the agent as LOG messages, which the agent writes to its log
 with the model's name. Custom metrics (`pb_utils.MetricFamily`) changed since the last message
-go before each message as one METRICS message (`agent.pb_metrics`). `import
+go before each message as one METRICS message (`agent.pb_metrics`); `Metric.value()` asks the
+agent for the total of every instance while the agent listens (METRIC_VALUE). `import
 triton_python_backend_utils` is `agent.pb_utils` here.
 
 Only numpy and the small agent modules it needs are imported here, to keep start-up short.
