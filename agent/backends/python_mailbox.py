@@ -87,7 +87,8 @@ class Mailbox:
         while True:
             try:
                 message = ipc.receive(self._conn)
-            except (EOFError, OSError, ipc.WireError) as exc:
+            except Exception as exc:  # noqa: BLE001 - a reader dying silently would hang the worker
+                # EOF (the agent is gone), OSError, WireError, MemoryError: the pipe is done.
                 with self._cond:
                     self._failure = exc
                     self._cond.notify_all()
