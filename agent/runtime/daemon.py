@@ -144,6 +144,7 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
             intra_op_threads=config.models.intra_op_threads,
             max_queue_size=config.models.max_queue_size,
             engine_cache_root=config.cache.dir,
+            max_request_bytes=config.server.max_request_bytes,
         ),
         stats=stats,
         ledger=ledger,
