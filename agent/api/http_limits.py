@@ -212,8 +212,11 @@ def body_middleware(max_bytes: int, body_timeout_s: float) -> Middleware:
                     f"request body of {declared} bytes is over the limit of {max_bytes} bytes "
                     "(server.max_request_bytes)"
                 )
+            if request.content.is_eof():  # all arrived with the headers: no timer needed
+                await request.read()  # aiohttp keeps the body: the handler's read() returns it
+                return await handler(request)
             started = time.monotonic()
-            try:  # aiohttp keeps the body: the handler's read() returns it
+            try:
                 await asyncio.wait_for(request.read(), body_timeout_s)
             except asyncio.TimeoutError:  # TimeoutError from 3.11 on
                 raise ClientTimeoutError(
