@@ -336,8 +336,10 @@ async def start_grpc_server(
 
 
 def _connection_options(limits: ConnectionLimits) -> list[tuple[str, int]]:
-    """grpc core's counterparts of the HTTP connection limits (it has no connection cap)."""
+    """grpc core's counterparts of the HTTP connection limits."""
     return [
+        # Connections over the cap are closed as they are accepted.
+        ("grpc.max_allowed_incoming_connections", limits.max_connections),
         # A client that does not finish the HTTP/2 handshake (preface, SETTINGS) in time: cut.
         ("grpc.server_handshake_timeout_ms", int(limits.header_timeout_s * 1000)),
         # A connection without RPCs for this long gets GOAWAY (then closes).

@@ -329,10 +329,28 @@ def test_a_grpc_client_that_never_handshakes_is_cut_off(
 
 def test_connections_over_max_connections_get_503(model_repo: Path) -> None:
     config = AgentConfig(
-        server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1, max_connections=3),
+        server=ServerConfig(
+            http_port=0,
+            grpc_port=0,
+            metrics_port=-1,
+            max_connections=3,
+            header_timeout_ms=600_000,  # only the cap closes a connection here
+            idle_timeout_ms=600_000,
+        ),
         models=ModelsConfig(repository=model_repo, intra_op_threads=1),
     )
     with running_agent(config) as agent:
+        assert agent.grpc_port is not None
+        held_grpc = [connect(agent.grpc_port) for _ in range(3)]
+        try:
+            with connect(agent.grpc_port) as extra:
+                answer_or_close(extra)  # returns once the server closed it
+        finally:
+            for sock in held_grpc:
+                sock.close()
+        with grpc.insecure_channel(f"127.0.0.1:{agent.grpc_port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+            wait_until(lambda: _grpc_serves(stub), "a gRPC request served after the closes")
         url = f"127.0.0.1:{agent.http_port}"
         held = [connect(agent.http_port) for _ in range(3)]
         try:
@@ -346,6 +364,14 @@ def test_connections_over_max_connections_get_503(model_repo: Path) -> None:
                 sock.close()
         # Closed ones free their places (the agent notices the closes asynchronously).
         wait_until(lambda: _serves(url), "a good request served after the closes")
+
+
+def _grpc_serves(stub: pb_grpc.GRPCInferenceServiceStub) -> bool:
+    try:
+        assert_grpc_still_serves(stub)
+    except grpc.RpcError:
+        return False
+    return True
 
 
 def _serves(url: str) -> bool:
