@@ -61,6 +61,7 @@ from agent.scheduling.rate_limiter import ResourceNeed
 from agent.scheduling.scheduler import INLINE_BELOW_NS, LimiterGate, ModelScheduler
 from agent.scheduling.statistics import StatisticsRegistry
 from agent.tensors import datatypes
+from agent.tensors.limits import output_row_bytes
 from agent.tensors.signature import ModelSignature
 
 logger = logging.getLogger(__name__)
@@ -78,6 +79,9 @@ class LoadSettings:
     max_queue_size: int = 1024  # per version, when the config's queue policy sets none
     measure_memory: bool = True  # measure each version's footprint and fit it to the budget
     engine_cache_root: Path | None = None  # where TensorRT engines built on the device are kept
+    # A batch's tensors stay within an instance's planned bytes, but may always hold one request
+    # of the largest size the API accepts (server.max_request_bytes).
+    max_request_bytes: int = 64 * 1024 * 1024
 
 
 class ModelLoader:
@@ -325,6 +329,13 @@ class ModelLoader:
             # A Python model's run is a wait on its worker process, cheap in CPU but unbounded
             # when user code hangs: it must never run on the event loop.
             inline_below_ns=0 if python else INLINE_BELOW_NS,
+            max_batch_bytes=None
+            if footprint is None
+            else max(
+                footprint.bytes_for(max(1, completed.max_batch_size)),
+                self.settings.max_request_bytes,
+            ),
+            output_row_bytes=output_row_bytes(ModelSignature.from_config(completed)),
         )
         logger.info(
             "model %s version %d ready (providers %s, max batch %d, %d instance(s)%s)",
