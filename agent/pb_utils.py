@@ -175,6 +175,21 @@ class Tensor:
         return numpy_to_kserve(self._data.dtype)
 
 
+class InferenceTrace:
+    """A request's trace, as `request.trace()` returns it inside `execute`.
+
+    Pass it to a BLS request (`InferenceRequest(..., trace=request.trace())`) to have that
+    request traced as a child of this one when this one is traced (Triton's tracing for BLS).
+    """
+
+    def __init__(self, index: int | None = None) -> None:
+        self.index = index  # which request of the execute call; None: not traced
+
+    def get_context(self, mode: str = "opentelemetry") -> str | None:
+        """The OpenTelemetry context Triton would hand over; this agent keeps it agent-side."""
+        return None
+
+
 class InferenceRequest:
     """A request: as `execute` receives it, or built by the model for BLS and run with `exec`.
 
@@ -221,6 +236,7 @@ class InferenceRequest:
         self._timeout = int(timeout)
         self._cancelled = False
         self._parameters = dict(parameters or {})
+        self._trace = trace if isinstance(trace, InferenceTrace) else InferenceTrace()
         for key, value in self._parameters.items():
             if not isinstance(key, str):
                 raise TritonModelException(
@@ -239,6 +255,10 @@ class InferenceRequest:
 
     def request_id(self) -> str:
         return self._id
+
+    def trace(self) -> InferenceTrace:
+        """This request's trace: pass it as `trace=` to a BLS request to trace that as a child."""
+        return self._trace
 
     def model_name(self) -> str:
         return self._model_name

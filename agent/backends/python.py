@@ -202,10 +202,14 @@ class PythonBackend:
         self,
         requests: Sequence[tuple[Mapping[str, np.ndarray], Sequence[str]]],
         cancelled: Sequence[CancelSignal] = (),
+        *,
+        traces: Sequence[object | None] = (),
     ) -> list[list[np.ndarray] | AgentError]:
         """Run the requests of one dynamic batch in ONE `execute` call, each its own
         `InferenceRequest` (Triton's Python backend semantics); the scheduler calls this instead
         of merging them. Each answer is that request's outputs, or its error (BackendError).
+        `traces`: each request's trace (None: untraced), the parent of the BLS requests that
+        `execute` makes with `trace=request.trace()`.
 
         `cancelled` holds one signal per request (or none): a request cancelled while `execute`
         runs reads `is_cancelled()` True in the model; once all are, the execute's BLS calls
@@ -220,7 +224,7 @@ class PythonBackend:
             raise ModelInstanceFailedError(self._failure)
         worker = self._idle.get()
         try:
-            return self._run_on(worker, requests, cancelled)
+            return self._run_on(worker, requests, cancelled, traces)
         finally:
             self._idle.put(worker)
 
@@ -451,14 +455,20 @@ class PythonBackend:
         worker: Worker,
         requests: Sequence[tuple[Mapping[str, np.ndarray], Sequence[str]]],
         cancelled: Sequence[CancelSignal],
+        traces: Sequence[object | None] = (),
     ) -> list[list[np.ndarray] | AgentError]:
         if self._failure is not None:
             raise ModelInstanceFailedError(self._failure)
-        described = [{"outputs": list(names), "inputs": len(feeds)} for feeds, names in requests]
+        described: list[dict[str, object]] = [
+            {"outputs": list(names), "inputs": len(feeds)} for feeds, names in requests
+        ]
+        for index, trace in enumerate(traces):
+            if trace is not None:  # the worker's `request.trace()` names it by this index
+                described[index]["trace"] = index
         tensors = [item for feeds, _ in requests for item in feeds.items()]
         seq = next(self._executes)
         message = ipc.Message(ipc.EXECUTE, {"requests": described, "seq": seq}, tensors)
-        calls = BlsCalls(self._bls, worker.conn, self.timeouts.execute_s, self.name)
+        calls = BlsCalls(self._bls, worker.conn, self.timeouts.execute_s, self.name, traces)
         calls.watch(seq, cancelled)
         try:
             ipc.send(worker.conn, message)

@@ -11,7 +11,10 @@ any more are dropped as they arrive.
 Agent side: while the backend waits for the answer to EXECUTE, `BlsCalls` starts each BLS
 request it receives through the injected `BlsSubmit` (the data plane's `infer` on the agent's
 event loop: the called model's scheduler batches it, its statistics count it, a canary may
-route it) and sends each result back as it completes. Each call is bounded by its `timeout`
+route it) and sends each result back as it completes. A request built with
+`trace=request.trace()` names which request of the `execute` call made it: when that request is
+traced, the BLS request carries its trace (`InferRequest.parent_trace`) and is traced as its
+child. Each call is bounded by its `timeout`
 (microseconds) or, without one, by the calling model's `execute_timeout_seconds`: a call that
 cannot run (a model calling itself while every instance is busy) ends with an error response,
 never a hang. Failures come back as error responses worded as Triton's ("Failed for execute the
@@ -103,6 +106,9 @@ class BlsClient:
             "parameters": request.parameters(),
             "request_id": request.request_id(),
         }
+        trace = request.trace()
+        if isinstance(trace, pb_utils.InferenceTrace) and trace.index is not None:
+            meta["trace"] = trace.index  # the parent: which request of this execute call
         response: Future[pb_utils.InferenceResponse] = Future()
         slot = self._mailbox.expect(call_id)
         slot.add_done_callback(lambda done: _deliver(response, done))
@@ -159,9 +165,15 @@ class BlsCalls:
     """The BLS requests of one `execute` call, on the agent side (one executor thread)."""
 
     def __init__(
-        self, submit: BlsSubmit | None, conn: Connection, default_timeout_s: float, caller: str
+        self,
+        submit: BlsSubmit | None,
+        conn: Connection,
+        default_timeout_s: float,
+        caller: str,
+        traces: Sequence[object | None] = (),
     ) -> None:
         self._submit = submit
+        self._traces = traces  # of the execute call's requests: the parents of traced calls
         self._conn = conn
         self._default_s = default_timeout_s
         self._caller = caller
@@ -211,7 +223,7 @@ class BlsCalls:
             self._answer(call, error="BLS needs the agent's data plane, which is not running")
             return
         try:
-            request = _infer_request(message, timeout_us if own else None)
+            request = _infer_request(message, timeout_us if own else None, self._parent(meta))
             version = meta.get("version", -1)
             future = self._submit(model, str(version) if int(version) > 0 else None, request)
         except (AgentError, TypeError, ValueError) as exc:
@@ -268,6 +280,12 @@ class BlsCalls:
                 end.close()
         self._wake_r = self._wake_w = None
 
+    def _parent(self, meta: dict[str, Any]) -> object | None:
+        index = meta.get("trace")
+        if isinstance(index, int) and 0 <= index < len(self._traces):
+            return self._traces[index]
+        return None
+
     def _finish(self, call: _Call) -> None:
         assert call.future is not None
         try:
@@ -308,7 +326,9 @@ def _poke(wake: Connection | None) -> None:
             wake.send_bytes(b"")
 
 
-def _infer_request(message: ipc.Message, timeout_us: int | None) -> InferRequest:
+def _infer_request(
+    message: ipc.Message, timeout_us: int | None, parent_trace: object | None = None
+) -> InferRequest:
     import json  # noqa: PLC0415
 
     meta = message.meta
@@ -324,7 +344,9 @@ def _infer_request(message: ipc.Message, timeout_us: int | None) -> InferRequest
     if timeout_us is not None:
         parameters["timeout"] = timeout_us
     request_id = str(meta.get("request_id") or "") or None
-    return InferRequest(inputs, id=request_id, outputs=outputs, parameters=parameters)
+    return InferRequest(
+        inputs, id=request_id, outputs=outputs, parameters=parameters, parent_trace=parent_trace
+    )
 
 
 def _message(model: str, exc: BaseException) -> str:

@@ -302,7 +302,10 @@ def _execute(model: Any, message: ipc.Message, running: _Running) -> ipc.Message
         count = int(item.get("inputs", 0))
         inputs = [pb_utils.Tensor(n, a) for n, a in message.tensors[offset : offset + count]]
         offset += count
-        requests.append(pb_utils.InferenceRequest(inputs, [str(n) for n in item["outputs"]]))
+        index = item.get("trace")  # set when the agent traces this request
+        trace = pb_utils.InferenceTrace(index if isinstance(index, int) else None)
+        outputs = [str(n) for n in item["outputs"]]
+        requests.append(pb_utils.InferenceRequest(inputs, outputs, trace=trace))
     seq = message.meta.get("seq")
     running.start(seq if isinstance(seq, int) else -1, requests)
     try:

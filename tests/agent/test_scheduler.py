@@ -251,6 +251,8 @@ class GatedRequestsBackend(RecordingBackend):
         self,
         requests: Sequence[tuple[Mapping[str, np.ndarray], Sequence[str]]],
         cancelled: Sequence[CancelSignal] = (),
+        *,
+        traces: Sequence[object | None] = (),
     ) -> list[list[np.ndarray] | AgentError]:
         self.started.set()
         self.gate.wait(30)
