@@ -13,7 +13,7 @@ import functools
 import logging
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +52,8 @@ from agent.proto import model_config_pb2 as mc
 from agent.repository import layout as repository
 from agent.repository.autocomplete import DEFAULT_MAX_BATCH_SIZE, complete_config
 from agent.repository.model_config import instance_count, load_model_config
-from agent.repository.triton_rules import check_against_model, validate_completed
+from agent.repository.model_rules import check_against_model
+from agent.repository.triton_rules import validate_completed
 from agent.repository.validation import validate_config
 from agent.repository.warmup import warmup_requests
 from agent.scheduling.batching import BatchingPolicy
@@ -63,11 +64,13 @@ from agent.scheduling.sequence_scheduler import SequenceScheduler
 from agent.scheduling.sequence_tensors import SequenceTensors
 from agent.scheduling.statistics import ModelStatistics, StatisticsRegistry
 from agent.tensors import datatypes
+from agent.tensors.limits import output_row_bytes
 from agent.tensors.signature import ModelSignature
 
 logger = logging.getLogger(__name__)
 
 ServedConfig = Callable[[str], "mc.ModelConfig | None"]
+ServedVersions = Callable[[str], "Collection[int] | None"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +82,9 @@ class LoadSettings:
     max_queue_size: int = 1024  # per version, when the config's queue policy sets none
     measure_memory: bool = True  # measure each version's footprint and fit it to the budget
     engine_cache_root: Path | None = None  # where TensorRT engines built on the device are kept
+    # A batch's tensors stay within an instance's planned bytes, but may always hold one request
+    # of the largest size the API accepts (server.max_request_bytes).
+    max_request_bytes: int = 64 * 1024 * 1024
 
 
 class ModelLoader:
@@ -93,6 +99,7 @@ class ModelLoader:
         ledger: MemoryLedger | None,
         gate: LimiterGate | None,
         served_config: ServedConfig,
+        served_versions: ServedVersions | None = None,
     ) -> None:
         self.root = root
         self.settings = settings
@@ -100,6 +107,7 @@ class ModelLoader:
         self.ledger = ledger
         self._gate = gate
         self._served_config = served_config  # ensembles check their steps against these
+        self._served_versions = served_versions
         self._lock = threading.Lock()
         self._generation = 0
         # Ensembles run their steps through the data plane, which binds its `infer` here.
@@ -220,7 +228,7 @@ class ModelLoader:
             )
         if completed.version_policy.WhichOneof("policy_choice") is None:
             completed.version_policy.latest.num_versions = 1
-        plan = build_plan(completed, self._served_config)
+        plan = build_plan(completed, self._served_config, self._served_versions)
         signature = ModelSignature.from_config(completed)
         policy = BatchingPolicy.from_config(completed)
         loaded: dict[int, LoadedVersion] = {}
@@ -339,6 +347,13 @@ class ModelLoader:
                 # A Python model's run is a wait on its worker process, cheap in CPU but unbounded
                 # when user code hangs: it must never run on the event loop.
                 inline_below_ns=0 if python else INLINE_BELOW_NS,
+                max_batch_bytes=None
+                if footprint is None
+                else max(
+                    footprint.bytes_for(max(1, completed.max_batch_size)),
+                    self.settings.max_request_bytes,
+                ),
+                output_row_bytes=output_row_bytes(ModelSignature.from_config(completed)),
             )
         logger.info(
             "model %s version %d ready (providers %s, max batch %d, %d instance(s)%s)",
