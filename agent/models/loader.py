@@ -320,41 +320,35 @@ class ModelLoader:
         executor = ThreadPoolExecutor(instances, thread_name_prefix=f"infer-{name}-{version}")
         stats = self.stats.get(name, str(version))
         policy = BatchingPolicy.from_config(completed)
-        scheduler: ModelScheduler | SequenceScheduler
-        if completed.HasField("sequence_batching"):
-            try:
-                scheduler = self._sequence_scheduler(
-                    completed, model_dir, backend, instances, executor, stats, key, python=python
-                )
-            except AgentError:
-                executor.shutdown(wait=False)
-                backend.close()
-                if self.ledger is not None:
-                    self.ledger.release(key)
-                raise
-        else:
-            scheduler = ModelScheduler(
-                model=name,
-                version=version,
-                backend=backend,
-                policy=policy,
-                instances=instances,
-                executor=executor,
-                stats=stats,
-                gate=self._gate,
-                need=_resource_need(completed, self._gate),
-                max_pending=_queue_bound(policy, self.settings.max_queue_size),
-                # A Python model's run is a wait on its worker process, cheap in CPU but unbounded
-                # when user code hangs: it must never run on the event loop.
-                inline_below_ns=0 if python else INLINE_BELOW_NS,
-                max_batch_bytes=None
-                if footprint is None
-                else max(
-                    footprint.bytes_for(max(1, completed.max_batch_size)),
-                    self.settings.max_request_bytes,
-                ),
-                output_row_bytes=output_row_bytes(ModelSignature.from_config(completed)),
+        sequence = (
+            self._sequence_scheduler(
+                completed, model_dir, backend, instances, executor, stats, key, python=python
             )
+            if completed.HasField("sequence_batching")
+            else None
+        )
+        scheduler = sequence or ModelScheduler(
+            model=name,
+            version=version,
+            backend=backend,
+            policy=policy,
+            instances=instances,
+            executor=executor,
+            stats=stats,
+            gate=self._gate,
+            need=_resource_need(completed, self._gate),
+            max_pending=_queue_bound(policy, self.settings.max_queue_size),
+            # A Python model's run is a wait on its worker process, cheap in CPU but unbounded
+            # when user code hangs: it must never run on the event loop.
+            inline_below_ns=0 if python else INLINE_BELOW_NS,
+            max_batch_bytes=None
+            if footprint is None
+            else max(
+                footprint.bytes_for(max(1, completed.max_batch_size)),
+                self.settings.max_request_bytes,
+            ),
+            output_row_bytes=output_row_bytes(ModelSignature.from_config(completed)),
+        )
         logger.info(
             "model %s version %d ready (providers %s, max batch %d, %d instance(s)%s)",
             name,
@@ -389,11 +383,18 @@ class ModelLoader:
             ModelConfigError: a control or state the config describes cannot be built.
             MemoryBudgetError: the state of every slot does not fit beside the model.
         """
-        policy = SequencePolicy.from_config(config, instances, self.settings.max_queue_size)
-        tensors = SequenceTensors.from_config(config, model_dir)
-        if self.ledger is not None and self.settings.measure_memory and tensors.states:
-            held = self.ledger.reserved().get(key, 0)
-            self.ledger.reserve(key, held + tensors.state_bytes * policy.slots)
+        try:
+            policy = SequencePolicy.from_config(config, instances, self.settings.max_queue_size)
+            tensors = SequenceTensors.from_config(config, model_dir)
+            if self.ledger is not None and self.settings.measure_memory and tensors.states:
+                held = self.ledger.reserved().get(key, 0)
+                self.ledger.reserve(key, held + tensors.state_bytes * policy.slots)
+        except AgentError:
+            executor.shutdown(wait=False)
+            backend.close()
+            if self.ledger is not None:
+                self.ledger.release(key)
+            raise
         return SequenceScheduler(
             model=config.name,
             version=int(key[1].split("@")[0]),
@@ -433,7 +434,9 @@ class ModelLoader:
                 raise ModelConfigError(f"model_warmup '{sample_name}': {exc.message}") from None
             feeds = dict(valid.feeds)
             if config.HasField("sequence_batching"):
-                feeds.update(sequence_feeds(config, valid.batch_size, model_dir))
+                feeds.update(
+                    SequenceTensors.from_config(config, model_dir).starting_feeds(valid.batch_size)
+                )
             for _ in range(count):
                 backend.run(feeds, valid.output_names)
 
@@ -505,17 +508,8 @@ def _run_zeros(
         for name, (shape, dt) in shapes.items()
     }
     if config.HasField("sequence_batching"):  # controls and state, as the batcher feeds them
-        feeds.update(sequence_feeds(config, batch, model_dir))
+        feeds.update(SequenceTensors.from_config(config, model_dir).starting_feeds(batch))
     backend.run(feeds, list(signature.outputs), shrink_memory=shrink)
-
-
-def sequence_feeds(
-    config: mc.ModelConfig, batch: int, model_dir: Path | None = None
-) -> dict[str, np.ndarray]:
-    """Control and initial-state inputs of `batch` starting sequences (zero and warm-up runs)."""
-    tensors = SequenceTensors.from_config(config, model_dir)
-    rows = [(1, True, False)] * batch
-    return {**tensors.control_feeds(rows), **tensors.state_feeds([None] * batch)}
 
 
 def _resource_need(config: mc.ModelConfig, gate: LimiterGate | None) -> ResourceNeed:

@@ -125,6 +125,11 @@ class SequenceTensors:
             feeds[c.name] = array if self.batched else array[0]
         return feeds
 
+    def starting_feeds(self, batch: int) -> dict[str, np.ndarray]:
+        """Controls and initial states of `batch` sequences starting (zero and warm-up runs)."""
+        rows: list[tuple[CorrelationId, bool, bool]] = [(1, True, False)] * batch
+        return {**self.control_feeds(rows), **self.state_feeds([None] * batch)}
+
     def state_feeds(self, held: Sequence[dict[str, np.ndarray] | None]) -> dict[str, np.ndarray]:
         """State inputs for a batch: each row's held state, or the initial one (None)."""
         feeds = {}
