@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 _PROBE_RUNS = 4  # executions measured on the executor before inline is considered
 _WALL_FACTOR = 10  # wall-time limit for inline, as a multiple of the CPU-time limit
 # A batch's outputs per request, and the state each of its sequences returned.
-_Outcome = tuple[list[ExecutionResult], list[dict[str, np.ndarray]]]
+_Outcome = tuple[list[ExecutionResult | BaseException], list[dict[str, np.ndarray]]]
 
 
 @dataclass(slots=True)
@@ -243,34 +243,66 @@ class SequenceScheduler:
         """Run in an executor thread (or inline): one batch of one request per sequence."""
         cpu_start = time.thread_time_ns()
         run_ns = 0
-        results: list[ExecutionResult | None] = [None] * len(steps)
+        results: list[ExecutionResult | BaseException | None] = [None] * len(steps)
         states: list[dict[str, np.ndarray]] = [{} for _ in steps]
+        batched = self.tensors.batched
+        tensors = self.tensors
+        # A backend that takes a batch's requests one by one (Python models, as Triton's Python
+        # backend) gets each with its own control and state tensors.
+        run_requests = getattr(self._backend, "run_requests", None)
         for group in self._group_by_shape(steps, held):
             t0 = time.perf_counter_ns()
             requests = [steps[i].item.request for i in group]
-            feeds = (
-                dict(requests[0].feeds)
-                if len(group) == 1
-                else {n: np.concatenate([r.feeds[n] for r in requests]) for n in requests[0].feeds}
-            )
             rows = [(steps[i].correlation_id, steps[i].start, steps[i].end) for i in group]
-            feeds.update(self.tensors.control_feeds(rows))
-            feeds.update(self.tensors.state_feeds([held[i] for i in group]))
             wanted: dict[str, None] = {}
             for r in requests:
                 wanted.update(dict.fromkeys(r.output_names))
-            wanted.update(dict.fromkeys(self.tensors.state_outputs))
+            wanted.update(dict.fromkeys(tensors.state_outputs))
             names = list(wanted)
-            t1 = time.perf_counter_ns()
-            outputs = dict(zip(names, self._backend.run(feeds, names), strict=True))
-            t2 = time.perf_counter_ns()
+            per_row: list[dict[str, np.ndarray] | BaseException]
+            if run_requests is not None and len(group) > 1:
+                singles = [
+                    (
+                        {
+                            **r.feeds,
+                            **tensors.control_feeds([rows[k]]),
+                            **tensors.state_feeds([held[i]]),
+                        },
+                        names,
+                    )
+                    for k, (r, i) in enumerate(zip(requests, group, strict=True))
+                ]
+                t1 = time.perf_counter_ns()
+                answers = run_requests(singles)
+                t2 = time.perf_counter_ns()
+                per_row = [
+                    a if isinstance(a, BaseException) else dict(zip(names, a, strict=True))
+                    for a in answers
+                ]
+            else:
+                feeds = (
+                    dict(requests[0].feeds)
+                    if len(group) == 1
+                    else {
+                        n: np.concatenate([r.feeds[n] for r in requests]) for n in requests[0].feeds
+                    }
+                )
+                feeds.update(tensors.control_feeds(rows))
+                feeds.update(tensors.state_feeds([held[i] for i in group]))
+                t1 = time.perf_counter_ns()
+                outputs = dict(zip(names, self._backend.run(feeds, names), strict=True))
+                t2 = time.perf_counter_ns()
+                per_row = [
+                    {n: _row(outputs[n], k, batched) for n in names} for k in range(len(group))
+                ]
             run_ns += t2 - t1
-            batched = self.tensors.batched
-            for row, i in enumerate(group):
-                request = requests[row]
-
+            for k, i in enumerate(group):
+                answer = per_row[k]
+                if isinstance(answer, BaseException):
+                    results[i] = answer
+                    continue
                 results[i] = ExecutionResult(
-                    outputs=[_row(outputs[n], row, batched) for n in request.output_names],
+                    outputs=[answer[n] for n in requests[k].output_names],
                     queue_ns=max(0, started_ns - steps[i].item.enqueued_ns),
                     compute_input_ns=t1 - t0,
                     compute_infer_ns=t2 - t1,
@@ -278,8 +310,8 @@ class SequenceScheduler:
                     batch_size=len(group),
                 )
                 states[i] = {
-                    n: np.array(outputs[n][row] if batched else outputs[n])
-                    for n in self.tensors.state_outputs
+                    n: np.array(answer[n][0] if batched else answer[n])
+                    for n in tensors.state_outputs
                 }
             t3 = time.perf_counter_ns()
             if self._stats is not None:
@@ -320,7 +352,7 @@ class SequenceScheduler:
         else:
             results, states = outcome
             for step, result, state in zip(steps, results, states, strict=True):
-                if not step.end:
+                if not step.end and not isinstance(result, BaseException):
                     self._states[step.correlation_id] = state
                 _settle(step.item, result)
         for corrid in self._batcher.done(steps, time.monotonic()):

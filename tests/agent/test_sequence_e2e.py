@@ -22,6 +22,7 @@ from agent.runtime.daemon import RunningAgent
 from agent.scheduling.sequence_scheduler import SequenceScheduler
 from bench.sequence_models import ACCUMULATOR_CONFIG, accumulator_model
 from tests.models import write_model
+from tests.python_models import write_python_model
 from tests.server import running_agent
 from tests.support import wait_until
 
@@ -43,6 +44,47 @@ ensemble_scheduling { step { model_name: "acc_oldest" model_version: -1
   input_map { key: "INPUT" value: "X" } output_map { key: "OUTPUT" value: "SUM" } } }
 """
 
+# A Python model that keeps its own sums per CORRID, as Triton users write stateful Python models.
+PY_SOURCE = """
+import numpy as np
+
+from agent import pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.sums = {}
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy()
+            start = pb_utils.get_input_tensor_by_name(request, "START").as_numpy()
+            corrid = int(pb_utils.get_input_tensor_by_name(request, "CORRID").as_numpy().flat[0])
+            total = (0.0 if start.flat[0] else self.sums[corrid]) + float(x.flat[0])
+            self.sums[corrid] = total
+            out = pb_utils.Tensor("OUTPUT", np.full(x.shape, total, np.float32))
+            echo = pb_utils.Tensor("CORRID_OUT", np.full(x.shape, corrid, np.uint64))
+            responses.append(pb_utils.InferenceResponse([out, echo]))
+        return responses
+"""
+PY_CONFIG = """
+name: "py_acc" backend: "python" max_batch_size: 4
+input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [
+  { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 1 ] },
+  { name: "CORRID_OUT" data_type: TYPE_UINT64 dims: [ 1 ] }
+]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+sequence_batching {
+  oldest { max_candidate_sequences: 4 max_queue_delay_microseconds: 2000 }
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+  ]
+}
+"""
+
 
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningAgent]:
@@ -59,6 +101,7 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningAgent]:
     swap = ACCUMULATOR_CONFIG.format(name="acc_swap", strategy=STRATEGIES["oldest"], idle_us=10**7)
     write_model(repo, "acc_swap", accumulator_model(1.0), swap, versions=(1,))
     write_model(repo, "acc_swap", accumulator_model(2.0), None, versions=(2,))
+    write_python_model(repo, "py_acc", PY_SOURCE, PY_CONFIG)
     (repo / "acc_ensemble" / "1").mkdir(parents=True)
     (repo / "acc_ensemble" / "config.pbtxt").write_text(ENSEMBLE)
     settings = AgentConfig(
@@ -288,3 +331,20 @@ def test_an_ensemble_passes_the_sequence_to_its_stateful_step(agent: RunningAgen
     with pytest.raises(InferenceServerException, match="must specify the START flag"):
         step(401, 1.0)
     client.close()
+
+
+def test_a_python_model_gets_each_sequence_request_with_its_own_controls(
+    agent: RunningAgent,
+) -> None:
+    rng = np.random.default_rng(11)
+    sequences = [(500 + n, [float(x) for x in rng.integers(1, 9, size=4)]) for n in range(12)]
+    with ThreadPoolExecutor(4) as pool:
+        futures = [
+            pool.submit(http_sequences, agent.http_port, "py_acc", sequences[w::4])
+            for w in range(4)
+        ]
+        got: dict[int, list[float]] = {}
+        for future in futures:
+            got.update(future.result(timeout=120))
+    for corrid, values in sequences:
+        assert got[corrid] == np.cumsum(np.array(values, np.float32)).tolist(), corrid
