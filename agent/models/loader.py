@@ -52,7 +52,11 @@ from agent.repository.warmup import warmup_requests
 from agent.scheduling.batching import BatchingPolicy
 from agent.scheduling.rate_limiter import ResourceNeed
 from agent.scheduling.scheduler import INLINE_BELOW_NS, LimiterGate, ModelScheduler
-from agent.scheduling.statistics import StatisticsRegistry
+from agent.scheduling.sequence_policy import SequencePolicy
+from agent.scheduling.sequence_scheduler import SequenceScheduler
+from agent.scheduling.sequence_tensors import SequenceTensors
+from agent.scheduling.statistics import ModelStatistics, StatisticsRegistry
+from agent.tensors.limits import output_row_bytes
 from agent.tensors.signature import ModelSignature
 
 logger = logging.getLogger(__name__)
@@ -70,6 +74,9 @@ class LoadSettings:
     max_queue_size: int = 1024  # per version, when the config's queue policy sets none
     measure_memory: bool = True  # measure each version's footprint and fit it to the budget
     engine_cache_root: Path | None = None  # where TensorRT engines built on the device are kept
+    # A batch's tensors stay within an instance's planned bytes, but may always hold one request
+    # of the largest size the API accepts (server.max_request_bytes).
+    max_request_bytes: int = 64 * 1024 * 1024
 
 
 class ModelLoader:
@@ -289,6 +296,7 @@ class ModelLoader:
                 max_batch=config.max_batch_size or DEFAULT_MAX_BATCH_SIZE,
                 limit_bytes=self.ledger.budget_bytes(),
                 version_dir=path.parent,
+                model_dir=model_dir,
             )
             backend, completed, footprint = measured.backend, measured.config, measured.footprint
             estimated, warmed_up = measured.estimated, measured.warmed_up
@@ -314,7 +322,14 @@ class ModelLoader:
         executor = ThreadPoolExecutor(instances, thread_name_prefix=f"infer-{name}-{version}")
         stats = self.stats.get(name, str(version))
         policy = BatchingPolicy.from_config(completed)
-        scheduler = ModelScheduler(
+        sequence = (
+            self._sequence_scheduler(
+                completed, model_dir, backend, instances, executor, stats, key, python=python
+            )
+            if completed.HasField("sequence_batching")
+            else None
+        )
+        scheduler = sequence or ModelScheduler(
             model=name,
             version=version,
             backend=backend,
@@ -328,6 +343,13 @@ class ModelLoader:
             # A Python model's run is a wait on its worker process, cheap in CPU but unbounded
             # when user code hangs: it must never run on the event loop.
             inline_below_ns=0 if python else INLINE_BELOW_NS,
+            max_batch_bytes=None
+            if footprint is None
+            else max(
+                footprint.bytes_for(max(1, completed.max_batch_size)),
+                self.settings.max_request_bytes,
+            ),
+            output_row_bytes=output_row_bytes(ModelSignature.from_config(completed)),
         )
         logger.info(
             "model %s version %d ready (providers %s, max batch %d, %d instance(s)%s)",
@@ -343,6 +365,48 @@ class ModelLoader:
         )
         return completed, LoadedVersion(
             version, backend, scheduler, executor, stats, footprint, key
+        )
+
+    def _sequence_scheduler(
+        self,
+        config: mc.ModelConfig,
+        model_dir: Path,
+        backend: Backend,
+        instances: int,
+        executor: ThreadPoolExecutor,
+        stats: ModelStatistics,
+        key: tuple[str, str],
+        *,
+        python: bool,
+    ) -> SequenceScheduler:
+        """The sequence batcher of a stateful model; its slots' state counts in the budget.
+
+        Raises:
+            ModelConfigError: a control or state the config describes cannot be built.
+            MemoryBudgetError: the state of every slot does not fit beside the model.
+        """
+        try:
+            policy = SequencePolicy.from_config(config, instances, self.settings.max_queue_size)
+            tensors = SequenceTensors.from_config(config, model_dir)
+            if self.ledger is not None and self.settings.measure_memory and tensors.states:
+                held = self.ledger.reserved().get(key, 0)
+                self.ledger.reserve(key, held + tensors.state_bytes * policy.slots)
+        except AgentError:
+            executor.shutdown(wait=False)
+            backend.close()
+            if self.ledger is not None:
+                self.ledger.release(key)
+            raise
+        return SequenceScheduler(
+            model=config.name,
+            version=int(key[1].split("@")[0]),
+            backend=backend,
+            policy=policy,
+            tensors=tensors,
+            instances=instances,
+            executor=executor,
+            stats=stats,
+            inline_below_ns=0 if python else INLINE_BELOW_NS,  # as for the dynamic scheduler
         )
 
     def _fit_to_budget(
@@ -404,8 +468,13 @@ class ModelLoader:
                 valid = signature.validate(request)
             except AgentError as exc:
                 raise ModelConfigError(f"model_warmup '{sample_name}': {exc.message}") from None
+            feeds = dict(valid.feeds)
+            if config.HasField("sequence_batching"):
+                feeds.update(
+                    SequenceTensors.from_config(config, model_dir).starting_feeds(valid.batch_size)
+                )
             for _ in range(count):
-                backend.run(valid.feeds, valid.output_names)
+                backend.run(feeds, valid.output_names)
 
 
 @functools.cache

@@ -39,6 +39,7 @@ from agent.backends.base import Backend
 from agent.errors import AgentError, MemoryBudgetError
 from agent.models.memory_plan import Footprint, measure_footprint
 from agent.proto import model_config_pb2 as mc
+from agent.scheduling.sequence_tensors import SequenceTensors
 from agent.tensors import datatypes
 from agent.tensors.signature import ModelSignature, TensorContract
 
@@ -75,6 +76,7 @@ def measure_version(
     max_batch: int,
     limit_bytes: int,
     version_dir: Path,
+    model_dir: Path | None = None,
 ) -> Measured:
     """Load a version and find its footprint (see the module docstring).
 
@@ -84,6 +86,7 @@ def measure_version(
         max_batch: the batch size to probe at (without warm-up samples).
         limit_bytes: the whole memory budget (zero inputs over it are refused unallocated).
         version_dir: the version folder, whose files are the model's weights.
+        model_dir: the model folder (a sequence model's initial state may be read from it).
 
     Raises:
         AgentError: loading failed, a warm-up sample failed, or the zero inputs alone are over
@@ -102,7 +105,7 @@ def measure_version(
             warm_up(*loaded)
         elif not failed:
             try:
-                run_zeros(loaded, batch, limit_bytes=limit_bytes)
+                run_zeros(loaded, batch, limit_bytes=limit_bytes, model_dir=model_dir)
             except MemoryBudgetError:
                 raise
             except Exception as exc:  # noqa: BLE001 - whatever the model does with zeros, it loads
@@ -114,7 +117,9 @@ def measure_version(
         else:
             loaded, measured = measure_footprint(load_kept, run, max_batch=max_batch)
             if not failed:
-                run_zeros(loaded, 1, shrink=True)  # hand the probe's arena chunks back
+                run_zeros(
+                    loaded, 1, shrink=True, model_dir=model_dir
+                )  # hand the probe's arena chunks back
     except BaseException:
         if kept:
             kept[0][0].close()
@@ -193,8 +198,10 @@ def run_zeros(
     *,
     shrink: bool = False,
     limit_bytes: int | None = None,
+    model_dir: Path | None = None,
 ) -> None:
-    """Run the model once on zeros (empty strings for BYTES) at a batch size.
+    """Run the model once on zeros (empty strings for BYTES) at a batch size; a sequence model
+    also gets its control and state tensors as the sequence batcher feeds a sequence's start.
 
     Raises:
         MemoryBudgetError: the zero inputs alone would be over `limit_bytes` (nothing allocated).
@@ -225,4 +232,6 @@ def run_zeros(
         else np.zeros(shape, dt.numpy)
         for name, (shape, dt) in shapes.items()
     }
+    if config.HasField("sequence_batching"):
+        feeds.update(SequenceTensors.from_config(config, model_dir).starting_feeds(batch))
     backend.run(feeds, list(signature.outputs), shrink_memory=shrink)

@@ -17,6 +17,7 @@ from typing import Any
 
 from agent import __version__
 from agent.canary.control import CanaryManager
+from agent.ensemble.runner import EnsembleScheduler
 from agent.errors import (
     AgentError,
     BackendError,
@@ -35,9 +36,12 @@ from agent.models.pushed import PushedModels, parse_file_parameters
 from agent.models.registry import ModelRegistry
 from agent.proto import model_config_pb2 as mc
 from agent.repository.model_config import config_from_json, config_to_json
+from agent.scheduling.sequence_policy import sequence_parameters
+from agent.scheduling.sequence_scheduler import SequenceScheduler
 from agent.scheduling.statistics import FailureReason
 from agent.serving.log_settings import LogSettings
 from agent.serving.response_cache import ResponseCache, cache_key
+from agent.serving.sequence_routes import SequenceRoutes
 from agent.serving.shared_memory import SharedMemoryRegistry
 from agent.serving.trace import Trace, Tracer
 from agent.serving.trace_tensors import BACKEND_INPUT, BACKEND_OUTPUT, QUEUE_INPUT
@@ -79,6 +83,7 @@ class DataPlane:
     ) -> None:
         self._registry = registry
         self._cache = cache
+        self._sequences = SequenceRoutes()  # live sequences stay on the version they started on
         self.manager = manager or ModelManager(registry)
         self.mode = mode
         self.versions = versions
@@ -284,9 +289,12 @@ class DataPlane:
             trace = self._child_trace(name, request)
         if trace is not None:
             trace.stamp("REQUEST_START", start)
-        await self.manager.wait_if_swapping(name)
-        routed = None if version else self.canary.route(name)  # canary: unversioned only
-        served, number = self._registry.resolve(name, str(routed) if routed else version)
+        sequence = sequence_parameters(request.parameters)
+        owner = None if version else self._sequences.find(name, sequence)
+        if owner is None:  # a live sequence's old build is draining: its requests must not wait
+            await self.manager.wait_if_swapping(name)
+        routed = None if version or owner else self.canary.route(name)  # canary: unversioned only
+        served, number = owner or self._registry.resolve(name, str(routed) if routed else version)
         loaded = served.versions[number]
         if trace is not None:
             trace.model_version = number
@@ -319,7 +327,16 @@ class DataPlane:
                     return InferResponse(served.name, version_text, hit, request.id)
                 stats.record_cache_miss(ns=time.perf_counter_ns() - lookup)
             queued = time.perf_counter_ns() if trace is not None else 0
-            result = await loaded.scheduler.submit(valid, priority=priority, timeout_us=timeout_us)
+            if isinstance(loaded.scheduler, SequenceScheduler):
+                self._sequences.started(served.name, sequence, served, number)
+                submitted = loaded.scheduler.submit(valid, sequence, timeout_us=timeout_us)
+            elif isinstance(loaded.scheduler, EnsembleScheduler):
+                submitted = loaded.scheduler.submit(
+                    valid, priority=priority, timeout_us=timeout_us, sequence=sequence
+                )
+            else:
+                submitted = loaded.scheduler.submit(valid, priority=priority, timeout_us=timeout_us)
+            result = await submitted
             if trace is not None:
                 trace.executed(
                     queued,
