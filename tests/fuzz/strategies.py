@@ -6,7 +6,6 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from agent.errors import AgentError
 from agent.tensors import datatypes
 
 DATATYPES = sorted(datatypes.BY_KSERVE)
@@ -39,6 +38,8 @@ def nested(depth: int) -> str:
     return "[" * depth + "]" * depth
 
 
-def assert_reason(error: AgentError) -> None:
-    """A refusal must tell the client why."""
-    assert error.message.strip(), f"{type(error).__name__} without a message"
+def assert_reason(error: Exception) -> None:
+    """A refusal must tell the client why (agent, sync and cache errors carry `message`)."""
+    message = getattr(error, "message", "")
+    assert isinstance(message, str), type(error).__name__
+    assert message.strip(), f"{type(error).__name__} without a message"

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -43,7 +42,9 @@ instance_group [ { count: 1 kind: KIND_CPU } ]
 dynamic_batching {
   preferred_batch_size: [ 2, 4 ]
   max_queue_delay_microseconds: 100
-  default_queue_policy { timeout_action: REJECT default_timeout_microseconds: 5000 max_queue_size: 8 }
+  default_queue_policy {
+    timeout_action: REJECT default_timeout_microseconds: 5000 max_queue_size: 8
+  }
   priority_levels: 2
   default_priority_level: 1
 }
@@ -121,7 +122,7 @@ def _scalar(draw: st.DrawFn, field: Any) -> Any:
     bits = 64 if kind in _INT64 else 32
     unsigned = kind in _UNSIGNED
     low, high = (0, 2**bits - 1) if unsigned else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
-    return draw(_EDGE_INTS.filter(lambda v: low <= v <= high) | st.integers(-3, 70))
+    return draw((_EDGE_INTS | st.integers(-3, 70)).filter(lambda v: low <= v <= high))
 
 
 def _repeated(field: Any) -> bool:
@@ -174,13 +175,12 @@ def _field_mutation(draw: st.DrawFn) -> tuple[str, str]:
 
 
 @pytest.fixture(scope="module")
-def repository(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelRegistry]:
+def repository(tmp_path_factory: pytest.TempPathFactory) -> ModelRegistry:
     root = tmp_path_factory.mktemp("fuzz-repo")
     (root.parent / "outside.bin").write_bytes(b"\0" * 256)
     write_model(root, "m", mlp_model(), MLP_CONFIG)
     write_model(root, "flat", flat_model(), FLAT_CONFIG)
-    registry = ModelRegistry(root, LoadSettings(intra_op_threads=1, measure_memory=False))
-    yield registry
+    return ModelRegistry(root, LoadSettings(intra_op_threads=1, measure_memory=False))
 
 
 def _loads_or_fails_with_a_reason(
