@@ -133,7 +133,7 @@ def _repeated(field: Any) -> bool:
 def _mutate(draw: st.DrawFn, message: Message, depth: int = 0) -> None:
     if not message.DESCRIPTOR.fields:
         return
-    field = draw(st.sampled_from(list(message.DESCRIPTOR.fields)))
+    field: Any = draw(st.sampled_from(list(message.DESCRIPTOR.fields)))
     value = getattr(message, field.name)
     is_message = field.type == FieldDescriptor.TYPE_MESSAGE
     if is_message and field.message_type.GetOptions().map_entry:
