@@ -19,6 +19,7 @@ import grpc
 from google.protobuf import json_format
 
 from agent.api import grpc_codec
+from agent.api.http_limits import ClientTimeoutError, ConnectionLimits
 from agent.errors import (
     AgentError,
     BackendError,
@@ -42,6 +43,7 @@ from agent.errors import (
 from agent.proto import grpc_service_pb2 as pb
 from agent.proto import grpc_service_pb2_grpc as pb_grpc
 from agent.serving.dataplane import DataPlane
+from agent.tensors.limits import TensorLimits
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +54,7 @@ STATUS_FOR_ERROR: dict[type[AgentError], grpc.StatusCode] = {
     ModelNotFoundError: grpc.StatusCode.NOT_FOUND,
     SharedMemoryNotFoundError: grpc.StatusCode.NOT_FOUND,
     ConflictError: grpc.StatusCode.ALREADY_EXISTS,
+    ClientTimeoutError: grpc.StatusCode.DEADLINE_EXCEEDED,
     PayloadTooLargeError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ModelNotReadyError: grpc.StatusCode.UNAVAILABLE,
     OverloadedError: grpc.StatusCode.UNAVAILABLE,
@@ -102,8 +105,9 @@ def _mapped(
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     """The gRPC servicer over the shared data plane."""
 
-    def __init__(self, dataplane: DataPlane) -> None:
+    def __init__(self, dataplane: DataPlane, limits: TensorLimits | None = None) -> None:
         self._dp = dataplane
+        self._limits = limits
 
     @_mapped
     async def ServerLive(self, request: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
@@ -266,7 +270,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
         if self._dp.tracer.active:
             return await self._infer_traced(request)
-        infer_request = grpc_codec.decode_infer_request(request)
+        infer_request = grpc_codec.decode_infer_request(request, limits=self._limits)
         response = await self._dp.infer(
             request.model_name, request.model_version or None, infer_request
         )
@@ -276,7 +280,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         """`_infer` with Triton's gRPC timestamps when the request is sampled for tracing."""
         read = time.perf_counter_ns()
         trace = self._dp.tracer.start(request.model_name, request.id)
-        infer_request = grpc_codec.decode_infer_request(request)
+        infer_request = grpc_codec.decode_infer_request(request, limits=self._limits)
         version = request.model_version or None
         if trace is None:
             response = await self._dp.infer(request.model_name, version, infer_request)
@@ -297,7 +301,13 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
 
 async def start_grpc_server(
-    dataplane: DataPlane, host: str, port: int, *, max_message_bytes: int
+    dataplane: DataPlane,
+    host: str,
+    port: int,
+    *,
+    max_message_bytes: int,
+    tensor_limits: TensorLimits | None = None,
+    connection_limits: ConnectionLimits | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """Start the gRPC server; returns it and the bound port (useful with port 0).
 
@@ -306,12 +316,14 @@ async def start_grpc_server(
     """
     server = grpc.aio.server(
         options=[
+            # A message over the limit is refused (RESOURCE_EXHAUSTED) from its length prefix.
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
+            *_connection_options(connection_limits or ConnectionLimits()),
         ]
     )
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(  # type: ignore[no-untyped-call]
-        InferenceService(dataplane), server
+        InferenceService(dataplane, tensor_limits), server
     )
     try:
         bound = server.add_insecure_port(f"{host}:{port}")
@@ -321,3 +333,15 @@ async def start_grpc_server(
         raise OSError(errno.EADDRINUSE, f"cannot bind gRPC on {host}:{port}")
     await server.start()
     return server, bound
+
+
+def _connection_options(limits: ConnectionLimits) -> list[tuple[str, int]]:
+    """grpc core's counterparts of the HTTP connection limits."""
+    return [
+        # Connections over the cap are closed as they are accepted.
+        ("grpc.max_allowed_incoming_connections", limits.max_connections),
+        # A client that does not finish the HTTP/2 handshake (preface, SETTINGS) in time: cut.
+        ("grpc.server_handshake_timeout_ms", int(limits.header_timeout_s * 1000)),
+        # A connection without RPCs for this long gets GOAWAY (then closes).
+        ("grpc.max_connection_idle_ms", int(limits.idle_timeout_s * 1000)),
+    ]

@@ -13,8 +13,9 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from agent.api.grpc_codec import decode_infer_request
-from agent.errors import InvalidInputError
+from agent.errors import InvalidInputError, PayloadTooLargeError
 from agent.proto import grpc_service_pb2 as pb
+from agent.tensors.limits import TensorLimits
 from agent.tensors.request import InferRequest
 from tests.fuzz.budget import FUZZ
 from tests.fuzz.strategies import DATATYPES, assert_reason
@@ -34,10 +35,12 @@ _CONTENTS = {
 }
 
 
-def _decoded_or_refused(message: pb.ModelInferRequest) -> InferRequest | None:
+def _decoded_or_refused(
+    message: pb.ModelInferRequest, limits: TensorLimits | None = None
+) -> InferRequest | None:
     try:
-        request = decode_infer_request(message)
-    except InvalidInputError as exc:
+        request = decode_infer_request(message, limits=limits)
+    except (InvalidInputError, PayloadTooLargeError) as exc:
         assert_reason(exc)
         return None
     for tensor in request.inputs:
@@ -88,6 +91,7 @@ def _zero_sized_huge() -> pb.ModelInferRequest:
 @example(_zero_sized_huge())  # found: numpy refused the shape with a ValueError (INTERNAL)
 def test_infer_requests_decode_or_are_refused(message: pb.ModelInferRequest) -> None:
     _decoded_or_refused(message)
+    _decoded_or_refused(message, TensorLimits(max_bytes=64, max_bytes_elements=4))
 
 
 @FUZZ

@@ -16,16 +16,19 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from agent.api.http_codec import decode_infer_request
-from agent.errors import InvalidInputError
+from agent.errors import InvalidInputError, PayloadTooLargeError
+from agent.tensors.limits import TensorLimits
 from agent.tensors.request import InferRequest
 from tests.fuzz.budget import FUZZ
 from tests.fuzz.strategies import DATATYPES, DIMS, JSON, assert_reason, nested
 
 
-def _decoded_or_refused(body: bytes, header_length: int | None) -> InferRequest | None:
+def _decoded_or_refused(
+    body: bytes, header_length: int | None, limits: TensorLimits | None = None
+) -> InferRequest | None:
     try:
-        request = decode_infer_request(body, header_length)
-    except InvalidInputError as exc:
+        request = decode_infer_request(body, header_length, limits=limits)
+    except (InvalidInputError, PayloadTooLargeError) as exc:
         assert_reason(exc)
         return None
     for tensor in request.inputs:
@@ -96,6 +99,7 @@ def test_tensor_headers_decode_or_are_refused(case: tuple[bytes, int | None]) ->
     _decoded_or_refused(body, header_length)
     if header_length is not None and 0 <= header_length <= len(body):
         _decoded_or_refused(body, header_length)  # the second time through the header cache
+    _decoded_or_refused(body, header_length, TensorLimits(max_bytes=64, max_bytes_elements=4))
 
 
 @FUZZ
