@@ -45,7 +45,14 @@ from tuf.api import exceptions as tuf_exceptions
 from tuf.api.metadata import Metadata, Root, TargetFile, Targets
 from tuf.ngclient import Updater, UpdaterConfig
 
-from model_cache import CacheError, CacheFullError, ModelCache, RejectedVersion, VersionState
+from model_cache import (
+    CacheError,
+    CacheFullError,
+    ModelCache,
+    RejectedVersion,
+    RejectionCause,
+    VersionState,
+)
 from model_cache.atomic import ensure_dir, remove_tree, temp_name
 from sync.errors import (
     DiskFullError,
@@ -57,7 +64,9 @@ from sync.errors import (
     VerificationError,
 )
 from sync.fetcher import Downloader, StoreFetcher
+from sync.model_signature import SignatureCheck, SignaturePolicy, Verdict
 from sync.policy import CachedVersion, Choice, Desired, SignedVersion, group_targets, plan
+from sync.provenance import Provenance, ProvenanceStore
 from sync.publish import METADATA_PREFIX, TARGETS_PREFIX
 from sync.store import ObjectStore
 
@@ -85,6 +94,8 @@ class SyncReport:
     resumed_bytes: int = 0
     transient: bool = False  # a download failed in transport: worth retrying sooner
     choices: tuple[Choice, ...] = ()  # per model: the version the policy serves, and why
+    refused: tuple[tuple[str, int, str], ...] = ()  # (model, version, why): OMS check, rejected
+    unverified: tuple[tuple[str, int, str], ...] = ()  # (model, version, why): installed (warn)
 
 
 @dataclass(slots=True)
@@ -117,6 +128,10 @@ class SyncClient:
         downloader: Streams target files (injected to simulate faults).
         progress: Called with byte counts while downloading (from worker threads).
         updater_config: python-tuf's limits (metadata size caps, root rotations).
+        signatures: The OMS policy and trusted keys (`sync/model_signature.py`); a version
+            that fails the check under `require` is rejected on this device, never installed.
+        provenance: Where each installed version's signer is recorded (default
+            `work_dir/provenance`).
     """
 
     def __init__(
@@ -132,6 +147,8 @@ class SyncClient:
         downloader: Downloader | None = None,
         progress: Callable[[Progress], None] = lambda _p: None,
         updater_config: UpdaterConfig | None = None,
+        signatures: SignatureCheck | None = None,
+        provenance: ProvenanceStore | None = None,
     ) -> None:
         self._store = store
         self._cache = cache
@@ -144,6 +161,8 @@ class SyncClient:
         self._progress = progress
         self._tuf_config = updater_config or UpdaterConfig()
         self._consistent = True  # from the verified root, at each refresh
+        self._signatures = signatures or SignatureCheck()
+        self.provenance = provenance or ProvenanceStore(work_dir / "provenance")
 
     def set_desired(self, desired: Mapping[str, Desired]) -> None:
         """Replace the per-model version policy; the next cycle plans with it.
@@ -188,9 +207,19 @@ class SyncClient:
                 fetch.append(item)
         files, tally = self._download(fetch, errors)
         installed: list[tuple[str, int]] = []
+        refusals: list[tuple[str, int, str]] = []
+        unverified: list[tuple[str, int, str]] = []
         for item in fetch:
-            if all(f.target.hashes["sha256"] in files for f in item.files):
+            if all(f.target.hashes["sha256"] in files for f in item.downloads):
                 try:
+                    verdict = self._check_signature(item, files)
+                    if not verdict.ok:
+                        unverified.append((item.model, item.version, verdict.reason))
+                        if self._signatures.policy is SignaturePolicy.REQUIRE:
+                            refusals.append(unverified.pop())  # rejected, not installed
+                            self._refuse(item, verdict)
+                            continue
+                    self._record(item, verdict)
                     self._install(item, files)
                     installed.append((item.model, item.version))
                 except SyncError as exc:
@@ -212,6 +241,8 @@ class SyncClient:
             tally.resumed,
             tally.transient,
             todo.choices,
+            tuple(refusals),
+            tuple(unverified),
         )
 
     def _refresh(self) -> dict[str, TargetFile]:
@@ -274,7 +305,7 @@ class SyncClient:
         downloads = self._work / "downloads"
         unique: dict[str, tuple[TargetFile, str]] = {}
         for item in fetch:
-            for f in item.files:
+            for f in item.downloads:
                 unique.setdefault(f.target.hashes["sha256"], (f.target, item.model))
         tally = _Tally(sum(t.length for t, _m in unique.values()), self._progress)
         if not unique:
@@ -357,6 +388,59 @@ class SyncClient:
                 version=item.version,
             )
         logger.info("installed %s version %d sha256:%s", item.model, item.version, done.digest)
+
+    def _check_signature(self, item: SignedVersion, files: Mapping[str, Path]) -> Verdict:
+        """The OMS verdict on a downloaded version (its files as python-tuf verified them)."""
+        if self._signatures.policy is SignaturePolicy.OFF:
+            return Verdict(True)
+        bundle = None
+        if item.signature is not None:
+            path = files[item.signature.target.hashes["sha256"]]
+            try:
+                bundle = path.read_bytes()
+            except OSError as exc:
+                raise SyncError(f"cannot read {path}: {exc.strerror}", model=item.model) from None
+        digests = {f.rel: f.target.hashes["sha256"] for f in item.files}
+        return self._signatures.verdict(item.model, bundle, digests)
+
+    def _refuse(self, item: SignedVersion, verdict: Verdict) -> None:
+        """Reject a version whose signature failed under `require` (the active one serves on).
+
+        Reported in `SyncReport.refused`, not as a model error: the rejection is the record,
+        and the next plan serves the newest version not rejected.
+        """
+        reason = f"model signature refused: {verdict.reason}"
+        logger.warning("%s version %d: %s", item.model, item.version, reason)
+        try:
+            self._cache.rejections.reject(item.model, item.version, RejectionCause.FAILED, reason)
+        except CacheError as exc:
+            raise SyncError(f"cannot reject {item.model} version {item.version}: {exc}") from None
+
+    def _record(self, item: SignedVersion, verdict: Verdict) -> None:
+        """Write the version's provenance before installing it."""
+        policy = self._signatures.policy
+        published = item.files[0].target.custom.get("model_signature") if item.files else None
+        record = published if isinstance(published, dict) else {}
+        checked = policy is not SignaturePolicy.OFF
+        item_record = Provenance(
+            item.model,
+            item.version,
+            signer=verdict.signer if checked and verdict.signer else str(record.get("signer", "")),
+            bundle_sha256=(
+                verdict.bundle_sha256 if checked else str(record.get("bundle_sha256", ""))
+            ),
+            verified=checked and verdict.ok,
+            policy=policy.value,
+            reason=verdict.reason if checked else "not checked on this device (policy off)",
+        )
+        try:
+            self.provenance.record(item_record)
+        except (OSError, CacheError) as exc:
+            raise SyncError(
+                f"cannot record the provenance of {item.model} version {item.version}: {exc}",
+                model=item.model,
+                version=item.version,
+            ) from None
 
 
 def activate_in_cache(cache: ModelCache, pairs: tuple[tuple[str, int], ...]) -> list[str]:
