@@ -175,7 +175,7 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
             manager,
             keep_last=config.cache.keep_last,
             disk_budget_bytes=config.cache.disk_budget_bytes or None,
-            provenance=_provenance(config, model_cache),
+            provenance=provenance_reader(config, model_cache),
         )
         if model_cache is not None
         else None
@@ -270,7 +270,7 @@ def _tracer(config: AgentConfig) -> Tracer:
     return Tracer(mode="opentelemetry", exporter=exporter)
 
 
-def _provenance(config: AgentConfig, cache: ModelCache) -> ProvenanceOf:
+def provenance_reader(config: AgentConfig, cache: ModelCache) -> ProvenanceOf:
     """Who signed a cached version, as the sync recorded it (also after `sync --once`)."""
     store = ProvenanceStore((config.sync.work_dir or Path(cache.root) / "sync") / "provenance")
 
