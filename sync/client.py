@@ -14,8 +14,12 @@ One cycle, in order (nothing is installed before everything it depends on is ver
     3. Each file of each version to fetch is streamed into `WORK/downloads/SHA256.part`
        (`Downloader`: capped at its signed length, resumed with range requests), a few at a time,
        then python-tuf's `TargetFile.verify_length_and_hashes` accepts or refuses it.
-    4. A version whose files all verified is assembled as a Triton folder of hard links under
-       `WORK/staging/` and handed to `ModelCache.install`, which hashes and stores it durably.
+    4. A version whose files all verified has its OpenSSF model signature checked against their
+       verified digests (`sync/model_signature.py`, policy off | warn | require); under
+       `require` a failure rejects the version on this device (`SyncReport.refused`) and
+       nothing is installed. Its provenance record is written (`sync/provenance.py`), then it
+       is assembled as a Triton folder of hard links under `WORK/staging/` and handed to
+       `ModelCache.install`, which hashes and stores it durably.
     5. The versions to serve are returned; activation (the hot swap) is the caller's.
 
 Invariants:
