@@ -25,7 +25,7 @@ from sync.client import Progress, SyncClient, activate_in_cache
 from sync.config import SyncConfig, signature_check, validate
 from sync.errors import SyncConfigError, SyncError
 from sync.keys import RoleSpec, init_keys, rotate_keys
-from sync.model_signature import TrustedKey, parse_trusted_signers
+from sync.model_signature import TrustedSigner, parse_trusted_signers
 from sync.policy import parse_desired
 from sync.publish import ModelCheck, Publisher
 from sync.roles import ROLES
@@ -130,7 +130,7 @@ def _publish(args: argparse.Namespace, out: TextIO, check: ModelCheck | None) ->
 
 def publish_settings(
     repo: Path, require: bool, signers: tuple[str, ...]
-) -> tuple[bool, tuple[TrustedKey, ...]]:
+) -> tuple[bool, tuple[TrustedSigner, ...]]:
     """The model-signature settings of a publish: `REPO/publish.toml`'s `[publish]`, plus flags.
 
         [publish]

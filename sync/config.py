@@ -50,7 +50,7 @@ class SyncConfig:
     max_version_bytes: int = 8 * 1024**3  # refuse bigger versions before downloading
     work_dir: Path | None = None  # metadata, part files, staging; default CACHE_DIR/sync
     model_signature_policy: str = "off"  # OMS signatures: off | warn | require
-    trusted_model_signers: tuple[str, ...] = ()  # PATTERN=PUBLIC_KEY_FILE (OMS keys)
+    trusted_model_signers: tuple[str, ...] = ()  # PATTERN=PUBLIC_KEY_FILE | PATTERN=CA_FILE#ID
 
     @property
     def enabled(self) -> bool:

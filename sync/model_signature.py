@@ -29,6 +29,7 @@ Rules (all must hold for `Verdict.ok`):
 
 from __future__ import annotations
 
+import base64
 import enum
 import fnmatch
 import hashlib
@@ -38,8 +39,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 SIGNATURE_NAME = "model.sig"  # OMS's default name for the detached bundle
 MAX_BUNDLE_BYTES = 4 * 1024 * 1024  # one resource line per file: 10,000 files fit easily
@@ -66,6 +69,29 @@ class TrustedKey:
     def identity(self) -> str:
         """The signer's identity: `key sha256:HEX` (OMS's key hint)."""
         return key_identity(self.public_pem)
+
+
+@dataclass(frozen=True, slots=True)
+class TrustedCA:
+    """CA certificates trusted to certify signers of the models whose names match `pattern`.
+
+    A bundle signed in certificate mode is trusted when its signing certificate chains to one of
+    them (and may sign: key usage), and, when `identity` is set, names that signer: its subject
+    (RFC 4514, e.g. `CN=ml-team,O=Example`) or its common name.
+    """
+
+    pattern: str
+    ca_pem: bytes
+    identity: str = ""
+    source: str = ""
+
+    def admits(self, subject: str, common_name: str) -> bool:
+        """Whether a signing certificate with this subject is one this entry names."""
+        return not self.identity or self.identity in (subject, common_name)
+
+
+#: One entry of the trust list: a public key, or CA certificates (with an optional identity).
+TrustedSigner = TrustedKey | TrustedCA
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,33 +153,46 @@ def load_public_key(data: bytes, source: str) -> bytes:
     )
 
 
-def parse_trusted_signers(entries: Iterable[str]) -> tuple[TrustedKey, ...]:
-    """Read `PATTERN=PUBLIC_KEY_FILE` entries (the `[sync] trusted_model_signers` list).
+def parse_trusted_signers(entries: Iterable[str]) -> tuple[TrustedSigner, ...]:
+    """Read the `[sync] trusted_model_signers` list.
 
     Args:
-        entries: `resnet*=/etc/edge-agent/ml-team.pub`; a pattern may have several entries and a
-            model may match several patterns: any of their keys is trusted for it.
+        entries: `PATTERN=PUBLIC_KEY_FILE` (`resnet*=/etc/edge-agent/ml-team.pub`), or
+            `PATTERN=CA_FILE[#IDENTITY]` for certificate-mode signers (a PEM file of CA
+            certificates; IDENTITY: the signing certificate's RFC 4514 subject or common name).
+            A model may match several patterns: any of their signers is trusted for it.
 
     Raises:
-        ValueError: A malformed entry, or a key file that cannot be read or is not an OMS key.
+        ValueError: A malformed entry, or a file that cannot be read or is neither an OMS
+            public key nor PEM certificates.
 
     Returns:
-        The trusted keys, in the order given.
+        The trusted signers, in the order given.
     """
-    trusted = []
+    trusted: list[TrustedSigner] = []
     for entry in entries:
-        pattern, sep, path = (part.strip() for part in entry.partition("="))
+        pattern, sep, rest = (part.strip() for part in entry.partition("="))
+        path, _hash, identity = (part.strip() for part in rest.partition("#"))
         if not sep or not pattern or not path:
             raise ValueError(f"trusted_model_signers entry {entry!r} must be PATTERN=KEY_FILE")
         try:
             data = Path(path).read_bytes()
         except OSError as exc:
             raise ValueError(f"trusted_model_signers: cannot read {path}: {exc.strerror}") from None
-        trusted.append(TrustedKey(pattern, load_public_key(data, path), path))
+        if b"-----BEGIN CERTIFICATE-----" in data:
+            try:
+                x509.load_pem_x509_certificates(data)
+            except ValueError:
+                raise ValueError(f"trusted_model_signers: {path}: bad PEM certificates") from None
+            trusted.append(TrustedCA(pattern, data, identity, path))
+        elif identity:
+            raise ValueError(f"trusted_model_signers: {path}: #IDENTITY goes with CA certificates")
+        else:
+            trusted.append(TrustedKey(pattern, load_public_key(data, path), path))
     return tuple(trusted)
 
 
-def trusted_for(model: str, trusted: Sequence[TrustedKey]) -> tuple[TrustedKey, ...]:
+def trusted_for(model: str, trusted: Sequence[TrustedSigner]) -> tuple[TrustedSigner, ...]:
     """The keys trusted to sign `model` (its name matches their pattern)."""
     return tuple(t for t in trusted if fnmatch.fnmatchcase(model, t.pattern))
 
@@ -165,17 +204,18 @@ def bundle_signer(bundle: bytes) -> str:
         bundle: The bundle's bytes.
 
     Raises:
-        ValueError: Not an OMS key-signed bundle.
+        ValueError: Not an OMS bundle signed with a key or a certificate.
 
     Returns:
-        The claimed signer.
+        The claimed signer: `key sha256:HEX`, or `certificate SUBJECT` (RFC 4514).
     """
     doc = _bundle_json(bundle)
-    hint = doc.get("verificationMaterial", {}).get("publicKey", {}).get("hint")
+    hint = doc["verificationMaterial"].get("publicKey", {}).get("hint")
     if isinstance(hint, str) and hint:
         return f"key sha256:{hint}"
-    if "x509CertificateChain" in doc.get("verificationMaterial", {}):
-        raise ValueError("a certificate-signed bundle: this agent verifies key-signed bundles")
+    leaf = _signing_certificate(doc)
+    if leaf is not None:
+        return f"certificate {leaf.subject.rfc4514_string()}"
     raise ValueError("the bundle names no signing key (re-sign with a current model-signing)")
 
 
@@ -183,16 +223,16 @@ def verify_signature(
     model: str,
     bundle: bytes | None,
     files: Mapping[str, str],
-    trusted: Sequence[TrustedKey],
+    trusted: Sequence[TrustedSigner],
 ) -> Verdict:
-    """Check a model version's OMS signature against its files and the trusted keys (pure).
+    """Check a model version's OMS signature against its files and the trusted signers (pure).
 
     Args:
         model: The model's name (the signed statement must name it).
         bundle: The `model.sig` bundle's bytes, or None when the version has none.
         files: Every file of the version (path in the Triton model folder, e.g.
             `config.pbtxt`, `2/model.onnx`) → its SHA-256 hex digest; not the bundle itself.
-        trusted: The keys trusted for this model (`trusted_for`).
+        trusted: The signers trusted for this model (`trusted_for`).
 
     Returns:
         The verdict: ok, or why not (missing, invalid, untrusted, or which files differ).
@@ -206,15 +246,22 @@ def verify_signature(
         signer = bundle_signer(bundle)
     except ValueError as exc:
         return Verdict(False, f"{SIGNATURE_NAME}: {exc}", "", digest)
-    key = next((t for t in trusted if t.identity == signer), None)
-    if key is None:
+    candidates = _candidates(bundle, signer, trusted)
+    if not candidates:
         return Verdict(
             False, f"signed by {signer}, which is not trusted for {model}", signer, digest
         )
-    try:
-        resources, name, method = _verified_statement(bundle, key)
-    except ValueError as exc:
-        return Verdict(False, f"the signature does not verify: {exc}", signer, digest)
+    failures = []
+    for candidate in candidates:
+        try:
+            resources, name, method = _verified_statement(bundle, candidate)
+            break
+        except _UntrustedChainError as exc:
+            failures.append(f"signed by {signer}, whose certificate {exc}")
+        except ValueError as exc:
+            failures.append(f"the signature does not verify: {exc}")
+    else:
+        return Verdict(False, failures[0], signer, digest)
     if name != model:
         return Verdict(False, f"the signature is for model {name!r}, not {model!r}", signer, digest)
     if method != ("files", "sha256"):
@@ -268,29 +315,77 @@ def _bundle_json(bundle: bytes) -> dict[str, Any]:
     return doc
 
 
+class _UntrustedChainError(ValueError):
+    """A signing certificate that does not chain to the trusted CA certificates."""
+
+
+def _candidates(
+    bundle: bytes, signer: str, trusted: Sequence[TrustedSigner]
+) -> list[TrustedSigner]:
+    """The trusted entries that could vouch for this bundle's signer."""
+    if signer.startswith("key "):
+        return [t for t in trusted if isinstance(t, TrustedKey) and t.identity == signer]
+    leaf = _signing_certificate(_bundle_json(bundle))
+    if leaf is None:
+        return []
+    names = leaf.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    common_name = str(names[0].value) if names else ""
+    subject = leaf.subject.rfc4514_string()
+    return [t for t in trusted if isinstance(t, TrustedCA) and t.admits(subject, common_name)]
+
+
+def _signing_certificate(doc: dict[str, Any]) -> x509.Certificate | None:
+    """The bundle's signing (leaf) certificate, when it was signed in certificate mode."""
+    chain = doc["verificationMaterial"].get("x509CertificateChain")
+    if chain is None:
+        return None
+    try:
+        raw = base64.b64decode(chain["certificates"][0]["rawBytes"])
+        return x509.load_der_x509_certificate(raw)
+    except (KeyError, IndexError, TypeError, ValueError):
+        raise ValueError("the bundle's certificate chain is malformed") from None
+
+
 def _verified_statement(
-    bundle: bytes, key: TrustedKey
+    bundle: bytes, signer: TrustedSigner
 ) -> tuple[dict[str, str], str, tuple[str, str]]:
-    """Verify the bundle with `key` (the library does) → (resources, model name, method)."""
+    """Verify the bundle with `signer` (the library does) → (resources, model name, method)."""
     # Imported here: the library (and sigstore behind it) loads only when a signature is checked.
     from model_signing._signing import (  # noqa: PLC0415
+        sign_certificate,
         sign_ec_key,
         sign_sigstore_pb,
     )
+    from OpenSSL import crypto  # noqa: PLC0415 - the library's certificate chain check
     from sigstore_models.bundle import v1 as bundle_pb  # noqa: PLC0415
 
-    class _Verifier(sign_ec_key.Verifier):
+    class _KeyVerifier(sign_ec_key.Verifier):
         """The library's key verifier, given the key itself rather than a file."""
 
         def __init__(self, public_pem: bytes) -> None:
             self._public_key = serialization.load_pem_public_key(public_pem)
 
+    class _CertificateVerifier(sign_certificate.Verifier):
+        """The library's certificate verifier, given the CA certificates rather than files."""
+
+        def __init__(self, ca_pem: bytes) -> None:
+            self._log_fingerprints = False
+            self._store = crypto.X509Store()
+            for certificate in x509.load_pem_x509_certificates(ca_pem):
+                self._store.add_cert(crypto.X509.from_cryptography(certificate))
+
     doc = _bundle_json(bundle)
-    material = doc["verificationMaterial"]
-    material.setdefault("tlogEntries", [])  # as the library's `Signature.read` normalizes
+    doc["verificationMaterial"].setdefault("tlogEntries", [])  # as `Signature.read` normalizes
+    verifier: sign_sigstore_pb.Verifier = (
+        _KeyVerifier(signer.public_pem)
+        if isinstance(signer, TrustedKey)
+        else _CertificateVerifier(signer.ca_pem)
+    )
     try:
         signature = sign_sigstore_pb.Signature(bundle_pb.Bundle.from_dict(doc))
-        manifest = _Verifier(key.public_pem).verify(signature)
+        manifest = verifier.verify(signature)
+    except crypto.X509StoreContextError as exc:
+        raise _UntrustedChainError(f"does not chain to a trusted CA ({exc})") from None
     except ValueError:
         raise
     except Exception as exc:  # noqa: BLE001 - cryptography / pydantic / KeyError on bad input
@@ -306,7 +401,7 @@ class SignatureCheck:
     """A device's OMS settings: the policy and the trusted keys (`[sync]`)."""
 
     policy: SignaturePolicy = SignaturePolicy.OFF
-    trusted: tuple[TrustedKey, ...] = ()
+    trusted: tuple[TrustedSigner, ...] = ()
 
     def verdict(self, model: str, bundle: bytes | None, files: Mapping[str, str]) -> Verdict:
         """`verify_signature` with the keys trusted for `model`."""

@@ -70,7 +70,7 @@ from sync.keys import (
 )
 from sync.model_signature import (
     SIGNATURE_NAME,
-    TrustedKey,
+    TrustedSigner,
     bundle_signer,
     trusted_for,
     verify_signature,
@@ -148,7 +148,7 @@ class Publisher:
         *,
         check: ModelCheck | None = None,
         require_signature: bool = False,
-        signers: Sequence[TrustedKey] = (),
+        signers: Sequence[TrustedSigner] = (),
     ) -> PublishReport:
         """Upload a model version's files and sign targets, snapshot and timestamp.
 
@@ -353,7 +353,7 @@ def _signature_fields(
     digests: dict[str, str],
     *,
     require: bool,
-    signers: Sequence[TrustedKey],
+    signers: Sequence[TrustedSigner],
 ) -> dict[str, Any] | None:
     """The `model_signature` custom field for a folder's `model.sig`, or None without one."""
     if require and not signers:

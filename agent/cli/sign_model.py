@@ -61,7 +61,7 @@ def add_commands(subparsers: Any) -> None:  # argparse's _SubParsersAction is pr
         action="append",
         required=True,
         metavar="KEY",
-        help="a trusted signer's public key (PEM); repeatable",
+        help="a trusted signer: public key (PEM), or CA certificates[#IDENTITY]; repeatable",
     )
     verify.add_argument("--signature", type=Path, help=f"default: FOLDER/{SIGNATURE_NAME}")
     verify.add_argument("--model", help="the model's name (default: the folder's name)")

@@ -8,16 +8,24 @@ import shutil
 from pathlib import Path
 
 import pytest
+from model_signing import hashing, signing
 
 from sync.model_signature import (
     SignatureCheck,
     SignaturePolicy,
+    TrustedCA,
     compare_files,
     parse_policy,
     parse_trusted_signers,
     verify_signature,
 )
-from tests.sync.signing_support import SigningKey, digests, make_key, sign_folder
+from tests.sync.signing_support import (
+    SigningKey,
+    digests,
+    make_certificate_signer,
+    make_key,
+    sign_folder,
+)
 from tests.sync.support import make_model, payload
 
 
@@ -132,3 +140,31 @@ def test_trusted_signers_and_policy_are_parsed(key: SigningKey, tmp_path: Path) 
         parse_trusted_signers([f"*={key.private}"])
     with pytest.raises(ValueError, match="cannot read"):
         parse_trusted_signers([f"*={tmp_path / 'missing.pub'}"])
+
+
+def test_certificate_mode_chains_to_a_trusted_ca_and_names_its_signer(tmp_path: Path) -> None:
+    team = make_certificate_signer(tmp_path / "team", "ml-team")
+    folder = make_model(tmp_path / "src", "resnet", 1, payload(1))
+    config = signing.Config().use_certificate_signer(  # type: ignore[no-untyped-call]
+        private_key=team.key, signing_certificate=team.certificate, certificate_chain=[team.ca]
+    )
+    config.set_hashing_config(
+        hashing.Config().set_ignored_paths(paths=["model.sig"])  # type: ignore[no-untyped-call]
+    )
+    config.sign(folder, folder / "model.sig")
+    bundle = (folder / "model.sig").read_bytes()
+    ca = team.ca.read_bytes()
+    verdict = verify_signature("resnet", bundle, digests(folder), [TrustedCA("*", ca)])
+    assert (verdict.ok, verdict.signer) == (True, "certificate CN=ml-team"), verdict.reason
+    [parsed] = parse_trusted_signers([f"res*={team.ca}#ml-team"])
+    assert verify_signature("resnet", bundle, digests(folder), [parsed]).ok
+    wrong_name = verify_signature("resnet", bundle, digests(folder), [TrustedCA("*", ca, "ops")])
+    assert wrong_name.reason == "signed by certificate CN=ml-team, which is not trusted for resnet"
+    other = make_certificate_signer(tmp_path / "other", "ml-team")
+    foreign = TrustedCA("*", other.ca.read_bytes())
+    refused = verify_signature("resnet", bundle, digests(folder), [foreign])
+    assert not refused.ok
+    assert "whose certificate does not chain to a trusted CA" in refused.reason
+    (folder / "1" / "model.onnx").write_bytes(b"changed")
+    changed = verify_signature("resnet", bundle, digests(folder), [TrustedCA("*", ca)])
+    assert changed.reason == "changed after signing: 1/model.onnx"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from agent.cli.main import main
 from model_cache import ModelCache
-from tests.sync.signing_support import make_key
+from tests.sync.signing_support import make_certificate_signer, make_key
 from tests.sync.support import make_model, payload
 
 
@@ -103,3 +103,22 @@ def test_sign_and_verify_errors_are_one_line_with_exit_codes(tmp_path: Path) -> 
     assert "changed after signing: 1/model.onnx" in err
     code, _out, err = _run("verify-model", str(model), "--trust", str(tmp_path / "none.pub"))
     assert (code, err.count("\n")) == (2, 1)
+
+
+def test_certificate_mode_signs_and_verifies_offline(tmp_path: Path) -> None:
+    team = make_certificate_signer(tmp_path / "team", "ml-team")
+    model = make_model(tmp_path / "build", "demo", 1, payload(1))
+    code, out, err = _run(
+        "sign-model", str(model), "--key", str(team.key), "--certificate", str(team.certificate),
+        "--chain", str(team.ca),
+    )  # fmt: skip
+    assert code == 0, err
+    assert "by certificate CN=ml-team" in out
+    code, out, err = _run("verify-model", str(model), "--trust", f"{team.ca}#ml-team")
+    assert (code, out.strip()) == (
+        0,
+        f"{model}: signed by certificate CN=ml-team (2 files verified)",
+    )
+    code, _out, err = _run("verify-model", str(model), "--trust", f"{team.ca}#ops")
+    assert code == 1
+    assert "signed by certificate CN=ml-team, which is not trusted for demo" in err
