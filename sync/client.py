@@ -217,15 +217,16 @@ class SyncClient:
             if all(f.target.hashes["sha256"] in files for f in item.downloads):
                 try:
                     verdict = self._check_signature(item, files)
-                    if not verdict.ok:
-                        unverified.append((item.model, item.version, verdict.reason))
-                        if self._signatures.policy is SignaturePolicy.REQUIRE:
-                            refusals.append(unverified.pop())  # rejected, not installed
-                            self._refuse(item, verdict)
-                            continue
+                    failed = (item.model, item.version, verdict.reason)
+                    if not verdict.ok and self._signatures.policy is SignaturePolicy.REQUIRE:
+                        self._refuse(item, verdict)
+                        refusals.append(failed)  # rejected, not installed
+                        continue
                     self._record(item, verdict)
                     self._install(item, files)
                     installed.append((item.model, item.version))
+                    if not verdict.ok:
+                        unverified.append(failed)  # installed anyway ("warn")
                 except SyncError as exc:
                     logger.debug(
                         "install of %s version %d failed: %s", item.model, item.version, exc
