@@ -34,7 +34,7 @@ from agent.fleet.link import FleetLink
 from agent.fleet.mqtt import MqttError
 from agent.fleet.outbox import StoreError
 from agent.fleet.telemetry import detect_gpu
-from agent.models.cache_control import CachedVersions, CacheEvents
+from agent.models.cache_control import CachedVersions, CacheEvents, ProvenanceOf
 from agent.models.control import ModelControlMode, ModelManager
 from agent.models.events import EventTee, LogEvents
 from agent.models.loader import LoadSettings
@@ -62,6 +62,7 @@ from agent.tensors.limits import TensorLimits
 from model_cache import CacheError, ModelCache
 from sync.errors import SyncConfigError, SyncError
 from sync.policy import parse_desired
+from sync.provenance import ProvenanceStore
 
 if TYPE_CHECKING:
     from sync.client import SyncClient
@@ -183,6 +184,7 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
             manager,
             keep_last=config.cache.keep_last,
             disk_budget_bytes=config.cache.disk_budget_bytes or None,
+            provenance=provenance_reader(config, model_cache),
         )
         if model_cache is not None
         else None
@@ -277,6 +279,17 @@ def _tracer(config: AgentConfig) -> Tracer:
     exporter = OtlpExporter(url, parse_resource(log.trace_otlp_resource))
     logger.info("traces: OpenTelemetry spans to %s", url)
     return Tracer(mode="opentelemetry", exporter=exporter)
+
+
+def provenance_reader(config: AgentConfig, cache: ModelCache) -> ProvenanceOf:
+    """Who signed a cached version, as the sync recorded it (also after `sync --once`)."""
+    store = ProvenanceStore((config.sync.work_dir or Path(cache.root) / "sync") / "provenance")
+
+    def read(model: str, version: int) -> dict[str, Any] | None:
+        found = store.get(model, version)
+        return found.to_json() if found is not None else None
+
+    return read
 
 
 @dataclass(frozen=True, slots=True)
