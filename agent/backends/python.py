@@ -37,6 +37,7 @@ declared tensors: `agent.backends.python_config`.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import multiprocessing
@@ -52,6 +53,7 @@ from typing import NoReturn
 import numpy as np
 
 from agent.backends import python_ipc as ipc
+from agent.backends.base import ResponseSink
 from agent.backends.custom_metrics import CustomMetricStore
 from agent.backends.python_bls import BlsCalls, BlsSubmit
 from agent.backends.python_config import (
@@ -61,6 +63,7 @@ from agent.backends.python_config import (
     timeouts_from_config,
 )
 from agent.backends.python_process import Launcher, Worker, kill_worker, reap_worker
+from agent.backends.python_stream import DecoupledChannel
 from agent.errors import (
     AgentError,
     BackendError,
@@ -75,6 +78,8 @@ from agent.tensors import datatypes
 from agent.tensors.datatypes import ModelTensor
 
 logger = logging.getLogger(__name__)
+
+_DECOUPLED_BLS = "BLS requests from a decoupled model are not supported by this agent yet"
 
 # pb_utils.Logger levels → the agent's log levels (Triton's VERBOSE is our DEBUG).
 _LOG_LEVELS = {
@@ -123,6 +128,8 @@ class PythonBackend:
         self._closed = False
         self._workers: list[Worker] = []
         self._idle: queue.SimpleQueue[Worker] = queue.SimpleQueue()
+        self._channels: dict[int, DecoupledChannel] = {}  # decoupled models: per worker
+        self._request_ids = itertools.count(1)
         self._launcher = Launcher(f"{self.name}-{self.version}")
         try:
             # As Triton: the model's auto_complete_config runs before the config is final; the
@@ -133,6 +140,7 @@ class PythonBackend:
             self._inputs, self._outputs = tensors_from_config(config, self.name)
             self._declared = {t.name: t for t in self._outputs}
             self._batched = config.max_batch_size > 0
+            self.decoupled = config.model_transaction_policy.decoupled
             completed = complete_config(
                 config, self.name, self._inputs, self._outputs, auto_complete=True
             )
@@ -141,6 +149,8 @@ class PythonBackend:
             self.close()
             raise
         for worker in self._workers:
+            if self.decoupled:
+                self._channels[worker.index] = self._channel(worker)
             self._idle.put(worker)
 
     @property
@@ -207,6 +217,92 @@ class PythonBackend:
         finally:
             self._idle.put(worker)
 
+    def run_decoupled(
+        self, requests: Sequence[tuple[Mapping[str, np.ndarray], Sequence[str], ResponseSink]]
+    ) -> None:
+        """Run the requests of one batch in ONE `execute` call of a decoupled model; returns
+        when `execute` returned (the instance is free again). Each request's responses go to its
+        sink as the model sends them, until its final flag, also after this returned; every
+        failure reaches the sinks as an error response with the final flag.
+
+        Raises:
+            ModelInstanceFailedError: the worker hung (and was killed) or died, now or before.
+        """
+        if self._failure is not None:
+            raise ModelInstanceFailedError(self._failure)
+        worker = self._idle.get()
+        try:
+            self._run_decoupled_on(worker, requests)
+        finally:
+            self._idle.put(worker)
+
+    def _run_decoupled_on(
+        self,
+        worker: Worker,
+        requests: Sequence[tuple[Mapping[str, np.ndarray], Sequence[str], ResponseSink]],
+    ) -> None:
+        channel = self._channels[worker.index]
+        ids = [next(self._request_ids) for _ in requests]
+        described = []
+        for request_id, (feeds, names, sink) in zip(ids, requests, strict=True):
+            channel.open(request_id, sink, names)
+            described.append({"id": request_id, "outputs": list(names), "inputs": len(feeds)})
+        tensors = [item for feeds, _, _ in requests for item in feeds.items()]
+        try:
+            channel.send(ipc.Message(ipc.EXECUTE, {"requests": described}, tensors))
+            for request_id, (_, _, sink) in zip(ids, requests, strict=True):
+                channel.watch_cancel(request_id, sink)
+            # A model streaming from inside `execute` is alive while responses come.
+            waited_from = time.monotonic()
+            while True:
+                try:
+                    reply = channel.receive(waited_from + self.timeouts.execute_s)
+                except TimeoutError:
+                    if channel.last_activity <= waited_from:
+                        raise
+                    waited_from = channel.last_activity
+                    continue
+                if reply.kind != ipc.BLS:
+                    break
+                meta = {"id": reply.meta.get("id"), "error": _DECOUPLED_BLS}
+                channel.send(ipc.Message(ipc.BLS_RESULT, meta))
+        except TimeoutError:
+            kill_worker(worker)
+            self._fail(
+                f"python model '{self.name}' instance {worker.index} hung: no response within "
+                f"{self.timeouts.execute_s:g} s; worker killed"
+            )
+        except (EOFError, OSError, ipc.WireError):
+            self._fail(
+                f"python model '{self.name}' instance {worker.index} {self._exit_reason(worker)}"
+            )
+        if reply.kind == ipc.ERROR:
+            error = BackendError(
+                f"python model '{self.name}' execute failed: {reply.meta.get('message', '')}"
+            )
+            channel.fail_all(error, ids)
+
+    def _channel(self, worker: Worker) -> DecoupledChannel:
+        def side_message(message: ipc.Message) -> bool:
+            return self._side_message(worker, message)
+
+        def check(names: Sequence[str], returned: dict[str, np.ndarray]) -> list[np.ndarray]:
+            return [self._checked(n, returned.get(n), None) for n in names]
+
+        def exit_reason() -> str:
+            return f"python model '{self.name}' instance {worker.index} {self._exit_reason(worker)}"
+
+        return DecoupledChannel(
+            worker.conn, f"{self.name}-{worker.name}", side_message, check, exit_reason
+        )
+
+    def _send(self, worker: Worker, message: ipc.Message) -> None:
+        channel = self._channels.get(worker.index)
+        if channel is not None:
+            channel.send(message)
+        else:
+            ipc.send(worker.conn, message)
+
     def close(self) -> None:
         """Finalize every live worker (bounded), then end each process by PID. Idempotent."""
         with self._lock:
@@ -217,7 +313,7 @@ class PythonBackend:
         for worker in self._workers:
             if worker.ready and worker.process.poll() is None:
                 try:
-                    ipc.send(worker.conn, ipc.Message(ipc.FINALIZE))
+                    self._send(worker, ipc.Message(ipc.FINALIZE))
                     asked.append(worker)
                 except OSError:
                     pass
@@ -294,13 +390,20 @@ class PythonBackend:
         Raises:
             TimeoutError, EOFError, OSError, ipc.WireError: as `ipc.receive`.
         """
+        channel = self._channels.get(worker.index)
+        if channel is not None:  # its reader thread has the pipe
+            return channel.receive(deadline)
         while True:
             message = ipc.receive(worker.conn, deadline)
-            if message.kind == ipc.METRICS:
-                self._apply_metrics(worker, message)
-                continue
-            if message.kind != ipc.LOG:
+            if not self._side_message(worker, message):
                 return message
+
+    def _side_message(self, worker: Worker, message: ipc.Message) -> bool:
+        """Handle a LOG or METRICS message (True); any other is for the caller (False)."""
+        if message.kind == ipc.METRICS:
+            self._apply_metrics(worker, message)
+            return True
+        if message.kind == ipc.LOG:
             meta = message.meta
             logger.log(
                 _LOG_LEVELS.get(str(meta.get("level")), logging.INFO),
@@ -312,6 +415,8 @@ class PythonBackend:
                 meta.get("message", ""),
                 extra={"model": self.name, "version": self.version},
             )
+            return True
+        return False
 
     def _metrics_source(self, worker: Worker) -> str:
         return f"{self.name}/{self.version}/{worker.name}/{worker.process.pid}"

@@ -52,6 +52,12 @@ METRICS = "metrics"
 # answers each with BLS_RESULT, meta {"id"} and the outputs, or {"id", "error"}.
 BLS = "bls"
 BLS_RESULT = "bls_result"
+# Decoupled models (agent.backends.python_stream): EXECUTE's requests carry an "id" each; the
+# worker sends RESPONSE meta {"id", "final", "error"?}, tensors: the outputs, at any time (from
+# any thread, during or after `execute`), and RESULT meta {"responses": []} when `execute`
+# returned. CANCEL (agent → worker, meta {"id"}) marks a request cancelled.
+RESPONSE = "response"
+CANCEL = "cancel"
 
 MAX_HEADER_BYTES = 1 << 20
 

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import pb_metrics, pb_utils
-from agent.backends import python_bls
+from agent.backends import python_bls, python_decoupled
 from agent.backends import python_ipc as ipc
 
 _PR_SET_PDEATHSIG = 1
@@ -94,15 +94,21 @@ def main(argv: list[str]) -> int:
     model = _load(wire, init)
     if model is None:
         return 1
+    # Decoupled models answer through response senders; a reader thread sees cancellations.
+    decoupled = _decoupled_runtime(wire, mailbox, init)
+    receive = decoupled.receive if decoupled is not None else mailbox.receive
     while True:
         try:
-            message = mailbox.receive()
-        except EOFError:
+            message = receive()
+        except (EOFError, OSError, ipc.WireError):
             return 0  # the agent closed the pipe: no finalize, nothing to answer
         if message.kind == ipc.EXECUTE:
             bls.begin()
             try:
-                answer = _execute(model, message)
+                if decoupled is not None:
+                    answer = decoupled.execute(model, message)
+                else:
+                    answer = _execute(model, message)
             finally:
                 bls.end()
             wire.send(answer)
@@ -112,6 +118,24 @@ def main(argv: list[str]) -> int:
             return 0
         else:
             wire.send(_error(f"unexpected message {message.kind!r}"))
+
+
+def _decoupled_runtime(
+    wire: _Wire, mailbox: python_bls.Mailbox, init: ipc.Message
+) -> python_decoupled.DecoupledRuntime | None:
+    args = dict(init.meta.get("args", {}))
+    try:
+        config = json.loads(str(args.get("model_config", "{}")))
+    except ValueError:
+        return None
+    if not isinstance(config, dict) or not pb_utils.using_decoupled_model_transaction_policy(
+        config
+    ):
+        return None
+    name = str(args.get("model_name", ""))
+    return python_decoupled.DecoupledRuntime(
+        wire.send, mailbox, name, _response_tensors, _run_coroutine
+    )
 
 
 def _die_with_parent(parent_pid: int) -> None:
