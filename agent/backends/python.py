@@ -53,7 +53,6 @@ from typing import NoReturn
 import numpy as np
 
 from agent.backends import python_ipc as ipc
-from agent.backends.base import ResponseSink
 from agent.backends.custom_metrics import CustomMetricStore
 from agent.backends.python_bls import BlsCalls, BlsSubmit
 from agent.backends.python_config import (
@@ -63,7 +62,7 @@ from agent.backends.python_config import (
     timeouts_from_config,
 )
 from agent.backends.python_process import Launcher, Worker, kill_worker, reap_worker
-from agent.backends.python_stream import DecoupledChannel
+from agent.backends.python_stream import DecoupledChannel, DecoupledRequest
 from agent.errors import (
     AgentError,
     BackendError,
@@ -78,8 +77,6 @@ from agent.tensors import datatypes
 from agent.tensors.datatypes import ModelTensor
 
 logger = logging.getLogger(__name__)
-
-_DECOUPLED_BLS = "BLS requests from a decoupled model are not supported by this agent yet"
 
 # pb_utils.Logger levels → the agent's log levels (Triton's VERBOSE is our DEBUG).
 _LOG_LEVELS = {
@@ -217,9 +214,7 @@ class PythonBackend:
         finally:
             self._idle.put(worker)
 
-    def run_decoupled(
-        self, requests: Sequence[tuple[Mapping[str, np.ndarray], Sequence[str], ResponseSink]]
-    ) -> None:
+    def run_decoupled(self, requests: Sequence[DecoupledRequest]) -> None:
         """Run the requests of one batch in ONE `execute` call of a decoupled model; returns
         when `execute` returned (the instance is free again). Each request's responses go to its
         sink as the model sends them, until its final flag, also after this returned; every
@@ -239,33 +234,12 @@ class PythonBackend:
     def _run_decoupled_on(
         self,
         worker: Worker,
-        requests: Sequence[tuple[Mapping[str, np.ndarray], Sequence[str], ResponseSink]],
+        requests: Sequence[DecoupledRequest],
     ) -> None:
         channel = self._channels[worker.index]
         ids = [next(self._request_ids) for _ in requests]
-        described = []
-        for request_id, (feeds, names, sink) in zip(ids, requests, strict=True):
-            channel.open(request_id, sink, names)
-            described.append({"id": request_id, "outputs": list(names), "inputs": len(feeds)})
-        tensors = [item for feeds, _, _ in requests for item in feeds.items()]
         try:
-            channel.send(ipc.Message(ipc.EXECUTE, {"requests": described}, tensors))
-            for request_id, (_, _, sink) in zip(ids, requests, strict=True):
-                channel.watch_cancel(request_id, sink)
-            # A model streaming from inside `execute` is alive while responses come.
-            waited_from = time.monotonic()
-            while True:
-                try:
-                    reply = channel.receive(waited_from + self.timeouts.execute_s)
-                except TimeoutError:
-                    if channel.last_activity <= waited_from:
-                        raise
-                    waited_from = channel.last_activity
-                    continue
-                if reply.kind != ipc.BLS:
-                    break
-                meta = {"id": reply.meta.get("id"), "error": _DECOUPLED_BLS}
-                channel.send(ipc.Message(ipc.BLS_RESULT, meta))
+            reply = channel.execute(list(zip(ids, requests, strict=True)), self.timeouts.execute_s)
         except TimeoutError:
             kill_worker(worker)
             self._fail(

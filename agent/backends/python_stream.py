@@ -21,7 +21,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
@@ -32,6 +32,11 @@ from agent.backends.base import ResponseSink
 from agent.errors import AgentError, BackendError, ModelInstanceFailedError
 
 logger = logging.getLogger(__name__)
+
+# One request of a decoupled model: its inputs, the outputs it asks for, where responses go.
+DecoupledRequest = tuple[Mapping[str, np.ndarray], Sequence[str], ResponseSink]
+
+_NO_BLS = "BLS requests from a decoupled model are not supported by this agent yet"
 
 # The requested outputs of a response, checked (dtype, shape); raises BackendError.
 OutputCheck = Callable[[Sequence[str], dict[str, np.ndarray]], list[np.ndarray]]
@@ -87,6 +92,41 @@ class DecoupledChannel:
             self._inbox.put(item)  # every later receive fails the same way
             raise item
         return item
+
+    def execute(
+        self,
+        requests: Sequence[tuple[int, DecoupledRequest]],
+        execute_s: float,
+    ) -> ipc.Message:
+        """Send one EXECUTE with these (id, request) and wait until `execute` returned: its
+        RESULT or ERROR. The wait restarts with every message from the worker (a model that
+        streams from inside `execute` is alive); BLS requests are answered with an error.
+
+        Raises:
+            TimeoutError: nothing from the worker for `execute_s`.
+            EOFError, OSError, ipc.WireError: the pipe failed.
+        """
+        described = []
+        for request_id, (feeds, names, sink) in requests:
+            self.open(request_id, sink, names)
+            described.append({"id": request_id, "outputs": list(names), "inputs": len(feeds)})
+        tensors = [item for _, (feeds, _, _) in requests for item in feeds.items()]
+        self.send(ipc.Message(ipc.EXECUTE, {"requests": described}, tensors))
+        for request_id, (_, _, sink) in requests:
+            self.watch_cancel(request_id, sink)
+        waited_from = time.monotonic()
+        while True:
+            try:
+                reply = self.receive(waited_from + execute_s)
+            except TimeoutError:
+                if self.last_activity <= waited_from:
+                    raise
+                waited_from = self.last_activity
+                continue
+            if reply.kind != ipc.BLS:
+                return reply
+            meta = {"id": reply.meta.get("id"), "error": _NO_BLS}
+            self.send(ipc.Message(ipc.BLS_RESULT, meta))
 
     def open(self, request_id: int, sink: ResponseSink, outputs: Sequence[str]) -> None:
         """Route the responses of `request_id` to `sink` until its final flag."""

@@ -133,7 +133,7 @@ def test_zero_responses_then_the_empty_final_response(url: str) -> None:
 
 
 def test_an_error_mid_stream_and_the_stream_goes_on(url: str) -> None:
-    got = (collect(url, [request(4, "err", error_at=2)]))["err"]
+    got = collect(url, [request(4, "err", error_at=2)])["err"]
     assert got[:2] == [(0, False), (1, False)]
     assert "response 2 failed" in str(got[2][0])
     assert got[3:] == [(3, False), (None, True)]
@@ -205,10 +205,13 @@ def test_unary_infer_is_refused_with_triton_s_message(url: str) -> None:
 def test_statistics_count_requests_and_responses(url: str) -> None:
     client = grpcclient.InferenceServerClient(url)
     before = client.get_inference_statistics(MODEL, as_json=True)["model_stats"][0]
-    (collect(url, [request(3, "stats")]))
+    collect(url, [request(3, "stats")])
     after = client.get_inference_statistics(MODEL, as_json=True)["model_stats"][0]
-    success = lambda s: int(s["inference_stats"]["success"].get("count", 0))  # noqa: E731
-    assert success(after) == success(before) + 1
+    assert _successes(after) == _successes(before) + 1
     responses = after["response_stats"]
     assert int(responses["0"]["success"]["count"]) >= 1
     assert int(responses["3"]["empty_response"]["count"]) >= 1
+
+
+def _successes(stats: dict[str, Any]) -> int:
+    return int(stats["inference_stats"]["success"].get("count", 0))
