@@ -170,13 +170,17 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 out.put_nowait(message)
 
         async def read() -> None:
-            async for request in request_iterator:
-                task = asyncio.ensure_future(serve(request))
-                running.add(task)
-                task.add_done_callback(running.discard)
-            while running:  # the client half-closed: finish what it asked for
-                await asyncio.wait(set(running))
-            out.put_nowait(None)
+            try:
+                # Tasks start in arrival order and reach their model's queue without waiting,
+                # so requests that share a queue keep the stream's order.
+                async for request in request_iterator:
+                    task = asyncio.ensure_future(serve(request))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                while running:  # the client half-closed: finish what it asked for
+                    await asyncio.wait(set(running))
+            finally:
+                out.put_nowait(None)
 
         reader = asyncio.ensure_future(read())
         try:

@@ -283,6 +283,8 @@ class PythonBackend:
             if self._closed:
                 return
             self._closed = True
+        for open_channel in self._channels.values():
+            open_channel.closing = True
         asked = []
         for worker in self._workers:
             if worker.ready and worker.process.poll() is None:
@@ -306,13 +308,18 @@ class PythonBackend:
                     extra={"model": self.name, "version": self.version},
                 )
         for worker in self._workers:
-            worker.conn.close()
+            channel = self._channels.get(worker.index)
+            if channel is None:
+                worker.conn.close()
             if self._custom_metrics is not None:  # its series go with it, as in Triton
                 self._custom_metrics.release(self._metrics_source(worker))
             if worker.index in finalized:
                 reap_worker(worker)  # it exits by itself after FINALIZED; SIGKILL if it lingers
             else:
                 kill_worker(worker)  # not initialized, stuck in finalize, or already gone
+            if channel is not None:  # its reader thread sees EOF now; then the pipe closes
+                channel.join()
+                worker.conn.close()
         self._launcher.stop()
 
     def _auto_complete(self, config: mc.ModelConfig) -> mc.ModelConfig:

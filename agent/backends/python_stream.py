@@ -29,7 +29,7 @@ import numpy as np
 
 from agent.backends import python_ipc as ipc
 from agent.backends.base import ResponseSink
-from agent.errors import AgentError, BackendError, ModelInstanceFailedError
+from agent.errors import AgentError, BackendError, ModelInstanceFailedError, ModelNotReadyError
 
 logger = logging.getLogger(__name__)
 
@@ -68,8 +68,13 @@ class DecoupledChannel:
         self._open: dict[int, _Open] = {}
         self._inbox: queue.SimpleQueue[ipc.Message | BaseException] = queue.SimpleQueue()
         self.last_activity = time.monotonic()  # any message: the worker is alive
+        self.closing = False  # set by the backend before it finalizes: EOF is expected
         self._thread = threading.Thread(target=self._pump, name=f"pipe-{label}", daemon=True)
         self._thread.start()
+
+    def join(self, timeout_s: float = 5.0) -> None:
+        """Wait for the reader thread to end (the worker is gone: EOF), bounded."""
+        self._thread.join(timeout_s)
 
     def send(self, message: ipc.Message) -> None:
         """Send to the worker. Raises OSError when it is gone."""
@@ -158,7 +163,10 @@ class DecoupledChannel:
                 message = ipc.receive(self._conn)
             except (EOFError, OSError, ipc.WireError) as exc:
                 self._inbox.put(exc)
-                self.fail_all(ModelInstanceFailedError(self._exit_reason()))
+                if self.closing:
+                    self.fail_all(ModelNotReadyError("the model was unloaded"))
+                else:
+                    self.fail_all(ModelInstanceFailedError(self._exit_reason()))
                 return
             self.last_activity = time.monotonic()
             if message.kind == ipc.RESPONSE:
