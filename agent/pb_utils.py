@@ -37,6 +37,7 @@ import os
 import sys
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import Future
 from typing import Any, ClassVar
 
 import numpy as np
@@ -50,13 +51,26 @@ class ModelError(Exception):
     Put it in `InferenceResponse(error=...)`, or raise it from `execute`.
     """
 
+    # Triton's error codes (`pb_utils.TritonError.CANCELLED` ...); the default is INTERNAL.
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+    UNSUPPORTED = 5
+    ALREADY_EXISTS = 6
+    CANCELLED = 7
+
     def __init__(self, message: str, code: int | None = None) -> None:
         super().__init__(message)
         self._message = message
-        self.code = code
+        self._code = self.INTERNAL if code is None else int(code)
 
     def message(self) -> str:
         return self._message
+
+    def code(self) -> int:
+        return self._code
 
 
 TritonError = ModelError
@@ -225,6 +239,21 @@ class InferenceResponseSender:
             return self._closed
 
 
+class InferenceTrace:
+    """A request's trace, as `request.trace()` returns it inside `execute`.
+
+    Pass it to a BLS request (`InferenceRequest(..., trace=request.trace())`) to have that
+    request traced as a child of this one when this one is traced (Triton's tracing for BLS).
+    """
+
+    def __init__(self, index: int | None = None) -> None:
+        self.index = index  # which request of the execute call; None: not traced
+
+    def get_context(self, mode: str = "opentelemetry") -> str | None:
+        """The OpenTelemetry context Triton would hand over; this agent keeps it agent-side."""
+        return None
+
+
 class InferenceRequest:
     """A request: as `execute` receives it, or built by the model for BLS and run with `exec`.
 
@@ -269,7 +298,9 @@ class InferenceRequest:
         if int(timeout) < 0:
             raise TritonModelException("timeout must be a non-negative number of microseconds")
         self._timeout = int(timeout)
+        self._cancelled = False
         self._parameters = dict(parameters or {})
+        self._trace = trace if isinstance(trace, InferenceTrace) else InferenceTrace()
         for key, value in self._parameters.items():
             if not isinstance(key, str):
                 raise TritonModelException(
@@ -298,11 +329,6 @@ class InferenceRequest:
             )
         return sender
 
-    def is_cancelled(self) -> bool:
-        """Whether the client cancelled this request (disconnected, or cancelled its stream)."""
-        sender: InferenceResponseSender | None = getattr(self, "_sender", None)
-        return sender is not None and sender.is_cancelled()
-
     def set_response_sender(self, sender: InferenceResponseSender) -> None:
         """Attach the sender (the worker does this for decoupled models; not Triton's API)."""
         self._sender = sender
@@ -312,6 +338,10 @@ class InferenceRequest:
 
     def request_id(self) -> str:
         return self._id
+
+    def trace(self) -> InferenceTrace:
+        """This request's trace: pass it as `trace=` to a BLS request to trace that as a child."""
+        return self._trace
 
     def model_name(self) -> str:
         return self._model_name
@@ -332,27 +362,48 @@ class InferenceRequest:
         """The parameters as a JSON string (as Triton returns them)."""
         return json.dumps(self._parameters)
 
+    def is_cancelled(self) -> bool:
+        """Whether the request was cancelled: its client went away, or the BLS call that made
+        it was cancelled (as Triton's; a model may stop early and answer an error response)."""
+        return self._cancelled
+
+    def set_cancelled(self) -> None:
+        """Mark the request cancelled (the worker does, when the agent says so)."""
+        self._cancelled = True
+
     def exec(self, decoupled: bool = False) -> InferenceResponse:
         """Run this request on `model_name` and wait for its response (BLS).
 
         Raises:
             TritonModelException: called outside `execute`, or with `decoupled=True`.
         """
+        return self._submit(decoupled).result()
+
+    def async_exec(self, decoupled: bool = False) -> Awaitable[InferenceResponse]:
+        """Run this request on `model_name`: `await request.async_exec()` (BLS).
+
+        Cancelling the awaiting task (`task.cancel()`, `asyncio.wait_for` timing out) cancels
+        the child request in the agent too. Must be called from the running event loop of an
+        `async def execute`.
+
+        Raises:
+            TritonModelException: called outside `execute`, or with `decoupled=True`.
+        """
+        import asyncio  # noqa: PLC0415 - only models with async execute need it
+
+        return asyncio.wrap_future(self._submit(decoupled))
+
+    def _submit(self, decoupled: bool) -> Future[InferenceResponse]:
         if decoupled:
             raise TritonModelException("BLS with decoupled=True is not supported by this agent")
         if _bls_runner is None:
             raise TritonModelException("BLS is only supported during the 'execute' function.")
         return _bls_runner(self)
 
-    def async_exec(self, decoupled: bool = False) -> Awaitable[InferenceResponse]:
-        """`exec` in the running event loop's executor: `await request.async_exec()` (BLS)."""
-        import asyncio  # noqa: PLC0415 - only models with async execute need it
 
-        return asyncio.get_running_loop().run_in_executor(None, self.exec, decoupled)
-
-
-# Runs a BLS request: set by the worker while `execute` runs, None otherwise.
-BlsRunner = Callable[[InferenceRequest], "InferenceResponse"]
+# Starts a BLS request, its response to come in the future: set by the worker while `execute`
+# runs, None otherwise.
+BlsRunner = Callable[[InferenceRequest], "Future[InferenceResponse]"]
 _bls_runner: BlsRunner | None = None
 
 
@@ -559,9 +610,13 @@ class ModelConfig:
         self._model_config[kind].append(dict(tensor))
 
 
-# Custom metrics (Triton's MetricFamily / Metric) live in their own module, which needs the
-# exceptions above: imported last on purpose.
+# Custom metrics (Triton's MetricFamily / Metric) and Triton's BYTES and type-code helpers live
+# in their own modules; pb_metrics needs the exceptions above: imported last on purpose.
 # (`X as X`: re-exported names, for type checkers.)
+from agent.pb_convert import deserialize_bytes_tensor as deserialize_bytes_tensor  # noqa: E402, PLC0414
+from agent.pb_convert import numpy_to_triton_type as numpy_to_triton_type  # noqa: E402, PLC0414
+from agent.pb_convert import serialize_byte_tensor as serialize_byte_tensor  # noqa: E402, PLC0414
+from agent.pb_convert import triton_to_numpy_type as triton_to_numpy_type  # noqa: E402, PLC0414
 from agent.pb_metrics import Metric as Metric  # noqa: E402, PLC0414
 from agent.pb_metrics import MetricFamily as MetricFamily  # noqa: E402, PLC0414
 from agent.pb_metrics import MetricKind as MetricKind  # noqa: E402, PLC0414

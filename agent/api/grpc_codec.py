@@ -17,6 +17,7 @@ import numpy as np
 from agent.errors import InvalidInputError
 from agent.proto import grpc_service_pb2 as pb
 from agent.tensors import datatypes
+from agent.tensors.limits import TensorLimits, check_declared
 from agent.tensors.request import (
     InferInput,
     InferRequest,
@@ -45,12 +46,15 @@ _CONTENTS_FIELD = {
 }
 
 
-def decode_infer_request(request: pb.ModelInferRequest) -> InferRequest:
+def decode_infer_request(
+    request: pb.ModelInferRequest, *, limits: TensorLimits | None = None
+) -> InferRequest:
     """Turn a ModelInferRequest into the agent's request type.
 
     Raises:
         InvalidInputError: unknown datatype, negative dims, raw buffers that do not match the
             inputs, typed contents of the wrong kind or count.
+        PayloadTooLargeError: an input's declared shape is over `limits` (None: no limit).
     """
     raw = request.raw_input_contents
     refs = [
@@ -74,6 +78,8 @@ def decode_infer_request(request: pb.ModelInferRequest) -> InferRequest:
         if any(d < 0 for d in tensor.shape):
             raise InvalidInputError(f"input '{tensor.name}' has a negative dimension")
         shape = tuple(int(d) for d in tensor.shape)
+        if limits is not None:  # resource limits: before the tensor is split, copied or mapped
+            check_declared(tensor.name, tensor.datatype, shape, limits)
         if ref is not None:
             if tensor.HasField("contents"):
                 raise InvalidInputError(

@@ -20,6 +20,7 @@ import grpc
 from google.protobuf import json_format
 
 from agent.api import grpc_codec
+from agent.api.http_limits import ClientTimeoutError, ConnectionLimits
 from agent.errors import (
     AgentError,
     BackendError,
@@ -44,6 +45,7 @@ from agent.errors import (
 from agent.proto import grpc_service_pb2 as pb
 from agent.proto import grpc_service_pb2_grpc as pb_grpc
 from agent.serving.dataplane import DataPlane
+from agent.tensors.limits import TensorLimits
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +56,7 @@ STATUS_FOR_ERROR: dict[type[AgentError], grpc.StatusCode] = {
     ModelNotFoundError: grpc.StatusCode.NOT_FOUND,
     SharedMemoryNotFoundError: grpc.StatusCode.NOT_FOUND,
     ConflictError: grpc.StatusCode.ALREADY_EXISTS,
+    ClientTimeoutError: grpc.StatusCode.DEADLINE_EXCEEDED,
     PayloadTooLargeError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ModelNotReadyError: grpc.StatusCode.UNAVAILABLE,
     OverloadedError: grpc.StatusCode.UNAVAILABLE,
@@ -108,8 +111,9 @@ def _mapped(
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     """The gRPC servicer over the shared data plane."""
 
-    def __init__(self, dataplane: DataPlane) -> None:
+    def __init__(self, dataplane: DataPlane, limits: TensorLimits | None = None) -> None:
         self._dp = dataplane
+        self._limits = limits
 
     @_mapped
     async def ServerLive(self, request: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
@@ -199,7 +203,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         empty_final = _bool_parameter(request, "triton_enable_empty_final_response")
         version = request.model_version or None
         try:
-            infer_request = grpc_codec.decode_infer_request(request)
+            infer_request = grpc_codec.decode_infer_request(request, limits=self._limits)
             async for item in self._dp.infer_stream(request.model_name, version, infer_request):
                 if item.error is not None:
                     yield pb.ModelStreamInferResponse(error_message=item.error.message)
@@ -326,7 +330,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
         if self._dp.tracer.active:
             return await self._infer_traced(request)
-        infer_request = grpc_codec.decode_infer_request(request)
+        infer_request = grpc_codec.decode_infer_request(request, limits=self._limits)
         response = await self._dp.infer(
             request.model_name, request.model_version or None, infer_request, refusal=_REFUSAL
         )
@@ -336,7 +340,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         """`_infer` with Triton's gRPC timestamps when the request is sampled for tracing."""
         read = time.perf_counter_ns()
         trace = self._dp.tracer.start(request.model_name, request.id)
-        infer_request = grpc_codec.decode_infer_request(request)
+        infer_request = grpc_codec.decode_infer_request(request, limits=self._limits)
         version = request.model_version or None
         if trace is None:
             response = await self._dp.infer(
@@ -370,7 +374,13 @@ def _bool_parameter(request: pb.ModelInferRequest, key: str) -> bool:
 
 
 async def start_grpc_server(
-    dataplane: DataPlane, host: str, port: int, *, max_message_bytes: int
+    dataplane: DataPlane,
+    host: str,
+    port: int,
+    *,
+    max_message_bytes: int,
+    tensor_limits: TensorLimits | None = None,
+    connection_limits: ConnectionLimits | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """Start the gRPC server; returns it and the bound port (useful with port 0).
 
@@ -379,12 +389,14 @@ async def start_grpc_server(
     """
     server = grpc.aio.server(
         options=[
+            # A message over the limit is refused (RESOURCE_EXHAUSTED) from its length prefix.
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
+            *_connection_options(connection_limits or ConnectionLimits()),
         ]
     )
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(  # type: ignore[no-untyped-call]
-        InferenceService(dataplane), server
+        InferenceService(dataplane, tensor_limits), server
     )
     try:
         bound = server.add_insecure_port(f"{host}:{port}")
@@ -394,3 +406,15 @@ async def start_grpc_server(
         raise OSError(errno.EADDRINUSE, f"cannot bind gRPC on {host}:{port}")
     await server.start()
     return server, bound
+
+
+def _connection_options(limits: ConnectionLimits) -> list[tuple[str, int]]:
+    """grpc core's counterparts of the HTTP connection limits."""
+    return [
+        # Connections over the cap are closed as they are accepted.
+        ("grpc.max_allowed_incoming_connections", limits.max_connections),
+        # A client that does not finish the HTTP/2 handshake (preface, SETTINGS) in time: cut.
+        ("grpc.server_handshake_timeout_ms", int(limits.header_timeout_s * 1000)),
+        # A connection without RPCs for this long gets GOAWAY (then closes).
+        ("grpc.max_connection_idle_ms", int(limits.idle_timeout_s * 1000)),
+    ]

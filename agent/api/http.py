@@ -19,6 +19,7 @@ from aiohttp.typedefs import Middleware
 
 from agent.api.http_codec import HEADER_LENGTH, decode_infer_request, encode_infer_response
 from agent.api.http_generate import REFUSAL, generate_routes
+from agent.api.http_limits import ClientTimeoutError, body_middleware, must_close
 from agent.canary.control import policy_from_request
 from agent.errors import (
     AgentError,
@@ -42,10 +43,12 @@ from agent.errors import (
     lookup,
 )
 from agent.serving.dataplane import DataPlane
+from agent.tensors.limits import DEFAULT_MAX_BYTES_ELEMENTS, TensorLimits
 
 logger = logging.getLogger(__name__)
 
 DATAPLANE = web.AppKey("dataplane", DataPlane)
+TENSOR_LIMITS = web.AppKey("tensor_limits", TensorLimits)
 
 
 # The one place where error types become HTTP status codes (every type listed: a test checks).
@@ -56,6 +59,7 @@ STATUS_FOR_ERROR: dict[type[AgentError], int] = {
     ModelNotFoundError: 404,
     SharedMemoryNotFoundError: 404,
     ConflictError: 409,
+    ClientTimeoutError: 408,
     PayloadTooLargeError: 413,
     BackendError: 500,
     ModelInstanceFailedError: 500,
@@ -90,9 +94,15 @@ def error_middleware(max_request_bytes: int) -> Middleware:
         try:
             return await handler(request)
         except AgentError as exc:
-            return error_response(status_for(exc), exc.message)
+            answer = error_response(status_for(exc), exc.message)
+            if must_close(exc):  # the rest of the body is never read
+                answer.force_close()
+            return answer
         except web.HTTPRequestEntityTooLarge:
-            return error_response(413, f"request body over the limit of {max_request_bytes} bytes")
+            message = f"request body over the limit of {max_request_bytes} bytes"
+            answer = error_response(413, message)
+            answer.force_close()
+            return answer
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
@@ -104,12 +114,23 @@ def error_middleware(max_request_bytes: int) -> Middleware:
     return middleware
 
 
-def create_app(dataplane: DataPlane, *, max_request_bytes: int) -> web.Application:
-    """Build the HTTP application around a data plane."""
+def create_app(
+    dataplane: DataPlane,
+    *,
+    max_request_bytes: int,
+    max_bytes_elements: int = DEFAULT_MAX_BYTES_ELEMENTS,
+    body_timeout_s: float = 60.0,
+) -> web.Application:
+    """Build the HTTP application around a data plane (limits: `agent.api.http_limits`)."""
     app = web.Application(
-        middlewares=[error_middleware(max_request_bytes)], client_max_size=max_request_bytes
+        middlewares=[
+            error_middleware(max_request_bytes),
+            body_middleware(max_request_bytes, body_timeout_s),
+        ],
+        client_max_size=max_request_bytes,
     )
     app[DATAPLANE] = dataplane
+    app[TENSOR_LIMITS] = TensorLimits(max_request_bytes, max_bytes_elements)
     model = "/v2/models/{model}"
     version = "/v2/models/{model}/versions/{version}"
     app.add_routes(
@@ -353,7 +374,7 @@ async def _infer(request: web.Request) -> web.Response:
         return await _infer_traced(request)
     header_length = _header_length(request)
     body = await request.read()
-    infer_request = decode_infer_request(body, header_length)
+    infer_request = decode_infer_request(body, header_length, limits=request.app[TENSOR_LIMITS])
     response = await _dataplane(request).infer(*_target(request), infer_request, refusal=REFUSAL)
     return _infer_response(*encode_infer_response(response, infer_request))
 
@@ -364,7 +385,7 @@ async def _infer_traced(request: web.Request) -> web.Response:
     received = time.perf_counter_ns()
     header_length = _header_length(request)
     body = await request.read()
-    infer_request = decode_infer_request(body, header_length)
+    infer_request = decode_infer_request(body, header_length, limits=request.app[TENSOR_LIMITS])
     trace = dataplane.tracer.start(request.match_info["model"], infer_request.id or "")
     if trace is None:
         response = await dataplane.infer(*_target(request), infer_request, refusal=REFUSAL)

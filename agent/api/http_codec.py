@@ -19,6 +19,7 @@ import numpy as np
 
 from agent.errors import InvalidInputError
 from agent.tensors import datatypes
+from agent.tensors.limits import TensorLimits, check_declared
 from agent.tensors.request import (
     InferInput,
     InferRequest,
@@ -43,16 +44,20 @@ _PLAN_HEADER_MAX = 4096
 _PLAN_CACHE_SIZE = 64
 
 
-def decode_infer_request(body: bytes, header_length: int | None = None) -> InferRequest:
+def decode_infer_request(
+    body: bytes, header_length: int | None = None, *, limits: TensorLimits | None = None
+) -> InferRequest:
     """Decode a KServe v2 infer request body.
 
     Args:
         body: the whole HTTP body.
         header_length: value of the Inference-Header-Content-Length header, when present.
+        limits: what each input may declare (checked before its data is decoded); None: no limit.
 
     Raises:
         InvalidInputError: malformed JSON, bad tensor description or data, or binary lengths that
             do not add up to the body.
+        PayloadTooLargeError: an input's declared shape is over `limits`.
     """
     if header_length is None:
         header, binary = body, memoryview(b"")
@@ -67,7 +72,7 @@ def decode_infer_request(body: bytes, header_length: int | None = None) -> Infer
         if len(header) <= _PLAN_HEADER_MAX:
             plan = _cached_plan(bytes(header))
             if plan is not None:
-                return _decode_planned(plan, binary)
+                return _decode_planned(plan, binary, limits)
     doc = _load_json_object(header)
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
@@ -75,7 +80,7 @@ def decode_infer_request(body: bytes, header_length: int | None = None) -> Infer
     offset = 0
     inputs: list[InferInput] = []
     for raw in raw_inputs:
-        tensor, used = _decode_input(raw, binary, offset)
+        tensor, used = _decode_input(raw, binary, offset, limits)
         offset += used
         inputs.append(tensor)
     if offset != len(binary):
@@ -150,11 +155,15 @@ def _cached_plan(header: bytes) -> _RequestPlan | None:
     return _RequestPlan(tuple(inputs), request_id, outputs, binary_output, MappingProxyType(params))
 
 
-def _decode_planned(plan: _RequestPlan, binary: memoryview) -> InferRequest:
+def _decode_planned(
+    plan: _RequestPlan, binary: memoryview, limits: TensorLimits | None
+) -> InferRequest:
     """The tensors of a planned request; checks and messages as `_decode_input`'s binary case."""
     offset = 0
     inputs: list[InferInput] = []
     for spec in plan.inputs:
+        if limits is not None:  # resource limits: before the tensor is split or copied
+            check_declared(spec.name, spec.datatype, spec.shape, limits)
         end = offset + spec.size
         if end > len(binary):
             raise InvalidInputError(
@@ -299,8 +308,12 @@ def _input_header(raw: object) -> tuple[str, str, tuple[int, ...], dict[str, Any
     return name, datatype, tuple(shape_raw), _parameters(raw, f"input '{name}'")
 
 
-def _decode_input(raw: object, binary: memoryview, offset: int) -> tuple[InferInput, int]:
+def _decode_input(
+    raw: object, binary: memoryview, offset: int, limits: TensorLimits | None
+) -> tuple[InferInput, int]:
     name, datatype, shape, params = _input_header(raw)
+    if limits is not None:  # resource limits: before the tensor is split, copied or mapped
+        check_declared(name, datatype, shape, limits)
     assert isinstance(raw, dict)  # _input_header checked it
     shm = shared_memory_ref(params, f"input '{name}'")
     if shm is not None:

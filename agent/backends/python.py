@@ -20,6 +20,10 @@ a socketpair as raw buffers (`agent.backends.python_ipc` says why not shared mem
 BLS: while it waits for an `execute` answer, the backend runs the model's BLS requests through
 the `bls` callable it was given (the data plane, `agent.backends.python_bls`).
 
+Cancellation: `run_requests` takes one `CancelSignal` per request from the scheduler; a request
+cancelled while `execute` runs is marked in the worker (`request.is_cancelled()`), and once all
+are, the execute's BLS calls are cancelled (`python_bls` says when else they are).
+
 Isolation:
 
 * `execute` raises, or returns a response with an error: that request fails with BackendError
@@ -53,6 +57,7 @@ from typing import NoReturn
 import numpy as np
 
 from agent.backends import python_ipc as ipc
+from agent.backends.cancellation import CancelSignal
 from agent.backends.custom_metrics import CustomMetricStore
 from agent.backends.python_bls import BlsCalls, BlsSubmit
 from agent.backends.python_config import (
@@ -87,6 +92,10 @@ _LOG_LEVELS = {
 }
 
 
+# args["model_instance_kind"] as Triton passes it (KIND_AUTO is resolved before this).
+_INSTANCE_KINDS = {mc.ModelInstanceGroup.KIND_GPU: "GPU", mc.ModelInstanceGroup.KIND_MODEL: "MODEL"}
+
+
 class PythonBackend:
     """A Python model version: its worker processes and the config's tensors."""
 
@@ -119,6 +128,7 @@ class PythonBackend:
                 f"python model '{self.name}' version {self.version}: {self.model_file} not found"
             )
         self._bls = bls
+        self._executes = itertools.count()  # sequence numbers of EXECUTE, which CANCEL names
         self._failure: str | None = None
         self._custom_metrics = custom_metrics
         self._lock = threading.Lock()
@@ -195,11 +205,21 @@ class PythonBackend:
         return answer
 
     def run_requests(
-        self, requests: Sequence[tuple[Mapping[str, np.ndarray], Sequence[str]]]
+        self,
+        requests: Sequence[tuple[Mapping[str, np.ndarray], Sequence[str]]],
+        cancelled: Sequence[CancelSignal] = (),
+        *,
+        traces: Sequence[object | None] = (),
     ) -> list[list[np.ndarray] | AgentError]:
         """Run the requests of one dynamic batch in ONE `execute` call, each its own
         `InferenceRequest` (Triton's Python backend semantics); the scheduler calls this instead
         of merging them. Each answer is that request's outputs, or its error (BackendError).
+        `traces`: each request's trace (None: untraced), the parent of the BLS requests that
+        `execute` makes with `trace=request.trace()`.
+
+        `cancelled` holds one signal per request (or none): a request cancelled while `execute`
+        runs reads `is_cancelled()` True in the model; once all are, the execute's BLS calls
+        are cancelled too.
 
         Raises:
             BackendError: `execute` raised or returned a wrong number of responses (every
@@ -210,7 +230,7 @@ class PythonBackend:
             raise ModelInstanceFailedError(self._failure)
         worker = self._idle.get()
         try:
-            return self._run_on(worker, requests)
+            return self._run_on(worker, requests, cancelled, traces)
         finally:
             self._idle.put(worker)
 
@@ -375,16 +395,29 @@ class PythonBackend:
         if channel is not None:  # its reader thread has the pipe
             return channel.receive(deadline)
         while True:
-            message = ipc.receive(worker.conn, deadline)
-            if not self._side_message(worker, message):
+            message = self._receive_one(worker, deadline)
+            if message is not None:
                 return message
 
+    def _receive_one(self, worker: Worker, deadline: float | None) -> ipc.Message | None:
+        """The worker's next message; None when it was a log line, metrics or a metric query
+        (handled here).
+
+        Raises:
+            TimeoutError, EOFError, OSError, ipc.WireError: as `ipc.receive`.
+        """
+        message = ipc.receive(worker.conn, deadline)
+        return None if self._side_message(worker, message) else message
+
     def _side_message(self, worker: Worker, message: ipc.Message) -> bool:
-        """Handle a LOG or METRICS message (True); any other is for the caller (False)."""
+        """Handle a LOG, METRICS or METRIC_VALUE message (True); any other is for the caller."""
         if message.kind == ipc.METRICS:
             self._apply_metrics(worker, message)
-            return True
-        if message.kind == ipc.LOG:
+        elif message.kind == ipc.METRIC_VALUE:
+            self._answer_metric_value(worker, message)
+        elif message.kind != ipc.LOG:
+            return False
+        else:
             meta = message.meta
             logger.log(
                 _LOG_LEVELS.get(str(meta.get("level")), logging.INFO),
@@ -396,8 +429,7 @@ class PythonBackend:
                 meta.get("message", ""),
                 extra={"model": self.name, "version": self.version},
             )
-            return True
-        return False
+        return True
 
     def _metrics_source(self, worker: Worker) -> str:
         return f"{self.name}/{self.version}/{worker.name}/{worker.process.pid}"
@@ -415,6 +447,16 @@ class PythonBackend:
                 extra={"model": self.name, "version": self.version},
             )
 
+    def _answer_metric_value(self, worker: Worker, message: ipc.Message) -> None:
+        """`Metric.value()` in a worker: the total of every instance, from the agent's store."""
+        meta = message.meta
+        value = None
+        labels = meta.get("labels")
+        if self._custom_metrics is not None and isinstance(labels, dict):
+            value = self._custom_metrics.value(str(meta.get("family", "")), labels)
+        reply = {"id": meta.get("id"), "value": value}
+        self._send(worker, ipc.Message(ipc.METRIC_VALUE_RESULT, reply))
+
     def _start_workers(self, config: mc.ModelConfig, model_dir: Path) -> None:
         config_json = json.dumps(config_to_json(config))
         pending = []
@@ -425,7 +467,7 @@ class PythonBackend:
                 device = group.gpus[i % len(group.gpus)] if gpu and group.gpus else 0
                 args = {
                     "model_config": config_json,
-                    "model_instance_kind": "GPU" if gpu else "CPU",
+                    "model_instance_kind": _INSTANCE_KINDS.get(group.kind, "CPU"),
                     "model_instance_name": f"{group.name}_{i}",
                     "model_instance_device_id": str(device),
                     "model_repository": str(model_dir),
@@ -495,27 +537,45 @@ class PythonBackend:
         self,
         worker: Worker,
         requests: Sequence[tuple[Mapping[str, np.ndarray], Sequence[str]]],
+        cancelled: Sequence[CancelSignal],
+        traces: Sequence[object | None] = (),
     ) -> list[list[np.ndarray] | AgentError]:
         if self._failure is not None:
             raise ModelInstanceFailedError(self._failure)
-        described = [{"outputs": list(names), "inputs": len(feeds)} for feeds, names in requests]
+        described: list[dict[str, object]] = [
+            {"outputs": list(names), "inputs": len(feeds)} for feeds, names in requests
+        ]
+        for index, trace in enumerate(traces):
+            if trace is not None:  # the worker's `request.trace()` names it by this index
+                described[index]["trace"] = index
         tensors = [item for feeds, _ in requests for item in feeds.items()]
-        message = ipc.Message(ipc.EXECUTE, {"requests": described}, tensors)
-        calls = BlsCalls(self._bls, worker.conn, self.timeouts.execute_s, self.name)
+        seq = next(self._executes)
+        message = ipc.Message(ipc.EXECUTE, {"requests": described, "seq": seq}, tensors)
+        calls = BlsCalls(self._bls, worker.conn, self.timeouts.execute_s, self.name, traces)
+        calls.watch(seq, cancelled)
         try:
             ipc.send(worker.conn, message)
             # The worker's own time counts: the clock restarts when its BLS calls are answered.
             deadline = time.monotonic() + self.timeouts.execute_s
             while True:
-                if calls.busy:
-                    calls.wait()
+                busy = calls.busy
+                calls.wait(deadline)
+                if busy:
                     deadline = time.monotonic() + self.timeouts.execute_s
-                    if not worker.conn.poll(0):
-                        continue
-                reply = self._receive(worker, deadline)
-                if reply.kind != ipc.BLS:
+                calls.tell_cancelled()
+                if not worker.conn.poll(0):
+                    if not calls.busy and time.monotonic() >= deadline:
+                        raise TimeoutError
+                    continue
+                reply = self._receive_one(worker, deadline)
+                if reply is None:  # a log line: BLS results must keep flowing meanwhile
+                    continue
+                if reply.kind == ipc.BLS:
+                    calls.start(reply)
+                elif reply.kind == ipc.BLS_CANCEL:
+                    calls.drop(reply)
+                else:
                     break
-                calls.start(reply)
         except TimeoutError:
             kill_worker(worker)
             self._fail(
@@ -527,7 +587,7 @@ class PythonBackend:
                 f"python model '{self.name}' instance {worker.index} {self._exit_reason(worker)}"
             )
         finally:
-            calls.cancel()
+            calls.cancel()  # calls still running (abandoned, or the worker died) are cancelled
         if reply.kind == ipc.ERROR:
             raise BackendError(
                 f"python model '{self.name}' execute failed: {reply.meta.get('message', '')}"

@@ -6,9 +6,10 @@ goes to the agent at once as one RESPONSE message. `execute` returns None; when 
 worker answers RESULT, which frees the instance for the next batch while responses may still
 follow (as in Triton).
 
-A reader thread owns the pipe: CANCEL messages (the client went away) mark their request at any
-time, even while `execute` runs a long loop, so `request.is_cancelled()` turns true there;
-every other message goes to the main loop in order.
+The worker's pipe reader (`agent.backends.python_mailbox`) hands CANCEL messages with a request
+id (the client went away) to `cancel` at any time, even while `execute` runs a long loop, so
+`request.is_cancelled()` turns true there; one that arrives before its EXECUTE was unpacked is
+kept until then.
 
 Errors, in Triton's words: `execute` raised, or returned something other than None ("... is
 using the decoupled mode and the execute function must return None."): every request whose
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import queue
 import threading
 import traceback
 from collections.abc import Callable
@@ -27,44 +27,41 @@ from typing import Any
 
 from agent import pb_utils
 from agent.backends import python_ipc as ipc
-from agent.backends.python_bls import Mailbox
 
 # An output response's tensors, or why they cannot be sent (python_worker's checks).
 TensorsOf = Callable[[Any], "list[tuple[str, Any]] | str"]
 
 
 class DecoupledRuntime:
-    """Reads the pipe on its own thread and runs `execute` the decoupled way."""
+    """Runs `execute` the decoupled way and marks cancelled requests."""
 
     def __init__(
         self,
         send: Callable[[ipc.Message], None],
-        mailbox: Mailbox,
         model_name: str,
         tensors_of: TensorsOf,
         run_coroutine: Callable[[Any], Any],
     ) -> None:
         self._send = send
-        self._mailbox = mailbox
         self._name = model_name
         self._tensors_of = tensors_of
         self._run_coroutine = run_coroutine
         self._lock = threading.Lock()
-        self._open: set[int] = set()
-        self._cancelled: set[int] = set()
-        self._inbox: queue.SimpleQueue[ipc.Message | BaseException] = queue.SimpleQueue()
-        threading.Thread(target=self._read, name="pipe-reader", daemon=True).start()
+        self._open: dict[int, pb_utils.InferenceRequest] = {}
+        self._early: set[int] = set()  # cancelled before their EXECUTE was unpacked
+        self._newest = 0  # the highest request id unpacked (ids only grow)
 
-    def receive(self) -> ipc.Message:
-        """The next message for the main loop (CANCEL never comes out here).
-
-        Raises:
-            EOFError, OSError, ipc.WireError: the pipe failed (the agent is gone).
-        """
-        item = self._inbox.get()
-        if isinstance(item, BaseException):
-            raise item
-        return item
+    def cancel(self, message: ipc.Message) -> None:
+        """CANCEL meta {"id"} (reader thread): mark that request cancelled."""
+        request_id = message.meta.get("id")
+        if not isinstance(request_id, int):
+            return
+        with self._lock:
+            request = self._open.get(request_id)
+            if request is not None:
+                request.set_cancelled()
+            elif request_id > self._newest:  # its EXECUTE is still queued
+                self._early.add(request_id)
 
     def execute(self, model: Any, message: ipc.Message) -> ipc.Message:
         """One `execute` call on the message's requests; RESULT once it returned."""
@@ -77,8 +74,14 @@ class DecoupledRuntime:
             offset += count
             request = pb_utils.InferenceRequest(inputs, [str(n) for n in item["outputs"]])
             request_id = int(item["id"])
+            with self._lock:
+                self._open[request_id] = request
+                self._newest = max(self._newest, request_id)
+                if request_id in self._early:
+                    self._early.discard(request_id)
+                    request.set_cancelled()
             sender = pb_utils.InferenceResponseSender(
-                self._transport(request_id), self._is_cancelled(request_id)
+                self._transport(request_id), request.is_cancelled
             )
             request.set_response_sender(sender)
             requests.append(request)
@@ -128,37 +131,10 @@ class DecoupledRuntime:
                         tensors = outcome
             if final:
                 with self._lock:
-                    self._open.discard(request_id)
-                    self._cancelled.discard(request_id)
+                    self._open.pop(request_id, None)
             try:
                 self._send(ipc.Message(ipc.RESPONSE, meta, tensors))
             except OSError as exc:
                 raise pb_utils.TritonModelException(f"Unable to send response: {exc}") from None
 
         return transport
-
-    def _is_cancelled(self, request_id: int) -> Callable[[], bool]:
-        def cancelled() -> bool:
-            with self._lock:
-                return request_id in self._cancelled
-
-        return cancelled
-
-    def _read(self) -> None:
-        while True:
-            try:
-                message = self._mailbox.receive()
-            except (EOFError, OSError, ipc.WireError) as exc:
-                self._inbox.put(exc)
-                return
-            if message.kind == ipc.EXECUTE:  # open before a CANCEL that follows can arrive
-                with self._lock:
-                    for item in message.meta.get("requests", []):
-                        self._open.add(int(item["id"]))
-            if message.kind == ipc.CANCEL:
-                request_id = message.meta.get("id")
-                with self._lock:
-                    if request_id in self._open:
-                        self._cancelled.add(request_id)
-                continue
-            self._inbox.put(message)

@@ -5,7 +5,8 @@ it reads exists, so independent branches run concurrently. Each step is an ordin
 its composing model through the `StepRunner` the data plane binds (its `infer`): the step's
 model batches it with other traffic, records it in its own statistics and metrics (the per-step
 figures), and honours hot swaps and canaries like any request. The ensemble records the whole
-request in its own statistics.
+request in its own statistics. A traced ensemble request hands its trace to each step's request,
+whose trace becomes its child.
 
 The first failing step stops the ensemble: no new step starts, those running finish, and the
 error names the step; its type is kept (a composing model that is not ready stays a 503) except
@@ -28,6 +29,7 @@ from agent.ensemble.plan import EnsemblePlan, EnsembleStep
 from agent.errors import AgentError, BackendError, ModelControlError, ModelNotReadyError
 from agent.scheduling.batching import BatchingPolicy
 from agent.scheduling.scheduler import ExecutionResult
+from agent.scheduling.sequence_policy import SequenceRequest
 from agent.tensors.request import InferInput, InferRequest, InferResponse, RequestedOutput
 from agent.tensors.signature import ValidatedRequest
 
@@ -106,8 +108,12 @@ class EnsembleScheduler:
         *,
         priority: int | None = None,
         timeout_us: int | None = None,
+        sequence: SequenceRequest | None = None,
     ) -> ExecutionResult:
         """Run every step and return the requested ensemble outputs.
+
+        `sequence` (a stateful step's correlation id and flags) goes to every step, as Triton
+        passes it on.
 
         Raises:
             AgentError: the first failing step's error, its message prefixed with the step.
@@ -120,11 +126,15 @@ class EnsembleScheduler:
             parameters["priority"] = priority
         if timeout_us is not None:
             parameters["timeout"] = timeout_us
+        if sequence is not None:
+            parameters["sequence_id"] = sequence.correlation_id
+            parameters["sequence_start"] = sequence.start
+            parameters["sequence_end"] = sequence.end
         self._in_flight += 1
         self._idle.clear()
         started = time.perf_counter_ns()
         try:
-            tensors = await self._run_steps(runner, dict(request.feeds), parameters)
+            tensors = await self._run_steps(runner, dict(request.feeds), parameters, request.trace)
         finally:
             self._in_flight -= 1
             if not self._in_flight:
@@ -146,7 +156,11 @@ class EnsembleScheduler:
         self._closed = True  # running steps finish; their models fail or serve them
 
     async def _run_steps(
-        self, runner: StepRunner, tensors: dict[str, np.ndarray], parameters: dict[str, Any]
+        self,
+        runner: StepRunner,
+        tensors: dict[str, np.ndarray],
+        parameters: dict[str, Any],
+        trace: object | None,
     ) -> dict[str, np.ndarray]:
         waiting = list(self.plan.steps)
         running: dict[asyncio.Task[InferResponse], EnsembleStep] = {}
@@ -158,7 +172,7 @@ class EnsembleScheduler:
                     call = runner(
                         step.model_name,
                         str(step.model_version) if step.model_version > 0 else None,
-                        self._step_request(step, tensors, parameters),
+                        self._step_request(step, tensors, parameters, trace),
                     )
                     running[asyncio.ensure_future(call)] = step
             if not running:
@@ -178,7 +192,10 @@ class EnsembleScheduler:
 
     @staticmethod
     def _step_request(
-        step: EnsembleStep, tensors: dict[str, np.ndarray], parameters: dict[str, Any]
+        step: EnsembleStep,
+        tensors: dict[str, np.ndarray],
+        parameters: dict[str, Any],
+        trace: object | None,
     ) -> InferRequest:
         inputs = tuple(
             InferInput(
@@ -190,7 +207,8 @@ class EnsembleScheduler:
             for model_input, tensor in step.inputs.items()
         )
         outputs = tuple(RequestedOutput(name) for name in step.outputs)
-        return InferRequest(inputs, outputs=outputs, parameters=parameters)
+        # A traced ensemble's steps are traced as its children (Triton's parent_id).
+        return InferRequest(inputs, outputs=outputs, parameters=parameters, parent_trace=trace)
 
 
 def _step_error(ensemble: str, step: EnsembleStep, exc: BaseException) -> BaseException:

@@ -13,7 +13,7 @@ import functools
 import logging
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,19 +52,25 @@ from agent.proto import model_config_pb2 as mc
 from agent.repository import layout as repository
 from agent.repository.autocomplete import DEFAULT_MAX_BATCH_SIZE, complete_config
 from agent.repository.model_config import instance_count, load_model_config
-from agent.repository.triton_rules import check_against_model, validate_completed
+from agent.repository.model_rules import check_against_model
+from agent.repository.triton_rules import validate_completed
 from agent.repository.validation import validate_config
 from agent.repository.warmup import warmup_requests
 from agent.scheduling.batching import BatchingPolicy
 from agent.scheduling.rate_limiter import ResourceNeed
 from agent.scheduling.scheduler import INLINE_BELOW_NS, LimiterGate, ModelScheduler
-from agent.scheduling.statistics import StatisticsRegistry
+from agent.scheduling.sequence_policy import SequencePolicy
+from agent.scheduling.sequence_scheduler import SequenceScheduler
+from agent.scheduling.sequence_tensors import SequenceTensors
+from agent.scheduling.statistics import ModelStatistics, StatisticsRegistry
 from agent.tensors import datatypes
+from agent.tensors.limits import output_row_bytes
 from agent.tensors.signature import ModelSignature
 
 logger = logging.getLogger(__name__)
 
 ServedConfig = Callable[[str], "mc.ModelConfig | None"]
+ServedVersions = Callable[[str], "Collection[int] | None"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +82,9 @@ class LoadSettings:
     max_queue_size: int = 1024  # per version, when the config's queue policy sets none
     measure_memory: bool = True  # measure each version's footprint and fit it to the budget
     engine_cache_root: Path | None = None  # where TensorRT engines built on the device are kept
+    # A batch's tensors stay within an instance's planned bytes, but may always hold one request
+    # of the largest size the API accepts (server.max_request_bytes).
+    max_request_bytes: int = 64 * 1024 * 1024
 
 
 class ModelLoader:
@@ -90,6 +99,7 @@ class ModelLoader:
         ledger: MemoryLedger | None,
         gate: LimiterGate | None,
         served_config: ServedConfig,
+        served_versions: ServedVersions | None = None,
     ) -> None:
         self.root = root
         self.settings = settings
@@ -97,6 +107,7 @@ class ModelLoader:
         self.ledger = ledger
         self._gate = gate
         self._served_config = served_config  # ensembles check their steps against these
+        self._served_versions = served_versions
         self._lock = threading.Lock()
         self._generation = 0
         # Ensembles run their steps through the data plane, which binds its `infer` here.
@@ -217,7 +228,7 @@ class ModelLoader:
             )
         if completed.version_policy.WhichOneof("policy_choice") is None:
             completed.version_policy.latest.num_versions = 1
-        plan = build_plan(completed, self._served_config)
+        plan = build_plan(completed, self._served_config, self._served_versions)
         signature = ModelSignature.from_config(completed)
         policy = BatchingPolicy.from_config(completed)
         loaded: dict[int, LoadedVersion] = {}
@@ -282,10 +293,12 @@ class ModelLoader:
         if self.settings.measure_memory and self.ledger is not None and not python:
             (backend, completed), footprint = measure_footprint(
                 load,
-                functools.partial(_run_zeros, limit_bytes=self.ledger.budget_bytes()),
+                functools.partial(
+                    _run_zeros, limit_bytes=self.ledger.budget_bytes(), model_dir=model_dir
+                ),
                 max_batch=config.max_batch_size or DEFAULT_MAX_BATCH_SIZE,
             )
-            _run_zeros((backend, completed), 1, shrink=True)
+            _run_zeros((backend, completed), 1, shrink=True, model_dir=model_dir)
         else:
             backend, completed = load()
         # Old and new builds of one version coexist during a swap: each holds its own share.
@@ -307,7 +320,14 @@ class ModelLoader:
         executor = ThreadPoolExecutor(instances, thread_name_prefix=f"infer-{name}-{version}")
         stats = self.stats.get(name, str(version))
         policy = BatchingPolicy.from_config(completed)
-        scheduler = ModelScheduler(
+        sequence = (
+            self._sequence_scheduler(
+                completed, model_dir, backend, instances, executor, stats, key, python=python
+            )
+            if completed.HasField("sequence_batching")
+            else None
+        )
+        scheduler = sequence or ModelScheduler(
             model=name,
             version=version,
             backend=backend,
@@ -321,6 +341,13 @@ class ModelLoader:
             # A Python model's run is a wait on its worker process, cheap in CPU but unbounded
             # when user code hangs: it must never run on the event loop.
             inline_below_ns=0 if python else INLINE_BELOW_NS,
+            max_batch_bytes=None
+            if footprint is None
+            else max(
+                footprint.bytes_for(max(1, completed.max_batch_size)),
+                self.settings.max_request_bytes,
+            ),
+            output_row_bytes=output_row_bytes(ModelSignature.from_config(completed)),
         )
         logger.info(
             "model %s version %d ready (providers %s, max batch %d, %d instance(s)%s)",
@@ -336,6 +363,48 @@ class ModelLoader:
         )
         return completed, LoadedVersion(
             version, backend, scheduler, executor, stats, footprint, key
+        )
+
+    def _sequence_scheduler(
+        self,
+        config: mc.ModelConfig,
+        model_dir: Path,
+        backend: Backend,
+        instances: int,
+        executor: ThreadPoolExecutor,
+        stats: ModelStatistics,
+        key: tuple[str, str],
+        *,
+        python: bool,
+    ) -> SequenceScheduler:
+        """The sequence batcher of a stateful model; its slots' state counts in the budget.
+
+        Raises:
+            ModelConfigError: a control or state the config describes cannot be built.
+            MemoryBudgetError: the state of every slot does not fit beside the model.
+        """
+        try:
+            policy = SequencePolicy.from_config(config, instances, self.settings.max_queue_size)
+            tensors = SequenceTensors.from_config(config, model_dir)
+            if self.ledger is not None and self.settings.measure_memory and tensors.states:
+                held = self.ledger.reserved().get(key, 0)
+                self.ledger.reserve(key, held + tensors.state_bytes * policy.slots)
+        except AgentError:
+            executor.shutdown(wait=False)
+            backend.close()
+            if self.ledger is not None:
+                self.ledger.release(key)
+            raise
+        return SequenceScheduler(
+            model=config.name,
+            version=int(key[1].split("@")[0]),
+            backend=backend,
+            policy=policy,
+            tensors=tensors,
+            instances=instances,
+            executor=executor,
+            stats=stats,
+            inline_below_ns=0 if python else INLINE_BELOW_NS,  # as for the dynamic scheduler
         )
 
     def _fit_to_budget(
@@ -363,8 +432,13 @@ class ModelLoader:
                 valid = signature.validate(request)
             except AgentError as exc:
                 raise ModelConfigError(f"model_warmup '{sample_name}': {exc.message}") from None
+            feeds = dict(valid.feeds)
+            if config.HasField("sequence_batching"):
+                feeds.update(
+                    SequenceTensors.from_config(config, model_dir).starting_feeds(valid.batch_size)
+                )
             for _ in range(count):
-                backend.run(valid.feeds, valid.output_names)
+                backend.run(feeds, valid.output_names)
 
 
 @functools.cache
@@ -401,6 +475,7 @@ def _run_zeros(
     *,
     shrink: bool = False,
     limit_bytes: int | None = None,
+    model_dir: Path | None = None,
 ) -> None:
     """Run the model once on zeros at a batch size, to measure its memory.
 
@@ -432,6 +507,8 @@ def _run_zeros(
         else np.zeros(shape, dt.numpy)
         for name, (shape, dt) in shapes.items()
     }
+    if config.HasField("sequence_batching"):  # controls and state, as the batcher feeds them
+        feeds.update(SequenceTensors.from_config(config, model_dir).starting_feeds(batch))
     backend.run(feeds, list(signature.outputs), shrink_memory=shrink)
 
 

@@ -16,6 +16,7 @@ from agent.errors import AgentError
 from agent.models.memory_plan import Footprint
 from agent.proto import model_config_pb2 as mc
 from agent.scheduling.scheduler import ModelScheduler
+from agent.scheduling.sequence_scheduler import SequenceScheduler
 from agent.scheduling.statistics import ModelStatistics
 from agent.tensors.signature import ModelSignature
 
@@ -46,7 +47,7 @@ class LoadedVersion:
 
     version: int
     backend: Backend | None
-    scheduler: ModelScheduler | EnsembleScheduler
+    scheduler: ModelScheduler | SequenceScheduler | EnsembleScheduler
     executor: ThreadPoolExecutor | None  # one worker per instance: N executions in flight
     stats: ModelStatistics
     footprint: Footprint | None

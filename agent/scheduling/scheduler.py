@@ -14,6 +14,10 @@ measured execution CPU time is below `inline_below_ns`, and its wall time below 
 thread instead; a slower execution moves it back to the executor. The wall time is that of the
 backend's `run` alone: on the executor it also holds the wait for the GIL afterwards, so the
 limit on it sits well above the CPU one.
+
+Memory: with `max_batch_bytes` (from the model's memory plan), a request whose tensors alone
+(inputs, plus a lower bound on its outputs) need more is refused with `PayloadTooLargeError`,
+and batches are split so that their rows, at the largest per-row size queued, stay within it.
 """
 
 from __future__ import annotations
@@ -24,22 +28,25 @@ import itertools
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from agent.backends.base import Backend, ResponseSink
+from agent.backends.cancellation import CancelSignal
 from agent.errors import (
     AgentError,
     BackendError,
     ModelNotReadyError,
     OverloadedError,
+    PayloadTooLargeError,
     RequestTimeoutError,
 )
 from agent.scheduling.batching import BatchFormer, BatchingPolicy
 from agent.scheduling.deadline_timer import DeadlineTimer
 from agent.scheduling.rate_limiter import RateLimiter, ResourceNeed
 from agent.scheduling.statistics import ModelStatistics
+from agent.tensors.limits import rows_within, tensor_bytes
 from agent.tensors.signature import ValidatedRequest
 
 # Executions that may block the event loop: the hand-off they skip costs more than this.
@@ -66,6 +73,10 @@ class _Job:
     future: asyncio.Future[ExecutionResult]
     enqueued_ns: int
     seq: int
+    row_bytes: int = 0  # its tensor bytes per row (with max_batch_bytes)
+    # Set when the caller stops waiting (client gone, parent BLS call cancelled): a queued job
+    # is then skipped, a running one told to its backend (`run_requests`).
+    cancel: CancelSignal = field(default_factory=CancelSignal)
     sink: ResponseSink | None = None  # decoupled: where the responses go
 
 
@@ -106,6 +117,8 @@ class ModelScheduler:
         need: ResourceNeed | None = None,
         max_pending: int = 1024,
         inline_below_ns: int = INLINE_BELOW_NS,
+        max_batch_bytes: int | None = None,
+        output_row_bytes: int = 0,
     ) -> None:
         self.model = model
         self.version = version
@@ -130,6 +143,8 @@ class ModelScheduler:
         self._next_release = 0
         self._done: dict[int, tuple[_Job, ExecutionResult | BaseException]] = {}
         self._inline_below_ns = inline_below_ns
+        self._max_batch_bytes = max_batch_bytes
+        self._output_row_bytes = output_row_bytes
         self._runs = 0
         self._exec_ns = 0.0  # moving average of one execution's CPU time on its thread
         self._wall_ns = 0.0  # moving average of its wall time
@@ -178,6 +193,14 @@ class ModelScheduler:
             raise OverloadedError(
                 f"model '{self.model}' has {self._max_pending} requests queued; retry later"
             )
+        need = 0
+        if self._max_batch_bytes is not None:
+            need = tensor_bytes(request, self._output_row_bytes)
+            if need > self._max_batch_bytes:
+                raise PayloadTooLargeError(
+                    f"model '{self.model}': the request's tensors need {need} bytes, over the "
+                    f"{self._max_batch_bytes} bytes its memory plan allows one execution"
+                )
         if (
             responses is None
             and priority is None
@@ -190,7 +213,14 @@ class ModelScheduler:
         ):
             return self._run_now(request)
         loop = asyncio.get_running_loop()
-        job = _Job(request, loop.create_future(), time.perf_counter_ns(), -1, responses)
+        job = _Job(
+            request,
+            loop.create_future(),
+            time.perf_counter_ns(),
+            -1,
+            -(-need // max(1, request.batch_size)),
+            sink=responses,
+        )
         self._former.add(
             job, request.batch_size, time.monotonic(), priority=priority, timeout_us=timeout_us
         )
@@ -201,6 +231,9 @@ class ModelScheduler:
         self._dispatch()
         try:
             return await job.future
+        except asyncio.CancelledError:
+            job.cancel.cancel()
+            raise
         finally:
             if self._stats is not None:
                 self._stats.pending_dec()
@@ -223,7 +256,18 @@ class ModelScheduler:
         cpu_start = time.thread_time_ns()
         t0 = time.perf_counter_ns()
         try:
-            outputs = self._backend.run(request.feeds, request.output_names)
+            # A traced request to a Python model: its BLS requests are children of its trace.
+            if request.trace is not None and (
+                run_requests := getattr(self._backend, "run_requests", None)
+            ):
+                (answer,) = run_requests(
+                    [(request.feeds, request.output_names)], traces=[request.trace]
+                )
+                if isinstance(answer, BaseException):
+                    raise answer
+                outputs = answer
+            else:
+                outputs = self._backend.run(request.feeds, request.output_names)
         except AgentError:
             raise
         except Exception as exc:  # noqa: BLE001 - as _complete: the runtime failed
@@ -260,11 +304,17 @@ class ModelScheduler:
         for job in self._former.expire(now):
             self._finish(job, RequestTimeoutError("request timeout expired in the queue"))
         while self._free > 0 and self._holding == 0:
-            batch = self._former.take(now)
+            cap = self._rows_in_budget()
+            batch = self._former.take(now, cap)
+            if batch is None and cap is not None and self._former:
+                # take() swept expired requests first: the head the cap was made for is gone.
+                batch = self._former.take(now, self._rows_in_budget())
             if batch is None:
                 break
+            jobs = [job for job in batch.items if not job.cancel.cancelled]
+            if not jobs:  # every caller went away while it waited: no work to run
+                continue
             self._free -= 1
-            jobs = list(batch.items)
             if self._gate is not None and self._need.resources:
                 key = f"{self.model}:{self.version}#{jobs[0].seq}"
                 if not self._gate.acquire(key, self._need, functools.partial(self._granted, jobs)):
@@ -274,6 +324,14 @@ class ModelScheduler:
             now = time.monotonic()  # an inline execution moved the clock on
         self._arm_timer(loop)
         self._check_idle()
+
+    def _rows_in_budget(self) -> int | None:
+        """The row cap that keeps the next batch within max_batch_bytes (None: no cap)."""
+        if self._max_batch_bytes is None or len(self._former) < 2:
+            return None
+        queued = list(self._former.queued())
+        widest = max(job.row_bytes for job, _ in queued)
+        return rows_within(self._max_batch_bytes, queued[0][1], widest)
 
     def _granted(self, jobs: list[_Job]) -> None:
         self._holding -= 1
@@ -334,13 +392,17 @@ class ModelScheduler:
         results: list[ExecutionResult | BaseException | None] = [None] * len(jobs)
         groups = [[0]] if len(jobs) == 1 else _group_by_shape(jobs)
         # A backend that takes a batch's requests one by one (Python models, as Triton's Python
-        # backend) gets them unmerged, and answers each request with its outputs or its error.
+        # backend) gets them unmerged, and answers each request with its outputs or its error;
+        # with their traces, the parents of the BLS requests they make; it is told which
+        # requests are cancelled while they run.
         run_requests = getattr(self._backend, "run_requests", None)
         for group in groups:
             t0 = time.perf_counter_ns()
-            if run_requests is not None and len(group) > 1:
+            if run_requests is not None:
                 answers = run_requests(
-                    [(jobs[i].request.feeds, jobs[i].request.output_names) for i in group]
+                    [(jobs[i].request.feeds, jobs[i].request.output_names) for i in group],
+                    cancelled=[jobs[i].cancel for i in group],
+                    traces=[jobs[i].request.trace for i in group],
                 )
                 t2 = time.perf_counter_ns()
                 run_ns += t2 - t0

@@ -12,10 +12,12 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, Mapping
+from dataclasses import replace
 from typing import Any
 
 from agent import __version__
 from agent.canary.control import CanaryManager
+from agent.ensemble.runner import EnsembleScheduler
 from agent.errors import (
     AgentError,
     BackendError,
@@ -34,14 +36,19 @@ from agent.models.control import ModelControlMode, ModelManager
 from agent.models.registry import ModelRegistry
 from agent.proto import model_config_pb2 as mc
 from agent.repository.model_config import config_from_json, config_to_json
+from agent.scheduling.sequence_policy import sequence_parameters
+from agent.scheduling.sequence_scheduler import SequenceScheduler
 from agent.scheduling.statistics import FailureReason
 from agent.serving.decoupled import stream_responses
 from agent.serving.log_settings import LogSettings
 from agent.serving.response_cache import ResponseCache, cache_key
 from agent.serving.response_stream import StreamedResponse
+from agent.serving.sequence_routes import SequenceRoutes
 from agent.serving.shared_memory import SharedMemoryRegistry
 from agent.serving.trace import Trace, Tracer
+from agent.serving.trace_tensors import BACKEND_INPUT, BACKEND_OUTPUT, QUEUE_INPUT
 from agent.tensors.request import InferRequest, InferResponse, OutputTensor, shared_memory_outputs
+from agent.tensors.signature import ModelSignature, ValidatedRequest
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +83,7 @@ class DataPlane:
     ) -> None:
         self._registry = registry
         self._cache = cache
+        self._sequences = SequenceRoutes()  # live sequences stay on the version they started on
         self.manager = manager or ModelManager(registry)
         self.mode = mode
         self.versions = versions
@@ -244,7 +252,9 @@ class DataPlane:
     ) -> InferResponse:
         """Validate a request, answer from the response cache or queue it on the scheduler.
 
-        `trace` (tracing on and this request sampled) collects the request's timestamps.
+        `trace` (tracing on and this request sampled) collects the request's timestamps. A
+        request with a `parent_trace` (an ensemble step or a BLS request of a traced request)
+        gets a child trace, finished here.
         `refusal`: the transport's wording when the model is decoupled (one response per call
         cannot serve it: `infer_stream` does).
 
@@ -259,11 +269,16 @@ class DataPlane:
             UnsupportedError: the model is decoupled.
         """
         start = time.perf_counter_ns()
+        if trace is None and request.parent_trace is not None:
+            trace = self._child_trace(name, request)
         if trace is not None:
             trace.stamp("REQUEST_START", start)
-        await self.manager.wait_if_swapping(name)
-        routed = None if version else self.canary.route(name)  # canary: unversioned only
-        served, number = self._registry.resolve(name, str(routed) if routed else version)
+        sequence = sequence_parameters(request.parameters)
+        owner = None if version else self._sequences.find(name, sequence)
+        if owner is None:  # a live sequence's old build is draining: its requests must not wait
+            await self.manager.wait_if_swapping(name)
+        routed = None if version or owner else self.canary.route(name)  # canary: unversioned only
+        served, number = owner or self._registry.resolve(name, str(routed) if routed else version)
         loaded = served.versions[number]
         if served.config.model_transaction_policy.decoupled:
             raise UnsupportedError(refusal or _decoupled_refusal(served.name))
@@ -277,6 +292,8 @@ class DataPlane:
             if in_shm or any(t.shm is not None for t in request.inputs):
                 request = self.shared_memory.resolve_inputs(request)
             valid = served.signature.validate(request)
+            if trace is not None:
+                valid = self._trace_inputs(trace, request, valid, served.signature)
             priority, timeout_us = _scheduling_parameters(request.parameters)
             if self._cache is not None and served.config.response_cache.enable:
                 lookup = time.perf_counter_ns()
@@ -292,11 +309,20 @@ class DataPlane:
                     )
                     self._canary_outcome(name, routed, start, None)
                     if trace is not None:
-                        trace.stamp("REQUEST_END")
+                        self._trace_end(trace, hit)
                     return InferResponse(served.name, version_text, hit, request.id)
                 stats.record_cache_miss(ns=time.perf_counter_ns() - lookup)
             queued = time.perf_counter_ns() if trace is not None else 0
-            result = await loaded.scheduler.submit(valid, priority=priority, timeout_us=timeout_us)
+            if isinstance(loaded.scheduler, SequenceScheduler):
+                self._sequences.started(served.name, sequence, served, number)
+                submitted = loaded.scheduler.submit(valid, sequence, timeout_us=timeout_us)
+            elif isinstance(loaded.scheduler, EnsembleScheduler):
+                submitted = loaded.scheduler.submit(
+                    valid, priority=priority, timeout_us=timeout_us, sequence=sequence
+                )
+            else:
+                submitted = loaded.scheduler.submit(valid, priority=priority, timeout_us=timeout_us)
+            result = await submitted
             if trace is not None:
                 trace.executed(
                     queued,
@@ -324,7 +350,7 @@ class DataPlane:
             )
             self._canary_outcome(name, routed, start, error)
             if trace is not None:
-                trace.stamp("REQUEST_END")
+                self._trace_end(trace, ())
             if error is exc:
                 raise
             raise error from exc
@@ -340,7 +366,7 @@ class DataPlane:
             self._cache.put(key, outputs, model=served.name, version=version_text)
         self._canary_outcome(name, routed, start, None)
         if trace is not None:
-            trace.stamp("REQUEST_END")
+            self._trace_end(trace, outputs)
         return InferResponse(served.name, version_text, outputs, request.id)
 
     async def infer_stream(
@@ -393,6 +419,35 @@ class DataPlane:
             raise
         finally:
             await responses.aclose()
+
+    def _child_trace(self, name: str, request: InferRequest) -> Trace | None:
+        parent = request.parent_trace
+        if not isinstance(parent, Trace):
+            return None
+        return self.tracer.spawn(parent, name, request.id or "")
+
+    @staticmethod
+    def _trace_inputs(
+        trace: Trace, request: InferRequest, valid: ValidatedRequest, signature: ModelSignature
+    ) -> ValidatedRequest:
+        """The inputs' tensor entries (level TENSORS); the request carries its trace on, so
+        that an ensemble's steps and a Python model's BLS requests become its children."""
+        if trace.tensors:
+            for tensor in request.inputs:
+                trace.tensor(QUEUE_INPUT, tensor.name, tensor.datatype, tensor.data)
+            for name, data in valid.feeds.items():
+                contract = signature.inputs.get(name)
+                datatype = contract.datatype if contract is not None else ""
+                trace.tensor(BACKEND_INPUT, name, datatype, data)
+        return replace(valid, trace=trace)
+
+    def _trace_end(self, trace: Trace, outputs: tuple[OutputTensor, ...] | tuple[()]) -> None:
+        if trace.tensors:
+            for tensor in outputs:
+                trace.tensor(BACKEND_OUTPUT, tensor.name, tensor.datatype, tensor.data)
+        trace.stamp("REQUEST_END")
+        if trace.parent is not None:  # a child: no transport finishes it
+            self.tracer.finish(trace)
 
     def _canary_outcome(
         self, name: str, routed: int | None, start_ns: int, error: AgentError | None

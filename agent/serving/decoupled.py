@@ -12,9 +12,14 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncGenerator
-from typing import cast
 
-from agent.errors import AgentError, BackendError, InternalError, ModelInstanceFailedError
+from agent.errors import (
+    AgentError,
+    BackendError,
+    InternalError,
+    ModelInstanceFailedError,
+    UnsupportedError,
+)
 from agent.models.served import LoadedVersion, ServedModel
 from agent.scheduling.scheduler import ExecutionResult, ModelScheduler
 from agent.scheduling.statistics import FailureReason, ResponseKind
@@ -39,7 +44,12 @@ async def stream_responses(
         AgentError: the request failed before the model took it (queue full or timed out,
             version unloaded, instance failed), with nothing yielded yet.
     """
-    scheduler = cast(ModelScheduler, loaded.scheduler)
+    scheduler = loaded.scheduler
+    if not isinstance(scheduler, ModelScheduler):
+        raise UnsupportedError(
+            f"model '{served.name}': decoupled models are served by the dynamic or default "
+            "scheduler only (not the sequence batcher) by this agent"
+        )
     stream = ResponseStream(asyncio.get_running_loop())
     submitted = asyncio.ensure_future(
         scheduler.submit(valid, priority=priority, timeout_us=timeout_us, responses=stream)

@@ -1,13 +1,15 @@
-"""Triton's trace extension: sampled per-request timestamps, written as Triton's trace JSON.
+"""Triton's trace extension: sampled requests' timestamps and tensors, as Triton's trace JSON.
 
 Settings are Triton's (`GET/POST /v2[/models/M]/trace/setting`, gRPC `TraceSetting`), every value
-a string as Triton answers them: `trace_level` (a list: `["OFF"]` or `["TIMESTAMPS"]`),
-`trace_rate` (one request in this many is traced), `trace_count` (traces left to take, `-1`: no
-limit), `log_frequency` (write the file every this many traces, as `<trace_file>.<n>`; `0`: once,
-to `<trace_file>`, when the agent stops), `trace_file` (set at start with `--trace-file`; not
-over the network, as in Triton) and `trace_mode` (`triton`, or `opentelemetry`: set at start with
+a string as Triton answers them: `trace_level` (a list: `["OFF"]`, or one or both of
+`TIMESTAMPS` and `TENSORS`), `trace_rate` (one request in this many is traced), `trace_count`
+(traces left to take, `-1`: no limit), `log_frequency` (write every this many traces, as
+`<trace_file>.<n>`; `0`: to `<trace_file>` when the settings change or the agent stops; see
+`agent.serving.trace_file`), `trace_file` (set at start with `--trace-file`; not over the
+network, as in Triton) and `trace_mode` (`triton`, or `opentelemetry`: set at start with
 `--trace-mode`, not over the network). A model's settings are the global ones with the keys set
-for that model on top.
+for that model on top; as Triton's TraceSetting, the global settings and each model with keys
+of its own sample, count and keep traces on their own (`_Owner`).
 
 In `opentelemetry` mode a finished trace goes to an exporter (`agent.serving.trace_otlp`: spans
 over OTLP/HTTP) instead of the file; `log_frequency` and `trace_file` then play no part.
@@ -17,28 +19,36 @@ A trace is one request: a first entry with `id`, `model_name`, `model_version` (
 in nanoseconds of a monotonic clock: `HTTP_RECV_START`/`HTTP_RECV_END` or `GRPC_WAITREAD_END`,
 `REQUEST_START`, `QUEUE_START`, `COMPUTE_START`, `COMPUTE_INPUT_END`, `COMPUTE_OUTPUT_START`,
 `COMPUTE_END`, `REQUEST_END`, `HTTP_SEND_START`/`HTTP_SEND_END` or
-`GRPC_SEND_START`/`GRPC_SEND_END`.
-With tracing off the transports and the data plane test one boolean (`Tracer.active`).
+`GRPC_SEND_START`/`GRPC_SEND_END`. At level `TENSORS` the request's tensors follow as entries
+of their own (`agent.serving.trace_tensors`); in `opentelemetry` mode, as in Triton, tensors are
+not traced.
+
+Child traces: each step of a traced ensemble, and each BLS request a traced Python model makes
+with `trace=request.trace()`, is a trace of its own with a new `id` and `parent_id` (the parent's
+`id`) in its first entry, written with its parent's (as Triton, with the parent's file). A child
+takes no sample: it is traced because its parent is, at its parent's levels.
+
+With tracing off the transports test one boolean (`Tracer.active`) and the data plane one
+attribute of the request (`parent_trace`, set only for a traced request's children).
 """
 
 from __future__ import annotations
 
 import itertools
-import json
-import logging
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Protocol
 
-from agent.errors import InvalidInputError
+import numpy as np
 
-logger = logging.getLogger(__name__)
+from agent.errors import InvalidInputError
+from agent.serving.trace_file import TraceFile
+from agent.serving.trace_tensors import tensor_entry
 
 KEYS = ("trace_level", "trace_rate", "trace_count", "log_frequency", "trace_file", "trace_mode")
-LEVELS = ("OFF", "TIMESTAMPS")
+LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
 MODES = ("triton", "opentelemetry")
 PROPAGATED = ("traceparent", "tracestate")  # W3C trace context headers / gRPC metadata keys
 _UINT32_MAX = 2**32 - 1
@@ -49,7 +59,7 @@ _INT32_MAX = 2**31 - 1
 class TraceConfig:
     """One set of trace settings (the global one, or a model's effective one)."""
 
-    level: str = "OFF"  # OFF or TIMESTAMPS
+    levels: tuple[str, ...] = ("OFF",)  # ("OFF",), or TIMESTAMPS and/or TENSORS
     rate: int = 1000
     count: int = -1
     log_frequency: int = 0
@@ -57,7 +67,7 @@ class TraceConfig:
 
 @dataclass(slots=True)
 class Trace:
-    """The timestamps of one sampled request."""
+    """The timestamps (and at level TENSORS the tensors) of one sampled request."""
 
     id: int
     model_name: str
@@ -65,6 +75,19 @@ class Trace:
     model_version: int = 0
     stamps: list[tuple[str, int]] = field(default_factory=list)
     carrier: dict[str, str] = field(default_factory=dict)  # the client's W3C trace context
+    timestamps: bool = True  # level TIMESTAMPS
+    tensors: bool = False  # level TENSORS
+    parent: Trace | None = None  # the ensemble or Python model whose request spawned this one
+    children: list[Trace] = field(default_factory=list)  # finished before this trace
+    done: bool = False
+    # (position among the stamps, activity, tensor): written in the order they happened
+    tensor_records: list[tuple[int, str, dict[str, str]]] = field(default_factory=list)
+    span_context: Any = None  # opentelemetry mode: the model span's context, for late children
+    owner: Any = None  # the settings that took it (the tracer's), where it is kept until written
+
+    @property
+    def parent_id(self) -> int:
+        return self.parent.id if self.parent is not None else 0
 
     def propagate(self, headers: Mapping[str, str]) -> None:
         """Keep the request's `traceparent` / `tracestate` (OpenTelemetry mode: the spans join
@@ -72,7 +95,12 @@ class Trace:
         self.carrier = {key: headers[key] for key in PROPAGATED if headers.get(key)}
 
     def stamp(self, name: str, ns: int | None = None) -> None:
-        self.stamps.append((name, time.perf_counter_ns() if ns is None else ns))
+        if self.timestamps:
+            self.stamps.append((name, time.perf_counter_ns() if ns is None else ns))
+
+    def tensor(self, activity: str, name: str, datatype: str, data: np.ndarray) -> None:
+        """One tensor entry (level TENSORS only: the caller checks `tensors`)."""
+        self.tensor_records.append((len(self.stamps), activity, tensor_entry(name, datatype, data)))
 
     def executed(
         self, queue_start_ns: int, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int
@@ -86,7 +114,7 @@ class Trace:
         self.stamp("COMPUTE_END", compute_start + input_ns + infer_ns + output_ns)
 
     def entries(self) -> list[dict[str, Any]]:
-        """Triton's trace JSON entries for this request."""
+        """Triton's trace JSON entries for this request, then its children's."""
         head: dict[str, Any] = {
             "id": self.id,
             "model_name": self.model_name,
@@ -94,9 +122,22 @@ class Trace:
         }
         if self.request_id:
             head["request_id"] = self.request_id
-        return [head] + [
-            {"id": self.id, "timestamps": [{"name": name, "ns": ns}]} for name, ns in self.stamps
-        ]
+        if self.parent is not None:
+            head["parent_id"] = self.parent.id
+        out = [head]
+        records = iter(self.tensor_records)
+        record = next(records, None)
+        for index, (name, ns) in enumerate(self.stamps):
+            while record is not None and record[0] <= index:
+                out.append({"id": self.id, "activity": record[1], "tensor": record[2]})
+                record = next(records, None)
+            out.append({"id": self.id, "timestamps": [{"name": name, "ns": ns}]})
+        while record is not None:
+            out.append({"id": self.id, "activity": record[1], "tensor": record[2]})
+            record = next(records, None)
+        for child in self.children:
+            out += child.entries()
+        return out
 
 
 class TraceExporter(Protocol):
@@ -107,11 +148,22 @@ class TraceExporter(Protocol):
     def shutdown(self) -> None: ...
 
 
-class _Sampler:
-    """Rate and count bookkeeping of one owner of settings (global, or one model's)."""
+class _Owner:
+    """The settings in force for the global scope or one model, with their live state (Triton's
+    TraceSetting): sampling, the traces left to take, and the finished traces not yet written.
+    Changing the settings replaces it; the replaced one writes what it holds."""
 
-    def __init__(self) -> None:
+    def __init__(self, config: TraceConfig) -> None:
+        self.config = config
+        self.left = config.count
         self.seen = 0
+        self.taken = 0
+        self.collected = 0
+        self.pending: list[Trace] = []
+        self.retired = False
+
+
+_Write = tuple[list[Trace], bool]  # traces, to an indexed file
 
 
 class Tracer:
@@ -130,14 +182,13 @@ class Tracer:
         self.trace_file = trace_file
         self.mode = mode
         self.exporter = exporter if mode == "opentelemetry" else None
+        self._file = TraceFile(trace_file)
         self._initial = initial or TraceConfig()
         self._global = self._initial
         self._models: dict[str, dict[str, Any]] = {}  # model -> the keys set for it
-        self._samplers: dict[str | None, _Sampler] = {}
+        self._owners: dict[str | None, _Owner] = {None: _Owner(self._global)}
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
-        self._pending: list[Trace] = []
-        self._file_index = 0
         self.active = False
         self._recompute()
 
@@ -145,11 +196,12 @@ class Tracer:
 
     def settings(self, model: str | None = None) -> dict[str, Any]:
         """The settings in force (a model's: global with its own keys on top), as Triton."""
-        config = self._effective(model)
+        owner = self._owner(model)
+        config = owner.config
         return {
-            "trace_level": [config.level],
+            "trace_level": list(config.levels),
             "trace_rate": str(config.rate),
-            "trace_count": str(config.count),
+            "trace_count": str(owner.left),
             "log_frequency": str(config.log_frequency),
             "trace_file": self.trace_file,
             "trace_mode": self.mode,
@@ -160,7 +212,10 @@ class Tracer:
 
         A value of None clears a key (a model's falls back to the global one; a global one goes
         back to its value at start). A model's request with no settings at all drops every key
-        set for it. Everything is checked before anything changes.
+        set for it. A model's keys not set for it follow the global ones as they change. The
+        settings replaced write the traces they hold, and sampling and `trace_count` start
+        afresh from the new settings (a `trace_count` not given keeps what was left of it).
+        Everything is checked before anything changes.
 
         Raises:
             InvalidInputError: an unknown key, a value Triton would refuse, `trace_file` or
@@ -179,16 +234,17 @@ class Tracer:
             if key == "trace_mode":
                 raise InvalidInputError("trace mode can not be updated through network protocol")
             parsed[_FIELD[key]] = None if value is None else _parse(key, value)
+        writes: list[_Write] = []
         with self._lock:
             if model is None:
                 self._global = replace(
                     self._global,
                     **{k: getattr(self._initial, k) if v is None else v for k, v in parsed.items()},
                 )
-                self._samplers.pop(None, None)
-            elif not changes:
-                self._models.pop(model, None)
-                self._samplers.pop(model, None)
+                writes += self._renew(None)
+                for name, own in self._models.items():
+                    if len(own) < len(_FIELD):  # follows some global keys
+                        writes += self._renew(name)
             else:
                 own = self._models.setdefault(model, {})
                 for k, v in parsed.items():
@@ -196,18 +252,35 @@ class Tracer:
                         own.pop(k, None)
                     else:
                         own[k] = v
-                self._samplers.pop(model, None)
+                if not changes or not own:
+                    del self._models[model]
+                    writes += self._retire(model)
+                else:
+                    writes += self._renew(model)
             self._recompute()
+        self._save(writes)
         return self.settings(model)
 
-    def _effective(self, model: str | None) -> TraceConfig:
-        own = self._models.get(model) if model is not None else None
-        return replace(self._global, **own) if own else self._global
+    def _owner(self, model: str | None) -> _Owner:
+        return self._owners.get(model) or self._owners[None]
+
+    def _renew(self, key: str | None) -> list[_Write]:
+        writes = self._retire(key)
+        own = self._models.get(key) if key is not None else None
+        self._owners[key] = _Owner(replace(self._global, **own) if own else self._global)
+        return writes
+
+    def _retire(self, key: str | None) -> list[_Write]:
+        old = self._owners.pop(key, None)
+        if old is None:
+            return []
+        old.retired = True
+        batch, old.pending = old.pending, []
+        return [(batch, old.config.log_frequency > 0)] if batch else []
 
     def _recompute(self) -> None:
-        configs = [self._global, *(self._effective(m) for m in self._models)]
         self.active = self._has_output() and any(
-            c.level == "TIMESTAMPS" and c.count != 0 for c in configs
+            o.config.levels != ("OFF",) and o.left != 0 for o in self._owners.values()
         )
 
     def _has_output(self) -> bool:
@@ -220,56 +293,97 @@ class Tracer:
     def start(self, model: str, request_id: str = "") -> Trace | None:
         """A new trace for this request when its model's settings sample it, else None."""
         with self._lock:
-            owner = model if model in self._models else None
-            config = self._effective(model)
-            if config.level != "TIMESTAMPS" or config.count == 0:
+            owner = self._owner(model)
+            config = owner.config
+            if config.levels == ("OFF",) or owner.left == 0:
                 return None
-            sampler = self._samplers.setdefault(owner, _Sampler())
-            sampler.seen += 1
-            if sampler.seen % config.rate:
+            owner.seen += 1
+            if owner.seen % config.rate:
                 return None
-            if config.count > 0:
-                self._take_one(owner, config.count - 1)
-            return Trace(next(self._ids), model, request_id)
+            if owner.left > 0:
+                self._take_one(model, owner)
+            owner.taken += 1
+            return Trace(
+                next(self._ids),
+                model,
+                request_id,
+                timestamps="TIMESTAMPS" in config.levels,
+                # Triton's OpenTelemetry mode does not trace tensors.
+                tensors="TENSORS" in config.levels and self.mode == "triton",
+                owner=owner,
+            )
 
-    def _take_one(self, owner: str | None, left: int) -> None:
-        if owner is not None and "count" in self._models[owner]:
-            self._models[owner]["count"] = left
-        else:
-            self._global = replace(self._global, count=left)
-        if left == 0:
+    def spawn(self, parent: Trace, model: str, request_id: str = "") -> Trace:
+        """The child trace of an ensemble step or a BLS request made by `parent`'s request."""
+        with self._lock:
+            trace_id = next(self._ids)
+        return Trace(
+            trace_id,
+            model,
+            request_id,
+            timestamps=parent.timestamps,
+            tensors=parent.tensors,
+            parent=parent,
+            owner=parent.owner,
+        )
+
+    def _take_one(self, model: str, owner: _Owner) -> None:
+        owner.left -= 1
+        # The keys it was set from show the count left, as Triton's settings answer it.
+        if owner is self._owners[None]:
+            self._global = replace(self._global, count=owner.left)
+        elif "count" in self._models.get(model, {}):
+            self._models[model]["count"] = owner.left
+        if owner.left == 0:
             self._recompute()
 
     def finish(self, trace: Trace, model: str | None = None) -> None:
-        """Keep a finished trace; write the file when `log_frequency` traces are waiting (in
-        `opentelemetry` mode: hand it to the exporter)."""
+        """Keep a finished trace; write it when its settings say so (in `opentelemetry` mode:
+        hand it to the exporter).
+
+        A child finished while its parent runs waits to be written (exported) with it; one that
+        outlives its parent (a BLS call its model left running) goes out on its own.
+        """
+        parent = trace.parent
+        if parent is not None and not parent.done:
+            parent.children.append(trace)
+            return
+        trace.done = True
         if self.mode == "opentelemetry":
             if self.exporter is not None:
                 self.exporter.export(trace)
             return
-        frequency = self._effective(model or trace.model_name).log_frequency
+        owner = trace.owner if isinstance(trace.owner, _Owner) else self._owner(model)
+        config = owner.config
         with self._lock:
-            self._pending.append(trace)
-            if frequency == 0 or len(self._pending) < frequency:
+            owner.pending.append(trace)
+            if parent is None:
+                owner.collected += 1
+            if owner.retired:
+                write = (owner.pending, config.log_frequency > 0)
+            elif (config.log_frequency and len(owner.pending) >= config.log_frequency) or (
+                owner.left == 0 and owner.collected >= owner.taken
+            ):
+                write = (owner.pending, True)
+            else:
                 return
-            batch, self._pending = self._pending, []
-            path = f"{self.trace_file}.{self._file_index}"
-            self._file_index += 1
-        _write(path, batch)
+            owner.pending = []
+        self._save([write])
 
     def flush(self) -> None:
         """Write the traces still waiting (at stop): to `<trace_file>`, or to the next indexed
-        file when the global `log_frequency` is set."""
+        file when their settings' `log_frequency` is set."""
         with self._lock:
-            batch, self._pending = self._pending, []
-            if not batch or not self.trace_file:
-                return
-            if self._global.log_frequency > 0:
-                path = f"{self.trace_file}.{self._file_index}"
-                self._file_index += 1
-            else:
-                path = self.trace_file
-        _write(path, batch)
+            writes: list[_Write] = []
+            for owner in self._owners.values():
+                if owner.pending:
+                    writes.append((owner.pending, owner.config.log_frequency > 0))
+                    owner.pending = []
+        self._save(writes)
+
+    def _save(self, writes: list[_Write]) -> None:
+        for traces, indexed in writes:
+            self._file.save([e for trace in traces for e in trace.entries()], indexed=indexed)
 
     def close(self) -> None:
         """At stop: write the waiting traces, and flush and shut down the exporter."""
@@ -279,19 +393,11 @@ class Tracer:
 
 
 _FIELD = {
-    "trace_level": "level",
+    "trace_level": "levels",
     "trace_rate": "rate",
     "trace_count": "count",
     "log_frequency": "log_frequency",
 }
-
-
-def _write(path: str, traces: list[Trace]) -> None:
-    entries = [entry for trace in traces for entry in trace.entries()]
-    try:
-        Path(path).write_text(json.dumps(entries, indent=2) + "\n", encoding="utf-8")
-    except OSError as exc:
-        logger.error("cannot write the trace file %s: %s", path, exc)
 
 
 def _parse(key: str, value: Any) -> Any:
@@ -322,15 +428,13 @@ def _parse(key: str, value: Any) -> Any:
     return number
 
 
-def _parse_level(value: Any) -> str:
+def _parse_level(value: Any) -> tuple[str, ...]:
     if not isinstance(value, list):
         raise InvalidInputError("attempt to access JSON non-array as array")
     levels = set()
     for item in value:
         if not isinstance(item, str):
             raise InvalidInputError("attempt to access JSON non-string as string")
-        if item == "TENSORS":
-            raise InvalidInputError("trace level 'TENSORS' is not supported, only TIMESTAMPS")
         if item not in LEVELS:
             raise InvalidInputError(
                 f"unknown trace level '{item}', expected one of: {', '.join(LEVELS)}"
@@ -340,4 +444,4 @@ def _parse_level(value: Any) -> str:
         raise InvalidInputError("Expect only one trace level 'OFF' is specified")
     if not levels:
         raise InvalidInputError("trace_level must name at least one level")
-    return "TIMESTAMPS" if "TIMESTAMPS" in levels else "OFF"
+    return tuple(level for level in LEVELS if level in levels)

@@ -9,6 +9,11 @@ Triton's span layout, from the timestamps `Trace` collects:
         │                 triton.trace_parent_id (and triton.request_id when the request has one)
         └── compute       COMPUTE_START, COMPUTE_INPUT_END, COMPUTE_OUTPUT_START, COMPUTE_END
 
+A traced ensemble's steps and the BLS requests a traced Python model makes with
+`trace=request.trace()` are child traces: their model spans (each with its compute span) are
+children of the parent's model span, with `triton.trace_parent_id` the parent's trace id, as in
+Triton.
+
 Every span is of kind SERVER and starts and ends at its first and last event. A request that
 carries a W3C `traceparent` (HTTP header or gRPC metadata) has its InferRequest span join that
 trace, as the client's span's child (Triton's context propagation). The tracer's
@@ -98,44 +103,56 @@ class OtlpExporter:
         self._closed = False
 
     def export(self, trace: Trace) -> None:
-        """Queue one finished request's spans (exported in batches, in the background)."""
-        if self._closed or not trace.stamps:
+        """Queue one finished request's spans, its children's under its model span (exported
+        in batches, in the background)."""
+        if self._closed:
             return
         from opentelemetry import trace as otel  # noqa: PLC0415
 
-        stamps = [(name, ns + self._offset) for name, ns in trace.stamps]
+        if trace.parent is not None:  # a child that outlived its parent: under its model span
+            if trace.parent.span_context is not None:
+                self._model_spans(trace, trace.parent.span_context)
+            return
+        if not trace.stamps:
+            return
+        stamps = self._wall(trace.stamps)
         root_events = [s for s in stamps if s[0] not in _REQUEST_EVENTS | _COMPUTE_EVENTS]
-        request_events = [s for s in stamps if s[0] in _REQUEST_EVENTS]
-        compute_events = [s for s in stamps if s[0] in _COMPUTE_EVENTS]
         parent = self._propagator.extract(trace.carrier) if trace.carrier else None
         root = self._span(ROOT_SPAN, stamps, root_events, parent, {})
-        if request_events:
-            attributes: dict[str, Any] = {
-                "triton.model_name": trace.model_name,
-                "triton.model_version": trace.model_version,
-                "triton.trace_id": trace.id,
-                "triton.trace_parent_id": 0,
-            }
-            if trace.request_id:
-                attributes["triton.request_id"] = trace.request_id
-            request = self._span(
-                trace.model_name,
-                request_events,
-                request_events,
-                otel.set_span_in_context(root),
-                attributes,
-            )
-            if compute_events:
-                compute = self._span(
-                    COMPUTE_SPAN,
-                    compute_events,
-                    compute_events,
-                    otel.set_span_in_context(request),
-                    {},
-                )
-                compute.end(end_time=max(ns for _, ns in compute_events))
-            request.end(end_time=max(ns for _, ns in request_events))
+        self._model_spans(trace, otel.set_span_in_context(root))
         root.end(end_time=max(ns for _, ns in stamps))
+
+    def _wall(self, stamps: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        return [(name, ns + self._offset) for name, ns in stamps]
+
+    def _model_spans(self, trace: Trace, context: Any) -> None:
+        """The model span (and its compute span) of `trace`, child of `context`; then, under
+        the model span, those of the children it spawned (ensemble steps, BLS requests)."""
+        from opentelemetry import trace as otel  # noqa: PLC0415
+
+        stamps = self._wall(trace.stamps)
+        request_events = [s for s in stamps if s[0] in _REQUEST_EVENTS]
+        compute_events = [s for s in stamps if s[0] in _COMPUTE_EVENTS]
+        if not request_events:
+            return
+        attributes: dict[str, Any] = {
+            "triton.model_name": trace.model_name,
+            "triton.model_version": trace.model_version,
+            "triton.trace_id": trace.id,
+            "triton.trace_parent_id": trace.parent_id,
+        }
+        if trace.request_id:
+            attributes["triton.request_id"] = trace.request_id
+        request = self._span(trace.model_name, request_events, request_events, context, attributes)
+        trace.span_context = otel.set_span_in_context(request)
+        if compute_events:
+            compute = self._span(
+                COMPUTE_SPAN, compute_events, compute_events, trace.span_context, {}
+            )
+            compute.end(end_time=max(ns for _, ns in compute_events))
+        for child in trace.children:
+            self._model_spans(child, trace.span_context)
+        request.end(end_time=max(ns for _, ns in request_events))
 
     def _span(
         self,

@@ -67,6 +67,9 @@ class InferRequest:
     outputs: tuple[RequestedOutput, ...] | None = None  # None: every output of the model
     binary_output: bool = False  # request-level binary_data_output
     parameters: Mapping[str, Any] = field(default_factory=dict)
+    # The trace of the request that made this one (an ensemble step, a BLS request): the data
+    # plane's own type, opaque down here. None unless that request is traced.
+    parent_trace: object | None = None
 
 
 @dataclass(frozen=True, slots=True)

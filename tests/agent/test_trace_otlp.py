@@ -30,8 +30,9 @@ from agent.config.loader import load_config
 from agent.config.schema import AgentConfig, LogConfig, ModelsConfig, ServerConfig, validate
 from agent.errors import AgentConfigError
 from agent.serving.trace import Trace, Tracer
-from agent.serving.trace_otlp import DEFAULT_RESOURCE, parse_resource
+from agent.serving.trace_otlp import DEFAULT_RESOURCE, OtlpExporter, parse_resource
 from tests.server import agent_on_thread
+from tests.trace_models import write_trace_children_repo
 
 MODEL = "mlp_classifier"
 ROOT_HTTP = ["HTTP_RECV_START", "HTTP_RECV_END", "HTTP_SEND_START", "HTTP_SEND_END"]
@@ -210,6 +211,93 @@ def test_spans_reach_the_collector(model_repo: Path, collector: tuple[_Collector
     assert request_ids.count("req-7") == 1
     # Wall-clock nanoseconds (as OpenTelemetry has them), not the monotonic clock's.
     assert min(s["start"] for s in spans) > 1_600_000_000 * 10**9
+
+
+def _pair(module: Any) -> list[Any]:
+    inputs = []
+    for name in ("INPUT0", "INPUT1"):
+        tensor = module.InferInput(name, [4], "FP32")
+        tensor.set_data_from_numpy(np.arange(4, dtype=np.float32))
+        inputs.append(tensor)
+    return inputs
+
+
+def test_ensemble_steps_and_bls_calls_are_child_spans(
+    tmp_path: Path, collector: tuple[_Collector, str]
+) -> None:
+    received, endpoint = collector
+    repo = write_trace_children_repo(tmp_path / "models")
+    config = AgentConfig(
+        server=ServerConfig(http_port=0, grpc_port=0, metrics_port=-1),
+        models=ModelsConfig(repository=repo, intra_op_threads=1),
+        log=LogConfig(trace_mode="opentelemetry", trace_otlp_url=endpoint),
+    )
+    with agent_on_thread(config) as running:
+        http = httpclient.InferenceServerClient(f"127.0.0.1:{running.agent.http_port}")
+        grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{running.agent.grpc_port}")
+        http.update_trace_settings(
+            settings={"trace_level": ["TIMESTAMPS", "TENSORS"], "trace_rate": "1"}
+        )
+        http.infer("ens", _pair(httpclient))
+        grpc.infer("ens_bls", _pair(grpcclient), headers={"traceparent": GRPC_PARENT})
+        grpc.close()
+        http.close()
+    spans = received.spans
+    by_id = {s["span_id"]: s for s in spans}
+
+    def children(span: dict[str, Any], name: str | None = None) -> list[dict[str, Any]]:
+        found = [s for s in spans if s["parent"] == span["span_id"]]
+        return sorted(
+            (s for s in found if name is None or s["name"] == name), key=lambda s: s["start"]
+        )
+
+    def tree(span: dict[str, Any]) -> Any:
+        return [span["name"], [tree(child) for child in children(span)]]
+
+    roots = {s["trace_id"]: s for s in spans if s["name"] == "InferRequest"}
+    assert len(roots) == 2
+    trees = sorted(tree(root) for root in roots.values())
+    compute: list[Any] = ["compute", []]
+    step: list[Any] = ["add_sub", [compute]]
+    assert trees == [
+        ["InferRequest", [["ens", [compute, step, step]]]],
+        ["InferRequest", [["ens_bls", [compute, ["bls_traced", [compute, step]]]]]],
+    ]
+    for span in spans:
+        assert span["trace_id"] in roots  # one trace per request, children included
+        if span["name"] in ("InferRequest", "compute"):
+            continue
+        parent = by_id[span["parent"]]
+        # A model span's triton.trace_parent_id is its parent model span's triton.trace_id.
+        expected = parent["attributes"].get("triton.trace_id", 0)
+        assert span["attributes"]["triton.trace_parent_id"] == expected
+        assert parent["start"] <= span["start"] <= span["end"] <= parent["end"]
+    (bls_root,) = [r for r in roots.values() if r["parent"]]
+    assert bls_root["trace_id"] == GRPC_PARENT.split("-")[1]  # joined the client's trace
+
+
+def test_a_late_child_span_still_joins_its_parent(collector: tuple[_Collector, str]) -> None:
+    received, endpoint = collector
+    exporter = OtlpExporter(endpoint)
+    tracer = Tracer(mode="opentelemetry", exporter=exporter)
+    tracer.update(None, {"trace_level": ["TIMESTAMPS"], "trace_rate": "1"})
+    parent = tracer.start("bls_traced")
+    assert parent is not None
+    child = tracer.spawn(parent, "add_sub")
+    for name in ("HTTP_RECV_START", "REQUEST_START"):
+        parent.stamp(name)
+    child.stamp("REQUEST_START")
+    for name in ("REQUEST_END", "HTTP_SEND_END"):
+        parent.stamp(name)
+    tracer.finish(parent)
+    child.stamp("REQUEST_END")
+    tracer.finish(child)  # after its parent was exported
+    tracer.close()
+    spans = {s["name"]: s for s in received.spans}
+    assert set(spans) == {"InferRequest", "bls_traced", "add_sub"}
+    assert spans["add_sub"]["parent"] == spans["bls_traced"]["span_id"]
+    assert spans["add_sub"]["trace_id"] == spans["InferRequest"]["trace_id"]
+    assert spans["add_sub"]["attributes"]["triton.trace_parent_id"] == parent.id
 
 
 def test_tracer_hands_traces_to_the_exporter_only_in_opentelemetry_mode() -> None:
