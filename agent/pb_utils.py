@@ -197,11 +197,15 @@ class InferenceResponseSender:
         self,
         transport: Callable[[InferenceResponse | None, bool], None],
         cancelled: Callable[[], bool],
+        *,
+        decoupled: bool = True,
     ) -> None:
         self._transport = transport
         self._cancelled = cancelled
+        self._decoupled = decoupled
         self._lock = threading.Lock()
         self._closed = False
+        self._sent = 0
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         """Send a response, and/or with TRITONSERVER_RESPONSE_COMPLETE_FINAL end the request.
@@ -223,12 +227,23 @@ class InferenceResponseSender:
             )
         final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
         with self._lock:
+            if not self._decoupled and response is not None and self._sent:
+                raise TritonModelException(
+                    "Unable to send response. Non-decoupled model cannot send more than one "
+                    "response."
+                )
+            if not self._decoupled and response is None and not self._sent:
+                raise TritonModelException(
+                    "Unable to send response. Non-decoupled model cannot send complete final "
+                    "before sending a response."
+                )
             if self._closed:
                 raise TritonModelException(
                     "Unable to send response. Response sender has been closed."
                 )
             if final:
                 self._closed = True
+            self._sent += 1
             self._transport(response, final)
 
     def is_cancelled(self) -> bool:
@@ -317,15 +332,16 @@ class InferenceRequest:
     def get_response_sender(self) -> InferenceResponseSender:
         """This request's response sender (decoupled models).
 
+        A model that is not decoupled may answer through it too (one response, inside
+        `execute`, which then returns None), as Triton allows.
+
         Raises:
-            TritonModelException: the model is not decoupled, or the request was built by the
-                model (BLS).
+            TritonModelException: the request was built by the model (BLS).
         """
         sender: InferenceResponseSender | None = getattr(self, "_sender", None)
         if sender is None:
             raise TritonModelException(
-                "get_response_sender() is only available to models with the decoupled "
-                "transaction policy (model_transaction_policy { decoupled: true })"
+                "get_response_sender() is only available on the requests `execute` receives"
             )
         return sender
 

@@ -340,6 +340,7 @@ def _execute(model: Any, message: ipc.Message, running: _Running) -> ipc.Message
         trace = pb_utils.InferenceTrace(index if isinstance(index, int) else None)
         outputs = [str(n) for n in item["outputs"]]
         requests.append(pb_utils.InferenceRequest(inputs, outputs, trace=trace))
+    sent = _response_slots(requests)
     seq = message.meta.get("seq")
     running.start(seq if isinstance(seq, int) else -1, requests)
     try:
@@ -349,6 +350,8 @@ def _execute(model: Any, message: ipc.Message, running: _Running) -> ipc.Message
     except Exception as exc:  # noqa: BLE001 - user code: report it, stay alive
         traceback.print_exc()
         return _error(_describe(exc), user=True)
+    if responses is None and any(sent):  # answered through response senders (Triton allows)
+        responses = [slot[0] if slot else None for slot in sent]
     if not isinstance(responses, list | tuple) or len(responses) != len(requests):
         return _error(
             f"execute must return a list of {len(requests)} InferenceResponse, "
@@ -365,6 +368,26 @@ def _execute(model: Any, message: ipc.Message, running: _Running) -> ipc.Message
             answers.append({"tensors": len(outcome)})
             tensors.extend(outcome)
     return ipc.Message(ipc.RESULT, {"responses": answers}, tensors)
+
+
+def _response_slots(requests: list[pb_utils.InferenceRequest]) -> list[list[Any]]:
+    """Give each request of a model that is not decoupled a response sender; what each sends
+    (one response at most, Triton's checks) lands in its slot."""
+    slots: list[list[Any]] = []
+    for request in requests:
+        slot: list[Any] = []
+        slots.append(slot)
+
+        def keep(
+            response: pb_utils.InferenceResponse | None, final: bool, to: list[Any] = slot
+        ) -> None:
+            if response is not None:
+                to.append(response)
+
+        request.set_response_sender(
+            pb_utils.InferenceResponseSender(keep, request.is_cancelled, decoupled=False)
+        )
+    return slots
 
 
 _loop: Any = None

@@ -108,8 +108,55 @@ def test_the_sender_s_checks_use_triton_s_words() -> None:
     assert sender.is_closed()
 
 
-def test_a_model_that_is_not_decoupled_has_no_response_sender() -> None:
+def test_a_request_built_by_the_model_has_no_response_sender() -> None:
     request = pb_utils.InferenceRequest([], ["OUT"])
-    with pytest.raises(pb_utils.TritonModelException, match="decoupled"):
+    with pytest.raises(pb_utils.TritonModelException, match="only available"):
         request.get_response_sender()
     assert request.is_cancelled() is False
+
+
+def test_a_sender_of_a_model_that_is_not_decoupled_sends_one_response() -> None:
+    sender = pb_utils.InferenceResponseSender(lambda r, f: None, lambda: False, decoupled=False)
+    with pytest.raises(pb_utils.TritonModelException, match="cannot send complete final before"):
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    sender.send(pb_utils.InferenceResponse([]))
+    with pytest.raises(pb_utils.TritonModelException, match="cannot send more than one response"):
+        sender.send(pb_utils.InferenceResponse([]))
+    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+
+SENDER_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            out = pb_utils.Tensor("Y", (x * 2).astype(np.float32))
+            request.get_response_sender().send(
+                pb_utils.InferenceResponse([out]),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+            )
+        return None
+"""
+
+
+def test_a_model_that_is_not_decoupled_may_answer_through_its_sender(tmp_path: Path) -> None:
+    config = text_format.Parse(
+        """
+        name: "sender" backend: "python" max_batch_size: 4
+        input [ { name: "X" data_type: TYPE_FP32 dims: [ 2 ] } ]
+        output [ { name: "Y" data_type: TYPE_FP32 dims: [ 2 ] } ]
+        """,
+        mc.ModelConfig(),
+    )
+    model_dir = write_python_model(tmp_path, "sender", SENDER_MODEL, "")
+    backend = PythonBackend(model_dir / "1", config)
+    try:
+        x = np.array([[1.0, 2.0]], np.float32)
+        answers = backend.run_requests([({"X": x}, ["Y"]), ({"X": x + 1}, ["Y"])])
+    finally:
+        backend.close()
+    assert [a[0].tolist() for a in answers if isinstance(a, list)] == [[[2.0, 4.0]], [[4.0, 6.0]]]
