@@ -20,6 +20,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from agent.api.http_codec import HEADER_LENGTH, decode_infer_request, encode_infer_response
+from agent.api.http_generate import REFUSAL, generate_routes
 from agent.api.http_limits import ClientTimeoutError, body_middleware, must_close
 from agent.canary.control import policy_from_request
 from agent.errors import (
@@ -40,6 +41,7 @@ from agent.errors import (
     PayloadTooLargeError,
     RequestTimeoutError,
     SharedMemoryNotFoundError,
+    UnsupportedError,
     lookup,
 )
 from agent.models.pushed import FILE_PREFIX
@@ -50,6 +52,7 @@ logger = logging.getLogger(__name__)
 
 DATAPLANE = web.AppKey("dataplane", DataPlane)
 TENSOR_LIMITS = web.AppKey("tensor_limits", TensorLimits)
+
 
 # The one place where error types become HTTP status codes (every type listed: a test checks).
 STATUS_FOR_ERROR: dict[type[AgentError], int] = {
@@ -67,6 +70,7 @@ STATUS_FOR_ERROR: dict[type[AgentError], int] = {
     ModelLoadError: 500,
     MemoryBudgetError: 500,
     InternalError: 500,
+    UnsupportedError: 501,
     AgentError: 500,
     ModelNotReadyError: 503,
     OverloadedError: 503,
@@ -137,6 +141,8 @@ def create_app(
             # Inference first: the router tries routes in order, and this is the hot path.
             web.post(model + "/infer", _infer),
             web.post(version + "/infer", _infer),
+            # Triton's generate extension: generate, generate_stream (agent.api.http_generate).
+            *generate_routes(dataplane, model, version),
             web.get("/v2/health/live", _live),
             web.get("/v2/health/ready", _ready),
             web.get("/v2", _server_metadata),
@@ -387,7 +393,7 @@ async def _infer(request: web.Request) -> web.Response:
     header_length = _header_length(request)
     body = await request.read()
     infer_request = decode_infer_request(body, header_length, limits=request.app[TENSOR_LIMITS])
-    response = await _dataplane(request).infer(*_target(request), infer_request)
+    response = await _dataplane(request).infer(*_target(request), infer_request, refusal=REFUSAL)
     return _infer_response(*encode_infer_response(response, infer_request))
 
 
@@ -400,13 +406,13 @@ async def _infer_traced(request: web.Request) -> web.Response:
     infer_request = decode_infer_request(body, header_length, limits=request.app[TENSOR_LIMITS])
     trace = dataplane.tracer.start(request.match_info["model"], infer_request.id or "")
     if trace is None:
-        response = await dataplane.infer(*_target(request), infer_request)
+        response = await dataplane.infer(*_target(request), infer_request, refusal=REFUSAL)
         return _infer_response(*encode_infer_response(response, infer_request))
     trace.stamp("HTTP_RECV_START", received)
     trace.stamp("HTTP_RECV_END")
     trace.propagate(request.headers)
     try:
-        response = await dataplane.infer(*_target(request), infer_request, trace)
+        response = await dataplane.infer(*_target(request), infer_request, trace, refusal=REFUSAL)
         trace.stamp("HTTP_SEND_START")
         answer = _infer_response(*encode_infer_response(response, infer_request))
         trace.stamp("HTTP_SEND_END")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -29,6 +29,7 @@ from agent.errors import (
     ModelNotReadyError,
     OverloadedError,
     RequestTimeoutError,
+    UnsupportedError,
 )
 from agent.models.cache_control import CachedVersions
 from agent.models.control import ModelControlMode, ModelManager
@@ -39,8 +40,10 @@ from agent.repository.model_config import config_from_json, config_to_json
 from agent.scheduling.sequence_policy import sequence_parameters
 from agent.scheduling.sequence_scheduler import SequenceScheduler
 from agent.scheduling.statistics import FailureReason
+from agent.serving.decoupled import stream_responses
 from agent.serving.log_settings import LogSettings
 from agent.serving.response_cache import ResponseCache, cache_key
+from agent.serving.response_stream import StreamedResponse
 from agent.serving.sequence_routes import SequenceRoutes
 from agent.serving.shared_memory import SharedMemoryRegistry
 from agent.serving.trace import Trace, Tracer
@@ -267,13 +270,21 @@ class DataPlane:
         return self.tracer.update(model, changes)
 
     async def infer(
-        self, name: str, version: str | None, request: InferRequest, trace: Trace | None = None
+        self,
+        name: str,
+        version: str | None,
+        request: InferRequest,
+        trace: Trace | None = None,
+        *,
+        refusal: str | None = None,
     ) -> InferResponse:
         """Validate a request, answer from the response cache or queue it on the scheduler.
 
         `trace` (tracing on and this request sampled) collects the request's timestamps. A
         request with a `parent_trace` (an ensemble step or a BLS request of a traced request)
         gets a child trace, finished here.
+        `refusal`: the transport's wording when the model is decoupled (one response per call
+        cannot serve it: `infer_stream` does).
 
         Raises:
             ModelNotFoundError, ModelNotReadyError: the model or version cannot serve.
@@ -283,6 +294,7 @@ class DataPlane:
             ModelInstanceFailedError: an instance hung or died; the version is UNAVAILABLE now.
             InternalError: an unexpected exception (a bug), logged with its traceback; like
                 every failure it is counted in the statistics and told to the canary.
+            UnsupportedError: the model is decoupled.
         """
         start = time.perf_counter_ns()
         if trace is None and request.parent_trace is not None:
@@ -296,6 +308,8 @@ class DataPlane:
         routed = None if version or owner else self.canary.route(name)  # canary: unversioned only
         served, number = owner or self._registry.resolve(name, str(routed) if routed else version)
         loaded = served.versions[number]
+        if served.config.model_transaction_policy.decoupled:
+            raise UnsupportedError(refusal or _decoupled_refusal(served.name))
         if trace is not None:
             trace.model_version = number
         stats = loaded.stats
@@ -383,6 +397,57 @@ class DataPlane:
             self._trace_end(trace, outputs)
         return InferResponse(served.name, version_text, outputs, request.id)
 
+    async def infer_stream(
+        self, name: str, version: str | None, request: InferRequest
+    ) -> AsyncGenerator[StreamedResponse, None]:
+        """Every response of a request, for any model (`agent.serving.response_stream`).
+
+        Errors before the model takes the request are raised (as `infer` raises them); after
+        that they come as items. Closing the iterator before the final item cancels the request
+        (the model's `request.is_cancelled()` turns true).
+        """
+        served, _ = self._registry.resolve(name, version)
+        if not served.config.model_transaction_policy.decoupled:
+            yield StreamedResponse(await self.infer(name, version, request))
+            return
+        start = time.perf_counter_ns()
+        await self.manager.wait_if_swapping(name)
+        served, number = self._registry.resolve(name, version)  # no canary split of streams
+        loaded = served.versions[number]
+        try:
+            if any(t.shm is not None for t in request.inputs) or shared_memory_outputs(request):
+                raise InvalidInputError(
+                    "shared-memory tensors are not supported with decoupled models"
+                )
+            valid = served.signature.validate(request)
+            priority, timeout_us = _scheduling_parameters(request.parameters)
+        except AgentError:
+            loaded.stats.record_failure(
+                request_ns=time.perf_counter_ns() - start, reason="OTHER", now_ms=_now_ms()
+            )
+            raise
+        responses = stream_responses(
+            served,
+            loaded,
+            valid,
+            request.id,
+            priority=priority,
+            timeout_us=timeout_us,
+            start_ns=start,
+        )
+        try:
+            async for item in responses:
+                if isinstance(item.error, ModelInstanceFailedError):
+                    self._registry.mark_failed(
+                        served.name, number, item.error.message, loaded=loaded
+                    )
+                yield item
+        except ModelInstanceFailedError as exc:
+            self._registry.mark_failed(served.name, number, exc.message, loaded=loaded)
+            raise
+        finally:
+            await responses.aclose()
+
     def _child_trace(self, name: str, request: InferRequest) -> Trace | None:
         parent = request.parent_trace
         if not isinstance(parent, Trace):
@@ -418,6 +483,13 @@ class DataPlane:
         """Tell the canary how a request it routed went (latency from arrival to answer)."""
         if routed is not None:
             self.canary.record(name, routed, (time.perf_counter_ns() - start_ns) // 1000, error)
+
+
+def _decoupled_refusal(name: str) -> str:
+    return (
+        f"model '{name}' uses the decoupled transaction policy: its responses are streamed "
+        "(gRPC ModelStreamInfer, HTTP generate_stream)"
+    )
 
 
 def _with_rejections(
