@@ -184,6 +184,10 @@ class Tensor:
 
 # Response flags (Triton's TRITONSERVER_ResponseCompleteFlag).
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+# Request flags (Triton's TRITONSERVER_RequestFlag): a BLS request's `flags=`, with its
+# `correlation_id=`, make it a request of that sequence.
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
 
 
 class InferenceResponseSender:

@@ -105,6 +105,8 @@ class BlsClient:
             "timeout_us": request.timeout(),
             "parameters": request.parameters(),
             "request_id": request.request_id(),
+            "correlation_id": request.correlation_id(),
+            "flags": request.flags(),
         }
         trace = request.trace()
         if isinstance(trace, pb_utils.InferenceTrace) and trace.index is not None:
@@ -343,10 +345,25 @@ def _infer_request(
         raise ValueError("parameters must be an object")
     if timeout_us is not None:
         parameters["timeout"] = timeout_us
+    parameters.update(_sequence(meta.get("correlation_id"), meta.get("flags")))
     request_id = str(meta.get("request_id") or "") or None
     return InferRequest(
         inputs, id=request_id, outputs=outputs, parameters=parameters, parent_trace=parent_trace
     )
+
+
+def _sequence(correlation_id: object, flags: object) -> dict[str, Any]:
+    """A BLS request's `correlation_id` and `flags` as the sequence parameters a client sends
+    (Triton passes them on as the request's own: the called model's sequence batcher uses them)."""
+    found: dict[str, Any] = {}
+    if isinstance(correlation_id, int | str) and correlation_id not in (0, ""):
+        found["sequence_id"] = correlation_id
+    bits = flags if isinstance(flags, int) else 0
+    if bits & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START:
+        found["sequence_start"] = True
+    if bits & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END:
+        found["sequence_end"] = True
+    return found
 
 
 def _message(model: str, exc: BaseException) -> str:

@@ -17,6 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from agent import pb_utils
 from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.runtime.daemon import RunningAgent
 from agent.scheduling.sequence_scheduler import SequenceScheduler
@@ -85,6 +86,43 @@ sequence_batching {
 }
 """
 
+# A BLS model that runs the stateful ONNX accumulator as a sequence of its own: Triton's
+# `correlation_id=` and `flags=` on the BLS request.
+BLS_SOURCE = """
+import numpy as np
+
+from agent import pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X")
+            corrid = int(pb_utils.get_input_tensor_by_name(request, "ID").as_numpy().flat[0])
+            flags = int(pb_utils.get_input_tensor_by_name(request, "FLAGS").as_numpy().flat[0])
+            answer = pb_utils.InferenceRequest(
+                model_name="acc_direct",
+                requested_output_names=["OUTPUT"],
+                inputs=[pb_utils.Tensor("INPUT", x.as_numpy())],
+                correlation_id=corrid,
+                flags=flags,
+            ).exec()
+            if answer.has_error():
+                raise pb_utils.TritonModelException(answer.error().message())
+            total = pb_utils.get_output_tensor_by_name(answer, "OUTPUT").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("SUM", total)]))
+        return responses
+"""
+BLS_CONFIG = """
+name: "bls_acc" backend: "python" max_batch_size: 4
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] },
+        { name: "ID" data_type: TYPE_UINT64 dims: [ 1 ] },
+        { name: "FLAGS" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 1 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+
 
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningAgent]:
@@ -102,6 +140,7 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningAgent]:
     write_model(repo, "acc_swap", accumulator_model(1.0), swap, versions=(1,))
     write_model(repo, "acc_swap", accumulator_model(2.0), None, versions=(2,))
     write_python_model(repo, "py_acc", PY_SOURCE, PY_CONFIG)
+    write_python_model(repo, "bls_acc", BLS_SOURCE, BLS_CONFIG)
     (repo / "acc_ensemble" / "1").mkdir(parents=True)
     (repo / "acc_ensemble" / "config.pbtxt").write_text(ENSEMBLE)
     settings = AgentConfig(
@@ -348,3 +387,31 @@ def test_a_python_model_gets_each_sequence_request_with_its_own_controls(
             got.update(future.result(timeout=120))
     for corrid, values in sequences:
         assert got[corrid] == np.cumsum(np.array(values, np.float32)).tolist(), corrid
+
+
+def test_bls_requests_carry_their_correlation_id_and_flags(agent: RunningAgent) -> None:
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{agent.http_port}")
+    start, end = (
+        pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
+        pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END,
+    )
+
+    def step(corrid: int, v: float, flags: int) -> float:
+        inputs = [
+            httpclient.InferInput("X", [1, 1], "FP32"),
+            httpclient.InferInput("ID", [1, 1], "UINT64"),
+            httpclient.InferInput("FLAGS", [1, 1], "INT32"),
+        ]
+        inputs[0].set_data_from_numpy(np.array([[v]], np.float32))
+        inputs[1].set_data_from_numpy(np.array([[corrid]], np.uint64))
+        inputs[2].set_data_from_numpy(np.array([[flags]], np.int32))
+        return float(client.infer("bls_acc", inputs).as_numpy("SUM")[0, 0])
+
+    assert step(601, 1.0, start) == 1.0
+    assert step(602, 4.0, start) == 4.0
+    assert step(601, 2.0, 0) == 3.0
+    assert step(602, 4.0, end) == 8.0
+    assert step(601, 3.0, end) == 6.0
+    with pytest.raises(InferenceServerException, match="must specify the START flag"):
+        step(601, 1.0, 0)  # the sequence ended: the called model's own error comes back
+    client.close()
