@@ -59,7 +59,7 @@ import numpy as np
 from agent.backends import python_ipc as ipc
 from agent.backends.cancellation import CancelSignal
 from agent.backends.custom_metrics import CustomMetricStore
-from agent.backends.python_bls import BlsCalls, BlsSubmit
+from agent.backends.python_bls import BlsCalls, BlsRunner
 from agent.backends.python_config import (
     DEFAULT_MODEL_FILENAME,
     PYTHON_BACKEND,
@@ -108,7 +108,7 @@ class PythonBackend:
         version: int = 0,
         auto_complete: bool = True,
         custom_metrics: CustomMetricStore | None = None,
-        bls: BlsSubmit | None = None,
+        bls: BlsRunner | None = None,
     ) -> None:
         """Start one worker per instance and run `initialize` in each.
 

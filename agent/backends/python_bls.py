@@ -36,13 +36,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import queue
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import CancelledError, Future, InvalidStateError
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing import Pipe
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -50,7 +53,12 @@ from agent import pb_utils
 from agent.backends import python_ipc as ipc
 from agent.backends.cancellation import CancelSignal
 from agent.backends.python_mailbox import Mailbox
-from agent.errors import AgentError, ModelNotFoundError, ModelNotReadyError, RequestTimeoutError
+from agent.errors import (
+    AgentError,
+    ModelNotFoundError,
+    ModelNotReadyError,
+    RequestTimeoutError,
+)
 from agent.tensors.request import InferInput, InferRequest, InferResponse, RequestedOutput
 
 logger = logging.getLogger(__name__)
@@ -58,8 +66,33 @@ logger = logging.getLogger(__name__)
 MAX_IN_FLIGHT = 256
 CANCELLED = "Request was cancelled"  # Triton's message for a cancelled request
 
-# Runs a request on (model, version or None) from any thread; the future holds the response.
-BlsSubmit = Callable[[str, str | None, InferRequest], "Future[InferResponse]"]
+# Gets each response of a streamed request: its outputs, or its error; the final flag.
+OnStreamItem = Callable[[InferResponse | None, AgentError | None, bool], None]
+
+
+class BlsRunner(Protocol):
+    """Runs BLS requests on (model, version or None) from any thread (the data plane)."""
+
+    def submit_threadsafe(
+        self, model: str, version: str | None, request: InferRequest, *, refusal: str | None = None
+    ) -> Future[InferResponse]:
+        """One response; `refusal` words the error when the model is decoupled."""
+        ...
+
+    def stream_threadsafe(
+        self, model: str, version: str | None, request: InferRequest, on_item: OnStreamItem
+    ) -> Future[None]:
+        """Every response (`decoupled=True`), to `on_item`; the future ends with the stream."""
+        ...
+
+
+def decoupled_refusal(model: str) -> str:
+    """Triton's error for a BLS call without `decoupled=True` to a decoupled model."""
+    return (
+        f"Model {model} is using the decoupled. The current BLS request call doesn't support "
+        "models using the decoupled transaction policy. Please use 'decoupled=True' argument to "
+        "the 'exec' or 'async_exec' calls for decoupled models.'"
+    )
 
 
 # ---------------------------------------------------------------- worker side
@@ -83,8 +116,9 @@ class BlsClient:
         pb_utils.set_bls_runner(None)
         self._mailbox.abandon("the execute call that made this request returned")
 
-    def submit(self, request: pb_utils.InferenceRequest) -> Future[pb_utils.InferenceResponse]:
+    def submit(self, request: pb_utils.InferenceRequest, decoupled: bool = False) -> Future[Any]:
         """Send one request to the agent; the future gets its response, or an error response.
+        `decoupled`: the future gets a `ResponseIterator` once the first response came.
 
         Cancelling the future (the model's asyncio task awaiting `async_exec` was cancelled)
         tells the agent, which cancels the child request.
@@ -111,6 +145,9 @@ class BlsClient:
         trace = request.trace()
         if isinstance(trace, pb_utils.InferenceTrace) and trace.index is not None:
             meta["trace"] = trace.index  # the parent: which request of this execute call
+        if decoupled:
+            meta["decoupled"] = True
+            return self._stream(call_id, meta, tensors)
         response: Future[pb_utils.InferenceResponse] = Future()
         slot = self._mailbox.expect(call_id)
         slot.add_done_callback(lambda done: _deliver(response, done))
@@ -122,23 +159,101 @@ class BlsClient:
             _settle(response, _error_response(f"BLS failed: {exc}"))
         return response
 
-    def _cancelled(self, call_id: int, response: Future[pb_utils.InferenceResponse]) -> None:
-        if not response.cancelled():
-            return
+    def _stream(
+        self, call_id: int, meta: dict[str, Any], tensors: list[tuple[str, Any]]
+    ) -> Future[ResponseIterator]:
+        responses = ResponseIterator(lambda: self._cancel(call_id))
+        self._mailbox.expect_stream(call_id, responses.deliver)
+        responses.started.add_done_callback(lambda done: self._cancelled(call_id, done))
+        try:
+            self._send(ipc.Message(ipc.BLS, meta, tensors))
+        except (OSError, ValueError) as exc:
+            self._mailbox.forget(call_id)
+            error = {"id": call_id, "error": f"BLS failed: {exc}", "final": True}
+            responses.deliver(ipc.Message(ipc.BLS_RESULT, error))
+        return responses.started
+
+    def _cancelled(self, call_id: int, response: Future[Any]) -> None:
+        if response.cancelled():
+            self._cancel(call_id)
+
+    def _cancel(self, call_id: int) -> None:
         self._mailbox.forget(call_id)
         with contextlib.suppress(OSError):  # the agent is gone: nothing left to cancel
             self._send(ipc.Message(ipc.BLS_CANCEL, {"id": call_id}))
 
 
-def _deliver(response: Future[pb_utils.InferenceResponse], slot: Future[ipc.Message]) -> None:
-    reply = slot.result()
+class ResponseIterator:
+    """The responses of a BLS call with `decoupled=True`, as Triton's python_backend gives them:
+    iterate it (`for`, blocking) or, in an `async def execute`, `async for`. It ends after the
+    response with the final flag; a final flag sent alone comes as an empty response.
+    `cancel()` cancels the request."""
+
+    def __init__(self, cancel: Callable[[], None]) -> None:
+        self._cancel = cancel
+        self._lock = threading.Lock()
+        self._ready: deque[tuple[pb_utils.InferenceResponse, bool]] = deque()
+        self._waiters: deque[Future[tuple[pb_utils.InferenceResponse, bool]]] = deque()
+        self._done = False
+        self.started: Future[ResponseIterator] = Future()  # set at the first response
+
+    def deliver(self, message: ipc.Message) -> None:
+        """One reply from the agent (the pipe reader's thread)."""
+        item = (_response_of(message), bool(message.meta.get("final", True)))
+        with self._lock:
+            while self._waiters:
+                waiter = self._waiters.popleft()
+                with contextlib.suppress(InvalidStateError):  # its awaiting task was cancelled
+                    waiter.set_result(item)
+                    break
+            else:
+                self._ready.append(item)
+        with contextlib.suppress(InvalidStateError):
+            self.started.set_result(self)
+
+    def cancel(self) -> None:
+        """Cancel the request (Triton's `ResponseIterator.cancel`); the stream then ends."""
+        self._cancel()
+        self.deliver(ipc.Message(ipc.BLS_RESULT, {"id": -1, "error": CANCELLED, "final": True}))
+
+    def __iter__(self) -> ResponseIterator:
+        return self
+
+    def __next__(self) -> pb_utils.InferenceResponse:
+        if self._done:
+            raise StopIteration
+        response, self._done = self._next().result()
+        return response
+
+    def __aiter__(self) -> ResponseIterator:
+        return self
+
+    async def __anext__(self) -> pb_utils.InferenceResponse:
+        import asyncio  # noqa: PLC0415 - only models with async execute need it
+
+        if self._done:
+            raise StopAsyncIteration
+        response, self._done = await asyncio.wrap_future(self._next())
+        return response
+
+    def _next(self) -> Future[tuple[pb_utils.InferenceResponse, bool]]:
+        waiter: Future[tuple[pb_utils.InferenceResponse, bool]] = Future()
+        with self._lock:
+            if self._ready:
+                waiter.set_result(self._ready.popleft())
+            else:
+                self._waiters.append(waiter)
+        return waiter
+
+
+def _response_of(reply: ipc.Message) -> pb_utils.InferenceResponse:
     if "error" in reply.meta:
-        _settle(response, _error_response(str(reply.meta["error"])))
-    else:
-        _settle(
-            response,
-            pb_utils.InferenceResponse([pb_utils.Tensor(n, a) for n, a in reply.tensors]),
-        )
+        return _error_response(str(reply.meta["error"]))
+    return pb_utils.InferenceResponse([pb_utils.Tensor(n, a) for n, a in reply.tensors])
+
+
+def _deliver(response: Future[pb_utils.InferenceResponse], slot: Future[ipc.Message]) -> None:
+    _settle(response, _response_of(slot.result()))
 
 
 def _error_response(text: str) -> pb_utils.InferenceResponse:
@@ -160,7 +275,10 @@ class _Call:
     deadline: float
     bound_s: float
     own_timeout: bool
-    future: Future[InferResponse] | None = None
+    future: Future[Any] | None = None
+    # A streamed call (`decoupled=True`): its responses as they come, until one is final.
+    items: queue.SimpleQueue[tuple[InferResponse | None, AgentError | None, bool]] | None = None
+    ended: bool = field(default=False)
 
 
 class BlsCalls:
@@ -168,7 +286,7 @@ class BlsCalls:
 
     def __init__(
         self,
-        submit: BlsSubmit | None,
+        submit: BlsRunner | None,
         conn: Connection,
         default_timeout_s: float,
         caller: str,
@@ -224,16 +342,33 @@ class BlsCalls:
         if self._submit is None:
             self._answer(call, error="BLS needs the agent's data plane, which is not running")
             return
+        wake = self._wake_w
         try:
             request = _infer_request(message, timeout_us if own else None, self._parent(meta))
             version = meta.get("version", -1)
-            future = self._submit(model, str(version) if int(version) > 0 else None, request)
+            number = str(version) if int(version) > 0 else None
+            if meta.get("decoupled"):
+                items: queue.SimpleQueue[tuple[InferResponse | None, AgentError | None, bool]]
+                items = call.items = queue.SimpleQueue()
+
+                def on_item(
+                    response: InferResponse | None, error: AgentError | None, final: bool
+                ) -> None:
+                    items.put((response, error, final))
+                    _poke(wake)
+
+                future: Future[Any] = self._submit.stream_threadsafe(
+                    model, number, request, on_item
+                )
+            else:
+                future = self._submit.submit_threadsafe(
+                    model, number, request, refusal=decoupled_refusal(model)
+                )
         except (AgentError, TypeError, ValueError) as exc:
-            self._answer(call, error=_message(model, exc))
+            self._answer(call, error=_message(model, exc), final=bool(meta.get("decoupled")))
             return
         call.future = future
         self._calls[call_id] = call
-        wake = self._wake_w
         future.add_done_callback(lambda _: _poke(wake))
 
     def drop(self, message: ipc.Message) -> None:
@@ -249,7 +384,7 @@ class BlsCalls:
             del self._calls[call.call_id]
             if call.future is not None:
                 call.future.cancel()
-            self._answer(call, error=CANCELLED)
+            self._answer(call, error=CANCELLED, final=True)
 
     def wait(self, deadline: float) -> None:
         """Until the worker sends something, this is woken, a call ends (its result then sent)
@@ -263,13 +398,38 @@ class BlsCalls:
         now = time.monotonic()
         for call in list(self._calls.values()):
             assert call.future is not None
-            if call.future.done():
+            done = call.future.done()  # before the responses: all of a done stream are queued
+            if call.items is not None:
+                self._pass_on(call, now)
+            if call.ended:
+                del self._calls[call.call_id]
+            elif done:
                 del self._calls[call.call_id]
                 self._finish(call)
             elif now >= call.deadline:
                 del self._calls[call.call_id]
                 call.future.cancel()
-                self._answer(call, error=self._timeout_message(call))
+                self._answer(call, error=self._timeout_message(call), final=True)
+
+    def _pass_on(self, call: _Call, now: float) -> None:
+        """Send a streamed call's responses that came (each restarts its clock, unless the
+        call has a timeout of its own: that bounds the whole request)."""
+        assert call.items is not None
+        while not call.ended:
+            try:
+                response, error, final = call.items.get_nowait()
+            except queue.Empty:
+                return
+            if not call.own_timeout:
+                call.deadline = now + call.bound_s
+            call.ended = final
+            if error is not None:
+                self._answer(call, error=_message(call.model, error), final=final)
+            elif response is not None:
+                tensors = [(o.name, o.data) for o in response.outputs]
+                self._answer(call, tensors=tensors, final=final)
+            else:
+                self._answer(call, final=final)
 
     def cancel(self) -> None:
         """The `execute` ended: calls still running are cancelled, their results dropped."""
@@ -290,13 +450,17 @@ class BlsCalls:
 
     def _finish(self, call: _Call) -> None:
         assert call.future is not None
+        streamed = call.items is not None
         try:
             response = call.future.result()
         except CancelledError:
-            self._answer(call, error=self._timeout_message(call))
+            self._answer(call, error=self._timeout_message(call), final=streamed)
             return
         except Exception as exc:  # noqa: BLE001 - any failure is that request's error
-            self._answer(call, error=_message(call.model, exc))
+            self._answer(call, error=_message(call.model, exc), final=streamed)
+            return
+        if streamed:  # the stream ended without a final response (the data plane ends it)
+            self._answer(call, final=True)
             return
         self._answer(call, tensors=[(o.name, o.data) for o in response.outputs])
 
@@ -315,10 +479,13 @@ class BlsCalls:
         *,
         error: str | None = None,
         tensors: list[tuple[str, np.ndarray]] | None = None,
+        final: bool | None = None,
     ) -> None:
         meta: dict[str, Any] = {"id": call.call_id}
         if error is not None:
             meta["error"] = error
+        if final is not None:  # a streamed call's response
+            meta["final"] = final
         ipc.send(self._conn, ipc.Message(ipc.BLS_RESULT, meta, tensors or []))
 
 

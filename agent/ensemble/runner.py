@@ -20,8 +20,8 @@ import asyncio
 import concurrent.futures
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -33,7 +33,36 @@ from agent.scheduling.sequence_policy import SequenceRequest
 from agent.tensors.request import InferInput, InferRequest, InferResponse, RequestedOutput
 from agent.tensors.signature import ValidatedRequest
 
-StepRunner = Callable[[str, str | None, InferRequest], Awaitable[InferResponse]]
+
+class StepRunner(Protocol):
+    """The data plane's `infer`: `refusal` words the error for a decoupled model."""
+
+    def __call__(
+        self,
+        name: str,
+        version: str | None,
+        request: InferRequest,
+        /,
+        *,
+        refusal: str | None = None,
+    ) -> Awaitable[InferResponse]: ...
+
+
+class StreamItem(Protocol):
+    """One response of a streamed request (the data plane's `StreamedResponse`)."""
+
+    @property
+    def response(self) -> InferResponse | None: ...
+    @property
+    def error(self) -> AgentError | None: ...
+    @property
+    def final(self) -> bool: ...
+
+
+# The data plane's `infer_stream`: every response of a request, for any model.
+StreamRunner = Callable[[str, str | None, InferRequest], AsyncIterator[StreamItem]]
+# Gets each response of a streamed BLS request (on the event loop): outputs, error, final.
+OnItem = Callable[[InferResponse | None, AgentError | None, bool], None]
 
 
 class StepRunnerSlot:
@@ -45,11 +74,14 @@ class StepRunnerSlot:
 
     def __init__(self) -> None:
         self.runner: StepRunner | None = None
+        self.stream_runner: StreamRunner | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
 
-    def bind(self, runner: StepRunner) -> None:
-        """Plug in `runner`; called on the agent's event loop, which BLS requests then use."""
+    def bind(self, runner: StepRunner, stream_runner: StreamRunner | None = None) -> None:
+        """Plug in `runner` (and `stream_runner`, for streamed BLS requests); called on the
+        agent's event loop, which BLS requests then use."""
         self.runner = runner
+        self.stream_runner = stream_runner
         with contextlib.suppress(RuntimeError):  # no loop running: BLS stays unavailable
             self.loop = asyncio.get_running_loop()
 
@@ -59,9 +91,15 @@ class StepRunnerSlot:
         return self.runner
 
     def submit_threadsafe(
-        self, model: str, version: str | None, request: InferRequest
+        self,
+        model: str,
+        version: str | None,
+        request: InferRequest,
+        *,
+        refusal: str | None = None,
     ) -> concurrent.futures.Future[InferResponse]:
-        """Run `request` through the data plane from another thread (a BLS request).
+        """Run `request` through the data plane from another thread (a BLS request);
+        `refusal`: the error's wording when the model is decoupled.
 
         Raises:
             ModelNotReadyError: no data plane is bound (yet) on an event loop.
@@ -71,7 +109,33 @@ class StepRunnerSlot:
             raise ModelNotReadyError(f"model '{model}': BLS is not connected to a data plane")
 
         async def call() -> InferResponse:
-            return await runner(model, version, request)
+            return await runner(model, version, request, refusal=refusal)
+
+        return asyncio.run_coroutine_threadsafe(call(), loop)
+
+    def stream_threadsafe(
+        self, model: str, version: str | None, request: InferRequest, on_item: OnItem
+    ) -> concurrent.futures.Future[None]:
+        """Stream `request` through the data plane from another thread (a BLS request with
+        `decoupled=True`): `on_item` gets each response; the future ends with the stream, or
+        with the error that kept the request from starting. Cancelling it cancels the request.
+
+        Raises:
+            ModelNotReadyError: no data plane is bound (yet) on an event loop.
+        """
+        runner, loop = self.stream_runner, self.loop
+        if runner is None or loop is None:
+            raise ModelNotReadyError(f"model '{model}': BLS is not connected to a data plane")
+
+        async def call() -> None:
+            responses = runner(model, version, request)
+            try:
+                async for item in responses:
+                    on_item(item.response, item.error, item.final)
+            finally:
+                close = getattr(responses, "aclose", None)
+                if close is not None:
+                    await close()
 
         return asyncio.run_coroutine_threadsafe(call(), loop)
 

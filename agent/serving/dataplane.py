@@ -99,7 +99,7 @@ class DataPlane:
         self._max_request_bytes = max_request_bytes
         self._ready = False
         # Ensemble steps and Python models' BLS requests are ordinary inferences.
-        registry.step_runner.bind(self.infer)
+        registry.step_runner.bind(self.infer, self.infer_stream)
 
     def set_ready(self, ready: bool) -> None:
         """Ready once start-up loading is done; not ready again while shutting down."""
