@@ -344,7 +344,7 @@ class BlsCalls:
             return
         wake = self._wake_w
         try:
-            request = _infer_request(message, timeout_us if own else None, self._parent(meta))
+            request = infer_request_of(message, timeout_us if own else None, self._parent(meta))
             version = meta.get("version", -1)
             number = str(version) if int(version) > 0 else None
             if meta.get("decoupled"):
@@ -365,7 +365,7 @@ class BlsCalls:
                     model, number, request, refusal=decoupled_refusal(model)
                 )
         except (AgentError, TypeError, ValueError) as exc:
-            self._answer(call, error=_message(model, exc), final=bool(meta.get("decoupled")))
+            self._answer(call, error=failure_text(model, exc), final=bool(meta.get("decoupled")))
             return
         call.future = future
         self._calls[call_id] = call
@@ -424,7 +424,7 @@ class BlsCalls:
                 call.deadline = now + call.bound_s
             call.ended = final
             if error is not None:
-                self._answer(call, error=_message(call.model, error), final=final)
+                self._answer(call, error=failure_text(call.model, error), final=final)
             elif response is not None:
                 tensors = [(o.name, o.data) for o in response.outputs]
                 self._answer(call, tensors=tensors, final=final)
@@ -457,7 +457,7 @@ class BlsCalls:
             self._answer(call, error=self._timeout_message(call), final=streamed)
             return
         except Exception as exc:  # noqa: BLE001 - any failure is that request's error
-            self._answer(call, error=_message(call.model, exc), final=streamed)
+            self._answer(call, error=failure_text(call.model, exc), final=streamed)
             return
         if streamed:  # the stream ended without a final response (the data plane ends it)
             self._answer(call, final=True)
@@ -495,7 +495,7 @@ def _poke(wake: Connection | None) -> None:
             wake.send_bytes(b"")
 
 
-def _infer_request(
+def infer_request_of(
     message: ipc.Message, timeout_us: int | None, parent_trace: object | None = None
 ) -> InferRequest:
     import json  # noqa: PLC0415
@@ -533,7 +533,7 @@ def _sequence(correlation_id: object, flags: object) -> dict[str, Any]:
     return found
 
 
-def _message(model: str, exc: BaseException) -> str:
+def failure_text(model: str, exc: BaseException) -> str:
     if isinstance(exc, ModelNotFoundError | ModelNotReadyError):
         return (
             f"Failed for execute the inference request. Model '{model}' is not ready. {exc.message}"

@@ -111,19 +111,25 @@ def main(argv: list[str]) -> int:
         return 1
     # Decoupled models answer through response senders (agent.backends.python_decoupled).
     cancels.decoupled = _decoupled_runtime(wire, init)
+    if cancels.decoupled is not None:
+        bls.begin()  # as Triton: BLS from `execute` and from the model's threads at any time
     while True:
         try:
             message = mailbox.receive()
         except (EOFError, OSError, ipc.WireError):
             return 0  # the agent closed the pipe: no finalize, nothing to answer
-        if message.kind == ipc.EXECUTE:
+        if message.kind == ipc.EXECUTE and cancels.decoupled is not None:
+            try:
+                with totals.listening():
+                    answer = cancels.decoupled.execute(model, message)
+            finally:
+                running.end()
+            wire.send(answer)
+        elif message.kind == ipc.EXECUTE:
             bls.begin()
             try:
                 with totals.listening():
-                    if cancels.decoupled is not None:
-                        answer = cancels.decoupled.execute(model, message)
-                    else:
-                        answer = _execute(model, message, running)
+                    answer = _execute(model, message, running)
             finally:
                 bls.end()
                 running.end()

@@ -8,9 +8,13 @@ The models are written to Triton's API; `streamer` is the decoupled test model
 
 from __future__ import annotations
 
+import asyncio
+import json
 import urllib.request
 from collections.abc import Iterator
+from typing import Any
 
+import aiohttp
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
@@ -128,6 +132,67 @@ class TritonPythonModel:
         return responses
 """
 
+# A decoupled model making BLS calls: from `execute` (add_sub, blocking `exec`), then from its
+# own thread once `execute` returned (streamer, `exec(decoupled=True)`), passing each on.
+RELAY = """
+import threading
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            x = np.full(4, 2.0, np.float32)
+            first = pb_utils.InferenceRequest(
+                model_name="add_sub",
+                requested_output_names=["OUTPUT0"],
+                inputs=[pb_utils.Tensor("INPUT0", x), pb_utils.Tensor("INPUT1", x)],
+            ).exec()
+            if first.has_error():
+                raise pb_utils.TritonModelException(first.error().message())
+            total = int(pb_utils.get_output_tensor_by_name(first, "OUTPUT0").as_numpy().sum())
+            sender.send(pb_utils.InferenceResponse([out(total)]))
+            returned = threading.Event()
+            threading.Thread(target=self.later, args=(request, returned), daemon=True).start()
+            returned.set()
+        return None
+
+    def later(self, request, returned):
+        returned.wait()
+        sender = request.get_response_sender()
+        n = pb_utils.get_input_tensor_by_name(request, "N").as_numpy()
+        stream = pb_utils.InferenceRequest(
+            model_name="streamer",
+            requested_output_names=["OUT"],
+            inputs=[
+                pb_utils.Tensor("N", n),
+                pb_utils.Tensor("MODE", np.zeros_like(n)),
+                pb_utils.Tensor("ERROR_AT", np.full_like(n, -1)),
+            ],
+        )
+        for response in stream.exec(decoupled=True):
+            if response.has_error():
+                sender.send(response)
+            elif response.output_tensors():
+                value = pb_utils.get_output_tensor_by_name(response, "OUT").as_numpy()
+                sender.send(pb_utils.InferenceResponse([out(100 + int(value.flat[0]))]))
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+
+def out(value):
+    return pb_utils.Tensor("OUT", np.array([[value]], np.int32))
+"""
+RELAY_CONFIG = """
+name: "relay" backend: "python" max_batch_size: 8
+input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+model_transaction_policy { decoupled: true }
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+
 
 def bls_config(name: str, inputs: tuple[str, ...], outputs: str) -> str:
     declared = ", ".join(f'{{ name: "{n}" data_type: TYPE_INT32 dims: [ 1 ] }}' for n in inputs)
@@ -156,6 +221,7 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningAgent]:
     )
     counts = '{ name: "COUNTS" data_type: TYPE_INT32 dims: [ 3 ] }'
     write_python_model(repo, "bls_async", BLS_ASYNC, bls_config("bls_async", ("N",), counts))
+    write_python_model(repo, "relay", RELAY, RELAY_CONFIG)
     with explicit_agent(repo, metrics_port=free_port()) as running:
         yield running
 
@@ -249,3 +315,23 @@ def test_first_response_histogram_counts_each_decoupled_request(
     }  # fmt: skip
     assert after[(f"{family}_sum", "streamer", "")] > 0
     assert {model for _, model, _ in after} == {"streamer"}  # only decoupled models have one
+
+
+def test_a_decoupled_model_makes_bls_calls_from_execute_and_after_it_returned(
+    agent: RunningAgent,
+) -> None:
+    async def stream(n: int) -> list[Any]:
+        url = f"http://127.0.0.1:{agent.http_port}/v2/models/relay/generate_stream"
+        async with aiohttp.ClientSession() as session, session.post(url, json={"N": n}) as got:
+            assert got.status == 200
+            return [
+                json.loads(line[len(b"data: ") :])
+                async for line in got.content
+                if line.startswith(b"data: ")
+            ]
+
+    async def main() -> list[list[Any]]:
+        return await asyncio.gather(*(stream(n) for n in (2, 3, 0)))
+
+    for n, events in zip((2, 3, 0), asyncio.run(main()), strict=True):
+        assert [event["OUT"] for event in events] == [16] + [100 + i for i in range(n)]
