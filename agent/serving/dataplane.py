@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Coroutine, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from agent import __version__
 from agent.canary.control import CanaryManager
@@ -52,6 +52,8 @@ from agent.tensors.request import InferRequest, InferResponse, OutputTensor, sha
 from agent.tensors.signature import ModelSignature, ValidatedRequest
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 SERVER_NAME = "edge-agent"
 EXTENSIONS = (
@@ -98,6 +100,7 @@ class DataPlane:
         self.pushed = pushed
         self._max_request_bytes = max_request_bytes
         self._ready = False
+        self._changes: set[asyncio.Future[Any]] = set()  # model-control changes under way
         # Ensemble steps and Python models' BLS requests are ordinary inferences.
         registry.step_runner.bind(self.infer, self.infer_stream)
 
@@ -172,6 +175,14 @@ class DataPlane:
             ModelNotFoundError, ModelLoadError: as `ModelManager.load`.
         """
         self._require_explicit("load")
+        return await self._to_completion(self._load_model(name, config, files))
+
+    async def _load_model(
+        self,
+        name: str,
+        config: dict[str, Any] | None,
+        files: Mapping[str, bytes] | None,
+    ) -> str:
         pushed = parse_file_parameters(
             files or {}, has_config=config is not None, max_bytes=self._max_request_bytes
         )
@@ -192,6 +203,9 @@ class DataPlane:
     async def unload_model(self, name: str) -> None:
         """Explicit unload; queued requests finish first (a pushed model's files are removed)."""
         self._require_explicit("unload")
+        await self._to_completion(self._unload_model(name))
+
+    async def _unload_model(self, name: str) -> None:
         await self.manager.unload(name)
         if self.pushed is not None:
             await self.pushed.forget(name)
@@ -200,17 +214,35 @@ class DataPlane:
 
     async def activate_version(self, name: str, version: int) -> str:
         """Hot-swap a model to a version the cache holds (lifting its rejection); the strategy."""
-        strategy = await self._cached().activate(name, version, operator=True)
-        if self._cache is not None:
-            self._cache.invalidate(name)
-        return strategy
+        cached = self._cached()
+
+        async def activate() -> str:
+            strategy = await cached.activate(name, version, operator=True)
+            if self._cache is not None:
+                self._cache.invalidate(name)
+            return strategy
+
+        return await self._to_completion(activate())
 
     async def rollback(self, name: str, to_version: int | None) -> int:
         """Go back to a retained version (by default the previous one); returns it."""
-        version = await self._cached().rollback(name, to_version)
-        if self._cache is not None:
-            self._cache.invalidate(name)
-        return version
+        cached = self._cached()
+
+        async def roll_back() -> int:
+            version = await cached.rollback(name, to_version)
+            if self._cache is not None:
+                self._cache.invalidate(name)
+            return version
+
+        return await self._to_completion(roll_back())
+
+    async def _to_completion(self, change: Coroutine[Any, Any, T]) -> T:
+        """Run a model-control change to its end even if its caller is cancelled (an HTTP
+        client or gRPC call that went away): a half-done load or swap helps nobody."""
+        task = asyncio.ensure_future(change)
+        self._changes.add(task)
+        task.add_done_callback(self._changes.discard)
+        return await asyncio.shield(task)
 
     def cached_versions(self, name: str) -> list[dict[str, Any]]:
         return self._cached().versions(name)
