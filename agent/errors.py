@@ -39,6 +39,11 @@ class SharedMemoryNotFoundError(AgentError):
     """A request names a shared-memory region that is not registered."""
 
 
+class AccessDeniedError(AgentError):
+    """The client may not do this (a remote client registering shared memory, an object of
+    another user)."""
+
+
 class OverloadedError(AgentError):
     """The agent cannot accept more work right now (queue full); the client may retry."""
 

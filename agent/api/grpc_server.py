@@ -19,8 +19,11 @@ import grpc
 from google.protobuf import json_format
 
 from agent.api import grpc_codec
+from agent.api.access import RestrictedApiError, Restrictions, grpc_endpoint, is_loopback_peer
 from agent.api.http_limits import ClientTimeoutError, ConnectionLimits
+from agent.api.tls import ServerTls, TlsError
 from agent.errors import (
+    AccessDeniedError,
     AgentError,
     BackendError,
     CacheCommitError,
@@ -52,6 +55,8 @@ STATUS_FOR_ERROR: dict[type[AgentError], grpc.StatusCode] = {
     ModelConfigError: grpc.StatusCode.INVALID_ARGUMENT,
     ModelControlError: grpc.StatusCode.FAILED_PRECONDITION,
     ModelNotFoundError: grpc.StatusCode.NOT_FOUND,
+    AccessDeniedError: grpc.StatusCode.PERMISSION_DENIED,
+    RestrictedApiError: grpc.StatusCode.UNAVAILABLE,  # Triton's answer to a restricted protocol
     SharedMemoryNotFoundError: grpc.StatusCode.NOT_FOUND,
     ConflictError: grpc.StatusCode.ALREADY_EXISTS,
     ClientTimeoutError: grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -65,6 +70,7 @@ STATUS_FOR_ERROR: dict[type[AgentError], grpc.StatusCode] = {
     ModelLoadError: grpc.StatusCode.INTERNAL,
     MemoryBudgetError: grpc.StatusCode.INTERNAL,
     InternalError: grpc.StatusCode.INTERNAL,
+    TlsError: grpc.StatusCode.INTERNAL,
     AgentError: grpc.StatusCode.INTERNAL,
 }
 
@@ -241,6 +247,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def SystemSharedMemoryRegister(
         self, request: pb.SystemSharedMemoryRegisterRequest
     ) -> pb.SystemSharedMemoryRegisterResponse:
+        call = _call.get(None)
+        peer = call.peer() if call is not None else None
+        if not is_loopback_peer(peer):
+            raise AccessDeniedError(
+                f"shared memory registration is for local clients only; refused for {peer}"
+            )
         self._dp.shared_memory.register(
             request.name, request.key, request.offset, request.byte_size
         )
@@ -300,6 +312,49 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             self._dp.tracer.finish(trace)
 
 
+class _RestrictionInterceptor(grpc.aio.ServerInterceptor):
+    """Refuses calls to a restricted protocol group without its metadata (`agent.api.access`)."""
+
+    def __init__(self, restrictions: Restrictions) -> None:
+        self._restrictions = restrictions
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
+        ],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        pairs = details.invocation_metadata or ()
+        metadata = {str(k).lower(): v for k, v in pairs if isinstance(v, str)}
+        refusal = self._restrictions.refusal(grpc_endpoint(details.method), metadata)
+        handler = await continuation(details)
+        if refusal is None or handler is None:
+            return handler
+        return _refusing(handler, refusal)
+
+
+def _refusing(
+    handler: grpc.RpcMethodHandler[Any, Any], message: str
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """A handler of the same shape that answers Triton's refusal without running the method."""
+
+    async def refuse(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        await context.abort(status_for(RestrictedApiError(message)), message)
+
+    codec = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(refuse, **codec)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(refuse, **codec)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(refuse, **codec)
+    return grpc.unary_unary_rpc_method_handler(refuse, **codec)
+
+
 async def start_grpc_server(
     dataplane: DataPlane,
     host: str,
@@ -308,25 +363,35 @@ async def start_grpc_server(
     max_message_bytes: int,
     tensor_limits: TensorLimits | None = None,
     connection_limits: ConnectionLimits | None = None,
+    restrictions: Restrictions | None = None,
+    tls: ServerTls | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """Start the gRPC server; returns it and the bound port (useful with port 0).
+
+    `restrictions`: Triton's restricted protocol groups; `tls`: serve TLS (mutual TLS when it
+    has a client CA), its certificate reloaded in place.
 
     Raises:
         OSError: the port cannot be bound.
     """
     server = grpc.aio.server(
+        interceptors=[_RestrictionInterceptor(restrictions)] if restrictions else None,
         options=[
             # A message over the limit is refused (RESOURCE_EXHAUSTED) from its length prefix.
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
             *_connection_options(connection_limits or ConnectionLimits()),
-        ]
+        ],
     )
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(  # type: ignore[no-untyped-call]
         InferenceService(dataplane, tensor_limits), server
     )
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        address = f"{host}:{port}"
+        if tls is None:
+            bound = server.add_insecure_port(address)
+        else:
+            bound = server.add_secure_port(address, tls.grpc_credentials())
     except RuntimeError:  # grpcio >= 1.60 raises where older versions returned port 0
         bound = 0
     if bound == 0:

@@ -17,10 +17,13 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from agent.api.access import RestrictedApiError, Restrictions, http_endpoint, is_loopback_peer
 from agent.api.http_codec import HEADER_LENGTH, decode_infer_request, encode_infer_response
 from agent.api.http_limits import ClientTimeoutError, body_middleware, must_close
+from agent.api.tls import TlsError
 from agent.canary.control import policy_from_request
 from agent.errors import (
+    AccessDeniedError,
     AgentError,
     BackendError,
     CacheCommitError,
@@ -53,6 +56,8 @@ STATUS_FOR_ERROR: dict[type[AgentError], int] = {
     InvalidInputError: 400,
     ModelControlError: 400,
     ModelConfigError: 400,
+    AccessDeniedError: 403,
+    RestrictedApiError: 403,  # Triton's answer to a restricted API
     ModelNotFoundError: 404,
     SharedMemoryNotFoundError: 404,
     ConflictError: 409,
@@ -64,6 +69,7 @@ STATUS_FOR_ERROR: dict[type[AgentError], int] = {
     ModelLoadError: 500,
     MemoryBudgetError: 500,
     InternalError: 500,
+    TlsError: 500,
     AgentError: 500,
     ModelNotReadyError: 503,
     OverloadedError: 503,
@@ -110,19 +116,39 @@ def error_middleware(max_request_bytes: int) -> Middleware:
     return middleware
 
 
+def restriction_middleware(restrictions: Restrictions) -> Middleware:
+    """Refuse requests to a restricted API group without its header (before the body is read)."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        resource = request.match_info.route.resource
+        if resource is not None:  # None: 404/405, answered by aiohttp
+            endpoint = http_endpoint(request.method, resource.canonical)
+            headers = {k.lower(): v for k, v in request.headers.items()}
+            refusal = restrictions.refusal(endpoint, headers)
+            if refusal is not None:
+                raise RestrictedApiError(refusal)
+        return await handler(request)
+
+    return middleware
+
+
 def create_app(
     dataplane: DataPlane,
     *,
     max_request_bytes: int,
     max_bytes_elements: int = DEFAULT_MAX_BYTES_ELEMENTS,
     body_timeout_s: float = 60.0,
+    restrictions: Restrictions | None = None,
 ) -> web.Application:
-    """Build the HTTP application around a data plane (limits: `agent.api.http_limits`)."""
+    """Build the HTTP application around a data plane (limits: `agent.api.http_limits`;
+    restricted API groups: `agent.api.access`)."""
+    middlewares = [error_middleware(max_request_bytes)]
+    if restrictions:
+        middlewares.append(restriction_middleware(restrictions))
+    middlewares.append(body_middleware(max_request_bytes, body_timeout_s))
     app = web.Application(
-        middlewares=[
-            error_middleware(max_request_bytes),
-            body_middleware(max_request_bytes, body_timeout_s),
-        ],
+        middlewares=middlewares,
         client_max_size=max_request_bytes,
     )
     app[DATAPLANE] = dataplane
@@ -329,6 +355,10 @@ async def _shm_register(request: web.Request) -> web.Response:
     if not isinstance(key, str) or not isinstance(offset, int) or not isinstance(byte_size, int):
         raise InvalidInputError(
             'register request body must be {"key": string, "offset": integer, "byte_size": integer}'
+        )
+    if not is_loopback_peer(request.remote):
+        raise AccessDeniedError(
+            f"shared memory registration is for local clients only; refused for {request.remote}"
         )
     _dataplane(request).shared_memory.register(request.match_info["region"], key, offset, byte_size)
     return web.Response(status=200)

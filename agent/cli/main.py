@@ -80,6 +80,44 @@ def build_parser() -> argparse.ArgumentParser:
         help="let local clients pass tensors in system shared memory (default on)",
     )
     serve.add_argument(
+        "--tls-cert-file",
+        type=Path,
+        dest="server.tls_cert_file",
+        metavar="PEM",
+        help="serve HTTP, gRPC and metrics over TLS with this certificate (chain)",
+    )
+    serve.add_argument("--tls-key-file", type=Path, dest="server.tls_key_file", metavar="PEM")
+    serve.add_argument(
+        "--tls-client-ca-file",
+        type=Path,
+        dest="server.tls_client_ca_file",
+        metavar="PEM",
+        help="mutual TLS: require client certificates signed by this CA",
+    )
+    serve.add_argument(
+        "--http-restricted-api",
+        action="append",
+        dest="server.http_restricted_api",
+        metavar="<API>,...:<KEY>=<VALUE>",
+        help="Triton's restricted API group: these APIs answer only requests with header KEY: "
+        "VALUE (repeatable; groups: health, metadata, inference, shared-memory, model-config, "
+        "model-repository, statistics, trace, logging, cache, canary)",
+    )
+    serve.add_argument(
+        "--grpc-restricted-protocol",
+        action="append",
+        dest="server.grpc_restricted_protocol",
+        metavar="<PROTOCOL>,...:<KEY>=<VALUE>",
+        help="the same for gRPC (metadata triton-grpc-protocol-KEY: VALUE)",
+    )
+    serve.add_argument(
+        "--strict-security",
+        action="store_const",
+        const=True,
+        dest="server.strict_security",
+        help="refuse to start beyond loopback without TLS and restricted control groups",
+    )
+    serve.add_argument(
         "--exit-on-error",
         action=argparse.BooleanOptionalAction,
         dest="models.exit_on_error",
@@ -275,7 +313,13 @@ def sync_command(args: argparse.Namespace) -> int:
 def _flags(args: argparse.Namespace) -> dict[str, Any]:
     """The parsed flags whose destination is a `section.key` of the config (None: not given)."""
     flags: dict[str, Any] = {k: v for k, v in vars(args).items() if "." in k}
-    for key in ("models.load_models", "sync.desired", "log.trace_otlp_resource"):
+    for key in (
+        "models.load_models",
+        "sync.desired",
+        "log.trace_otlp_resource",
+        "server.http_restricted_api",
+        "server.grpc_restricted_protocol",
+    ):
         if flags.get(key) is not None:
             flags[key] = tuple(flags[key])
     return flags

@@ -2,7 +2,8 @@
 
     [server]  host, http_port, grpc_port, metrics_port, max_request_bytes, shared_memory,
               max_bytes_elements, max_connections, header_timeout_ms, body_timeout_ms,
-              idle_timeout_ms
+              idle_timeout_ms, tls_cert_file, tls_key_file, tls_client_ca_file,
+              http_restricted_api, grpc_restricted_protocol, strict_security
     [models]  repository, demo, strict_model_config, exit_on_error, intra_op_threads,
               memory_budget_bytes, response_cache_bytes, max_queue_size, control_mode,
               load_models, poll_quiet_ms
@@ -31,6 +32,7 @@ else:  # pragma: no cover - Python 3.10
     pass
 
 from agent.canary.policy import CanaryPolicy
+from agent.config.security import validate_security
 from agent.errors import AgentConfigError
 from agent.fleet.config import MqttConfig, validate_mqtt
 from sync.config import SyncConfig
@@ -58,6 +60,13 @@ class ServerConfig:
     header_timeout_ms: int = 30_000  # request line + headers, from their first byte
     body_timeout_ms: int = 60_000  # a request's body, once its headers are in; else 408
     idle_timeout_ms: int = 75_000  # an HTTP or gRPC connection without a request is closed
+    # Off loopback (agent/api/tls.py, agent/api/access.py, agent/config/security.py):
+    tls_cert_file: Path | None = None  # set (with tls_key_file): HTTP, gRPC, metrics over TLS
+    tls_key_file: Path | None = None
+    tls_client_ca_file: Path | None = None  # set: mutual TLS, clients need a cert it signed
+    http_restricted_api: tuple[str, ...] = ()  # Triton's "<group>,...:<key>=<value>" specs
+    grpc_restricted_protocol: tuple[str, ...] = ()  # the same; header triton-grpc-protocol-<key>
+    strict_security: bool = False  # refuse to start beyond loopback without TLS + restrictions
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +161,7 @@ def validate(config: AgentConfig, *, serving: bool = True) -> None:
             f"log.level must be one of {', '.join(LOG_LEVELS)}, got {config.log.level!r}"
         )
     _validate_trace(config.log)
+    validate_security(server)
     for key in ("intra_op_threads", "memory_budget_bytes", "response_cache_bytes"):
         if getattr(models, key) < 0:
             raise AgentConfigError(f"models.{key} must be >= 0")

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from agent.errors import (
+    AccessDeniedError,
     AgentError,
     BackendError,
     CacheCommitError,
@@ -57,6 +58,7 @@ ERROR_CODES: dict[type[AgentError], str] = {
     SharedMemoryNotFoundError: "failed",
     ModelNotReadyError: "not_ready",
     ModelControlError: "not_allowed",
+    AccessDeniedError: "not_allowed",
     ConflictError: "conflict",
     MemoryBudgetError: "out_of_memory",
     ModelConfigError: "bad_config",

@@ -14,6 +14,7 @@ import contextlib
 import functools
 import logging
 import signal
+import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +26,15 @@ from agent.api.grpc_server import start_grpc_server
 from agent.api.http import create_app
 from agent.api.http_limits import ConnectionGuard, ConnectionLimits
 from agent.api.metrics import build_registry, create_metrics_app
+from agent.api.tls import ServerTls
 from agent.canary.control import STATE_FILE, CanaryManager
 from agent.config.schema import AgentConfig
+from agent.config.security import (
+    exposure_problems,
+    grpc_restrictions,
+    http_restrictions,
+    tls_files,
+)
 from agent.errors import AgentError, ModelLoadError, ModelNotFoundError
 from agent.fleet.link import FleetLink
 from agent.fleet.mqtt import MqttError
@@ -84,6 +92,7 @@ class RunningAgent:
     model_cache: ModelCache | None = None
     grpc_port: int | None = None
     fleet: FleetLink | None = None
+    tls: ServerTls | None = None  # reloaded on SIGHUP
 
     async def stop(self) -> None:
         """Stop being ready, then stop every part in the reverse order of its start.
@@ -119,6 +128,10 @@ async def start_agent(config: AgentConfig) -> RunningAgent:
 
 async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> RunningAgent:
     raise_open_file_limit()
+    for problem in exposure_problems(config.server):  # strict_security refused it at load
+        logger.warning("security: %s", problem)
+    files = tls_files(config.server)
+    tls = await asyncio.to_thread(ServerTls, files) if files is not None else None
     repo = config.models.repository
     model_cache: ModelCache | None = None
     if config.cache.dir is not None:
@@ -205,8 +218,12 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         max_request_bytes=server.max_request_bytes,
         max_bytes_elements=server.max_bytes_elements,
         body_timeout_s=limits.body_timeout_s,
+        restrictions=http_restrictions(server),
     )
-    port = await _serve_http(stack, app, server.host, server.http_port, limits, drain=True)
+    context = tls.ssl_context if tls is not None else None
+    port = await _serve_http(
+        stack, app, server.host, server.http_port, limits, drain=True, ssl_context=context
+    )
     grpc_port: int | None = None
     if config.server.grpc_port >= 0:
         grpc_server, grpc_port = await start_grpc_server(
@@ -216,16 +233,30 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
             max_message_bytes=config.server.max_request_bytes,
             tensor_limits=TensorLimits(server.max_request_bytes, server.max_bytes_elements),
             connection_limits=limits,
+            restrictions=grpc_restrictions(server),
+            tls=tls,
         )
         stack.push_async_callback(grpc_server.stop, DRAIN_TIMEOUT_S)
-        logger.info("gRPC on %s:%d", config.server.host, grpc_port)
+        logger.info("gRPC on %s:%d%s", config.server.host, grpc_port, _tls_note(tls))
     metrics_port: int | None = None
     if config.server.metrics_port >= 0:
         metrics_app = create_metrics_app(build_registry(stats, ledger, canary=canary))
+        # The same TLS as the API (a scraper off loopback needs the client certificate too).
         metrics_port = await _serve_http(
-            stack, metrics_app, server.host, server.metrics_port, limits, drain=False
+            stack,
+            metrics_app,
+            server.host,
+            server.metrics_port,
+            limits,
+            drain=False,
+            ssl_context=context,
         )
-        logger.info("metrics on http://%s:%d/metrics", config.server.host, metrics_port)
+        logger.info(
+            "metrics on %s://%s:%d/metrics",
+            "https" if tls else "http",
+            config.server.host,
+            metrics_port,
+        )
     fleet: FleetLink | None = None
     if config.mqtt.enabled:
         fleet = await _start_fleet_link(
@@ -237,7 +268,14 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         await _start_periodic_sync(stack, config, sync)
     dataplane.set_ready(True)
     served = ", ".join(sorted(m.name for m in registry.served_models())) or "none"
-    logger.info("listening on http://%s:%d (models: %s)", config.server.host, port, served)
+    logger.info(
+        "listening on %s://%s:%d (models: %s)%s",
+        "https" if tls else "http",
+        config.server.host,
+        port,
+        served,
+        _tls_note(tls),
+    )
     return RunningAgent(
         registry,
         dataplane,
@@ -247,7 +285,14 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         model_cache=model_cache,
         grpc_port=grpc_port,
         fleet=fleet,
+        tls=tls,
     )
+
+
+def _tls_note(tls: ServerTls | None) -> str:
+    if tls is None:
+        return ""
+    return " over mutual TLS" if tls.mutual else " over TLS"
 
 
 def _tracer(config: AgentConfig) -> Tracer:
@@ -339,6 +384,7 @@ async def _serve_http(
     limits: ConnectionLimits,
     *,
     drain: bool,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> int:
     """Listen on host:port (0: any free port) until the stack unwinds; returns the bound port.
 
@@ -360,7 +406,13 @@ async def _serve_http(
     assert runner.server is not None  # set up
     guard.bind(runner.server)
     listener = await asyncio.get_running_loop().create_server(
-        guard, host, port, reuse_address=True, backlog=1024
+        guard,
+        host,
+        port,
+        reuse_address=True,
+        backlog=1024,
+        ssl=ssl_context,
+        ssl_handshake_timeout=limits.header_timeout_s if ssl_context is not None else None,
     )
     # Unwound first: stop accepting, then the runner drains what is open (as a site's stop).
     stack.callback(listener.close)
@@ -515,7 +567,12 @@ async def run_agent(
             loop.add_signal_handler(sig, stop.set)
         if reload_config is not None:
             Reloader(
-                config, reload_config, agent.registry, notifier, agent.dataplane.log_settings
+                config,
+                reload_config,
+                agent.registry,
+                notifier,
+                agent.dataplane.log_settings,
+                tls=agent.tls,
             ).install(loop)
         served = len(agent.registry.served_models())
         notifier.ready(f"serving {served} model(s) on port {agent.http_port}")

@@ -1,6 +1,7 @@
 """SIGHUP: re-read the config and apply, without a restart, what can change live.
 
-Live: `log.level`, and each loaded model's `dynamic_batching` block (re-read from its
+Live: `log.level`, the server TLS certificate, key and client CA (re-read from the same files,
+served to new connections), and each loaded model's `dynamic_batching` block (re-read from its
 `config.pbtxt`; every loaded version's scheduler gets the new policy, with queued requests moved
 over in order). Everything else in the agent's config needs a restart: it is logged by key, and
 the running agent keeps its old value.
@@ -25,6 +26,7 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from agent.api.tls import ServerTls
 from agent.config.schema import AgentConfig
 from agent.errors import AgentConfigError, AgentError
 from agent.models.registry import ModelRegistry
@@ -90,6 +92,8 @@ class Reloader:
         registry: ModelRegistry,
         notifier: Notifier | None = None,
         log_settings: LogSettings | None = None,
+        *,
+        tls: ServerTls | None = None,
     ) -> None:
         """Args:
         running: the config the agent started with.
@@ -98,7 +102,9 @@ class Reloader:
         registry: the loaded models.
         notifier: told RELOADING=1 and then READY=1 around each reload.
         log_settings: the live log settings (`/v2/logging`), reset to the new `log.level`.
+        tls: the listeners' TLS, whose files are read again (a certificate rotation).
         """
+        self._tls = tls
         self._running = running
         self._load = load
         self._registry = registry
@@ -147,11 +153,19 @@ class Reloader:
     async def _reload(self) -> ReloadReport:
         applied: list[str] = []
         errors: list[str] = []
+        if self._tls is not None:  # first: a rotation does not wait on a config that fails
+            try:
+                await asyncio.to_thread(self._tls.reload)
+            except AgentError as exc:
+                logger.error("config reload: keeping the running TLS certificate: %s", exc.message)
+                errors.append(exc.message)
+            else:
+                applied.append(f"server TLS: {self._tls.files.cert} reloaded")
         try:
             new = await asyncio.to_thread(self._load)
         except AgentConfigError as exc:
             logger.error("config reload failed, keeping the running config: %s", exc)
-            return ReloadReport(errors=(str(exc),))
+            return ReloadReport(tuple(applied), errors=(*errors, str(exc)))
         restart = restart_keys(self._running, new)
         for key in restart:
             logger.warning("config reload: %s changed; it takes effect after a restart", key)

@@ -30,7 +30,12 @@ from typing import Any
 
 import numpy as np
 
-from agent.errors import ConflictError, InvalidInputError, SharedMemoryNotFoundError
+from agent.errors import (
+    AccessDeniedError,
+    ConflictError,
+    InvalidInputError,
+    SharedMemoryNotFoundError,
+)
 from agent.tensors.request import (
     InferInput,
     InferRequest,
@@ -103,6 +108,7 @@ class SharedMemoryRegistry:
 
         Raises:
             ConflictError: a region of that name is registered already.
+            AccessDeniedError: the object belongs to another user.
             InvalidInputError: bad name, key, offset or size; the key names no shared-memory
                 object; the window runs past the object's end; too many regions.
         """
@@ -129,6 +135,11 @@ class SharedMemoryRegistry:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
                 raise InvalidInputError(f"'{key}' is not a shared memory object")
+            if info.st_uid != os.geteuid():  # a region name is a path: only the agent's own
+                raise AccessDeniedError(
+                    f"shared memory object '{key}' belongs to another user (uid {info.st_uid}); "
+                    "only the agent's own user's objects can be registered"
+                )
             if offset + byte_size > info.st_size:
                 raise InvalidInputError(
                     f"failed to register shared memory region '{name}': offset {offset} + "
