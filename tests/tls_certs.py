@@ -122,8 +122,10 @@ def served_serial(port: int, ca: Path, *, alpn: str | None = None) -> int:
     context = ssl.create_default_context(cafile=str(ca))
     if alpn is not None:
         context.set_alpn_protocols([alpn])
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
-        with context.wrap_socket(raw, server_hostname="127.0.0.1") as conn:
-            der = conn.getpeercert(binary_form=True)
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname="127.0.0.1") as conn,
+    ):
+        der = conn.getpeercert(binary_form=True)
     assert der is not None
     return int(x509.load_der_x509_certificate(der).serial_number)

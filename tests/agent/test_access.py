@@ -40,7 +40,7 @@ def empty_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningAge
         yield agent
 
 
-def test_every_http_route_and_grpc_method_is_in_ENDPOINT_GROUPS(  # noqa: N802 - the table's name
+def test_every_http_route_and_grpc_method_is_in_ENDPOINT_GROUPS(
     empty_agent: RunningAgent,
 ) -> None:
     """A new route or RPC must be given its API group in agent/api/access.py ENDPOINT_GROUPS."""
@@ -105,7 +105,8 @@ def test_refusal_uses_triton_messages_and_compares_the_value() -> None:
 def test_an_endpoint_missing_from_the_table_is_closed_once_anything_is_restricted() -> None:
     assert parse_restrictions([]).refusal("GET /v2/new", {}) is None
     refusal = parse_restrictions(["trace:k=v"]).refusal("GET /v2/new", {"k": "v"})
-    assert refusal is not None and "ENDPOINT_GROUPS" in refusal
+    assert refusal is not None
+    assert "ENDPOINT_GROUPS" in refusal
 
 
 @pytest.mark.parametrize(
@@ -174,7 +175,8 @@ def test_strict_security_refuses_at_load_in_one_line(tmp_path: Path) -> None:
     message = str(caught.value)
     assert "\n" not in message
     assert message.startswith("server.strict_security refuses to start")
-    assert "server.tls_cert_file" in message and "server.http_restricted_api" in message
+    assert "server.tls_cert_file" in message
+    assert "server.http_restricted_api" in message
 
 
 @pytest.mark.parametrize(
