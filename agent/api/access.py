@@ -179,7 +179,8 @@ class Restrictions:
 
         Args:
             endpoint: an `ENDPOINT_GROUPS` key (`http_endpoint`, `grpc_endpoint`).
-            headers: the request's headers or metadata, keys in lower case.
+            headers: the request's headers (aiohttp's, case-insensitive) or gRPC metadata
+                (keys in lower case).
 
         Returns:
             Triton's message (its wording by transport), or None. An endpoint missing from

@@ -124,8 +124,7 @@ def restriction_middleware(restrictions: Restrictions) -> Middleware:
         resource = request.match_info.route.resource
         if resource is not None:  # None: 404/405, answered by aiohttp
             endpoint = http_endpoint(request.method, resource.canonical)
-            headers = {k.lower(): v for k, v in request.headers.items()}
-            refusal = restrictions.refusal(endpoint, headers)
+            refusal = restrictions.refusal(endpoint, request.headers)  # case-insensitive
             if refusal is not None:
                 raise RestrictedApiError(refusal)
         return await handler(request)

@@ -8,6 +8,7 @@ import functools
 import json
 import logging
 import os
+import ssl
 import sys
 import urllib.error
 import urllib.parse
@@ -244,6 +245,16 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             cmd.add_argument("--version", type=int, help="default: every rejected version")
         cmd.add_argument("--url", default="http://127.0.0.1:8000", help="the agent's HTTP address")
+        cmd.add_argument(
+            "--header",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="a header to send, e.g. a restricted API group's key (repeatable)",
+        )
+        cmd.add_argument("--cacert", type=Path, help="https: the CA that signed the agent")
+        cmd.add_argument("--cert", type=Path, help="https: client certificate (mutual TLS)")
+        cmd.add_argument("--key", type=Path, help="https: the client certificate's key")
     return parser
 
 
@@ -372,10 +383,22 @@ def swap_command(args: argparse.Namespace) -> int:
     if not args.url.startswith(("http://", "https://")):
         print("edge-agent: error: --url must start with http:// or https://", file=sys.stderr)
         return EXIT_CONFIG
-    url = args.url.rstrip("/") + path
-    request = urllib.request.Request(url, data=body, method="POST")  # noqa: S310 - scheme checked
+    headers: dict[str, str] = {}
+    for pair in args.header:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            print(f"edge-agent: error: --header must be KEY=VALUE, got {key!r}", file=sys.stderr)
+            return EXIT_CONFIG
+        headers[key.strip()] = value
     try:
-        with urllib.request.urlopen(request, timeout=600) as resp:  # noqa: S310 - scheme checked
+        context = _client_tls(args)
+    except (OSError, ssl.SSLError) as exc:
+        print(f"edge-agent: error: TLS files: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    url = args.url.rstrip("/") + path
+    request = urllib.request.Request(url, data=body, method="POST", headers=headers)  # noqa: S310
+    try:
+        with urllib.request.urlopen(request, timeout=600, context=context) as resp:  # noqa: S310
             doc = json.loads(resp.read())
     except urllib.error.HTTPError as err:
         try:
@@ -396,6 +419,16 @@ def swap_command(args: argparse.Namespace) -> int:
         return 0
     print(f"{doc['model']} now serves version {doc['version']}")
     return 0
+
+
+def _client_tls(args: argparse.Namespace) -> ssl.SSLContext | None:
+    """The TLS context of `activate`/`rollback`/`clear-rejected` over https (None: defaults)."""
+    if args.cacert is None and args.cert is None:
+        return None
+    context = ssl.create_default_context(cafile=args.cacert)
+    if args.cert is not None:
+        context.load_cert_chain(args.cert, args.key)
+    return context
 
 
 def _run(main: Coroutine[Any, Any, int]) -> int:

@@ -22,6 +22,7 @@ from geventhttpclient.response import HTTPConnectionClosed
 from tritonclient.utils import InferenceServerException
 
 from agent.api.access import CONTROL_GROUPS, GROUPS
+from agent.cli.main import main
 from agent.config.schema import AgentConfig, CacheConfig, ModelsConfig, ServerConfig
 from agent.proto import grpc_service_pb2 as pb
 from agent.proto import grpc_service_pb2_grpc as pb_grpc
@@ -163,6 +164,22 @@ def test_grpc_group_refused_without_its_header_and_served_with_it(
             f"This protocol is restricted, expecting header 'triton-grpc-protocol-{key}'"
         )
         call(request, timeout=30, metadata=[(f"triton-grpc-protocol-{key}", value)])
+
+
+def test_grpc_stream_inference_is_refused_without_its_header(restricted: RunningAgent) -> None:
+    key, value = _key("inference")
+    with grpc.insecure_channel(f"127.0.0.1:{restricted.grpc_port}") as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+        with pytest.raises(grpc.RpcError) as refused:
+            list(stub.ModelStreamInfer(iter([_infer_request()]), timeout=30))
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "expecting header 'triton-grpc-protocol-key-inference'" in str(
+            refused.value.details()
+        )
+        metadata = [(f"triton-grpc-protocol-{key}", value)]
+        answers = list(stub.ModelStreamInfer(iter([_infer_request()]), metadata=metadata))
+        assert len(answers) == 1
+        assert answers[0].error_message == ""
 
 
 # --- TLS, mutual TLS, and inference open beside restricted control groups ----------------------
@@ -371,3 +388,34 @@ def test_shared_memory_of_another_user_is_refused(exposed: RunningAgent, shm_obj
     status, body = _register("127.0.0.1", exposed.http_port, "theirs", shm_object)
     assert status == 403
     assert "belongs to another user" in json.loads(body)["error"]
+
+
+# --- the swap commands with a header and a client certificate ----------------------------------
+
+
+def test_activate_command_sends_the_restricted_header(
+    restricted: RunningAgent, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"http://127.0.0.1:{restricted.http_port}"
+    assert main(["activate", "s", "1", "--url", url]) == 1
+    assert "expecting header 'key-cache'" in capsys.readouterr().err
+    assert main(["activate", "s", "1", "--url", url, "--header", "key-cache=value-cache"]) == 0
+    assert capsys.readouterr().out == "s now serves version 1\n"
+
+
+def test_activate_command_over_mutual_tls(
+    mutual: tuple[RunningAgent, Pem], pki: TestPki, capsys: pytest.CaptureFixture[str]
+) -> None:
+    agent, client_pem = mutual
+    tls = [
+        "--cacert",
+        str(pki.ca.cert),
+        "--cert",
+        str(client_pem.cert),
+        "--key",
+        str(client_pem.key),
+    ]
+    url = f"https://localhost:{agent.http_port}"
+    assert main(["rollback", "s", "--url", url, *tls, "--header", "admin-key=s3cret"]) == 1
+    # Through TLS and the restriction: the agent itself answers (it has no model cache).
+    assert "model cache" in capsys.readouterr().err
