@@ -22,6 +22,7 @@ from geventhttpclient.response import HTTPConnectionClosed
 from tritonclient.utils import InferenceServerException
 
 from agent.api.access import CONTROL_GROUPS, GROUPS
+from agent.api.tls import ServerTls, TlsError, TlsFiles
 from agent.cli.main import main
 from agent.config.schema import AgentConfig, CacheConfig, ModelsConfig, ServerConfig
 from agent.proto import grpc_service_pb2 as pb
@@ -419,3 +420,12 @@ def test_activate_command_over_mutual_tls(
     assert main(["rollback", "s", "--url", url, *tls, "--header", "admin-key=s3cret"]) == 1
     # Through TLS and the restriction: the agent itself answers (it has no model cache).
     assert "model cache" in capsys.readouterr().err
+
+
+def test_tls_files_that_do_not_load_name_the_file(tmp_path: Path, pki: TestPki) -> None:
+    server = pki.server(serial=5, stem="lone")
+    with pytest.raises(TlsError, match=r"cannot read .*missing\.key"):
+        ServerTls(TlsFiles(server.cert, tmp_path / "missing.key"))
+    other = pki.server(serial=6, stem="other")
+    with pytest.raises(TlsError, match=r"cannot load certificate .*lone\.crt"):
+        ServerTls(TlsFiles(server.cert, other.key))
