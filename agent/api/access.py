@@ -28,6 +28,7 @@ __all__ = [
     "ENDPOINT_GROUPS",
     "GROUPS",
     "GRPC_HEADER_PREFIX",
+    "ApiAccess",
     "RestrictedApiError",
     "Restrictions",
     "grpc_endpoint",
@@ -202,6 +203,17 @@ class Restrictions:
             return None
         kind = "protocol" if endpoint.startswith("grpc ") else "API"
         return f"This {kind} is restricted, expecting header '{rule.header}'"
+
+
+class ApiAccess:
+    """The restrictions in force on each protocol. A SIGHUP reload swaps them (one reference
+    each), so a rotated header value applies to the next request without a restart."""
+
+    __slots__ = ("grpc", "http")
+
+    def __init__(self, http: Restrictions | None = None, grpc: Restrictions | None = None) -> None:
+        self.http = http or Restrictions()
+        self.grpc = grpc or Restrictions()
 
 
 def parse_restrictions(specs: Iterable[str], header_prefix: str = "") -> Restrictions:

@@ -19,7 +19,7 @@ import grpc
 from google.protobuf import json_format
 
 from agent.api import grpc_codec
-from agent.api.access import RestrictedApiError, Restrictions, grpc_endpoint, is_loopback_peer
+from agent.api.access import ApiAccess, RestrictedApiError, grpc_endpoint, is_loopback_peer
 from agent.api.http_limits import ClientTimeoutError, ConnectionLimits
 from agent.api.tls import ServerTls, TlsError
 from agent.errors import (
@@ -315,8 +315,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 class _RestrictionInterceptor(grpc.aio.ServerInterceptor):
     """Refuses calls to a restricted protocol group without its metadata (`agent.api.access`)."""
 
-    def __init__(self, restrictions: Restrictions) -> None:
-        self._restrictions = restrictions
+    def __init__(self, access: ApiAccess) -> None:
+        self._access = access
 
     async def intercept_service(
         self,
@@ -327,7 +327,7 @@ class _RestrictionInterceptor(grpc.aio.ServerInterceptor):
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
         pairs = details.invocation_metadata or ()
         metadata = {str(k).lower(): v for k, v in pairs if isinstance(v, str)}
-        refusal = self._restrictions.refusal(grpc_endpoint(details.method), metadata)
+        refusal = self._access.grpc.refusal(grpc_endpoint(details.method), metadata)
         handler = await continuation(details)
         if refusal is None or handler is None:
             return handler
@@ -363,19 +363,19 @@ async def start_grpc_server(
     max_message_bytes: int,
     tensor_limits: TensorLimits | None = None,
     connection_limits: ConnectionLimits | None = None,
-    restrictions: Restrictions | None = None,
+    access: ApiAccess | None = None,
     tls: ServerTls | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """Start the gRPC server; returns it and the bound port (useful with port 0).
 
-    `restrictions`: Triton's restricted protocol groups; `tls`: serve TLS (mutual TLS when it
-    has a client CA), its certificate reloaded in place.
+    `access`: Triton's restricted protocol groups (`access.grpc`); `tls`: serve TLS (mutual TLS
+    when it has a client CA), its certificate reloaded in place.
 
     Raises:
         OSError: the port cannot be bound.
     """
     server = grpc.aio.server(
-        interceptors=[_RestrictionInterceptor(restrictions)] if restrictions else None,
+        interceptors=[_RestrictionInterceptor(access)] if access is not None else None,
         options=[
             # A message over the limit is refused (RESOURCE_EXHAUSTED) from its length prefix.
             ("grpc.max_receive_message_length", max_message_bytes),

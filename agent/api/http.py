@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from agent.api.access import RestrictedApiError, Restrictions, http_endpoint, is_loopback_peer
+from agent.api.access import ApiAccess, RestrictedApiError, http_endpoint, is_loopback_peer
 from agent.api.http_codec import HEADER_LENGTH, decode_infer_request, encode_infer_response
 from agent.api.http_limits import ClientTimeoutError, body_middleware, must_close
 from agent.api.tls import TlsError
@@ -116,13 +116,14 @@ def error_middleware(max_request_bytes: int) -> Middleware:
     return middleware
 
 
-def restriction_middleware(restrictions: Restrictions) -> Middleware:
+def restriction_middleware(access: ApiAccess) -> Middleware:
     """Refuse requests to a restricted API group without its header (before the body is read)."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        restrictions = access.http  # read once: a reload swaps it
         resource = request.match_info.route.resource
-        if resource is not None:  # None: 404/405, answered by aiohttp
+        if restrictions and resource is not None:  # None: 404/405, answered by aiohttp
             endpoint = http_endpoint(request.method, resource.canonical)
             refusal = restrictions.refusal(endpoint, request.headers)  # case-insensitive
             if refusal is not None:
@@ -138,13 +139,13 @@ def create_app(
     max_request_bytes: int,
     max_bytes_elements: int = DEFAULT_MAX_BYTES_ELEMENTS,
     body_timeout_s: float = 60.0,
-    restrictions: Restrictions | None = None,
+    access: ApiAccess | None = None,
 ) -> web.Application:
     """Build the HTTP application around a data plane (limits: `agent.api.http_limits`;
     restricted API groups: `agent.api.access`)."""
     middlewares = [error_middleware(max_request_bytes)]
-    if restrictions:
-        middlewares.append(restriction_middleware(restrictions))
+    if access is not None:
+        middlewares.append(restriction_middleware(access))
     middlewares.append(body_middleware(max_request_bytes, body_timeout_s))
     app = web.Application(
         middlewares=middlewares,

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from agent.api.access import ApiAccess
 from agent.api.grpc_server import start_grpc_server
 from agent.api.http import create_app
 from agent.api.http_limits import ConnectionGuard, ConnectionLimits
@@ -93,6 +94,7 @@ class RunningAgent:
     grpc_port: int | None = None
     fleet: FleetLink | None = None
     tls: ServerTls | None = None  # reloaded on SIGHUP
+    access: ApiAccess | None = None  # restricted API groups, swapped on SIGHUP
 
     async def stop(self) -> None:
         """Stop being ready, then stop every part in the reverse order of its start.
@@ -130,6 +132,7 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
     raise_open_file_limit()
     for problem in exposure_problems(config.server):  # strict_security refused it at load
         logger.warning("security: %s", problem)
+    access = ApiAccess(http_restrictions(config.server), grpc_restrictions(config.server))
     files = tls_files(config.server)
     tls = await asyncio.to_thread(ServerTls, files) if files is not None else None
     repo = config.models.repository
@@ -218,7 +221,7 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         max_request_bytes=server.max_request_bytes,
         max_bytes_elements=server.max_bytes_elements,
         body_timeout_s=limits.body_timeout_s,
-        restrictions=http_restrictions(server),
+        access=access,
     )
     context = tls.ssl_context if tls is not None else None
     port = await _serve_http(
@@ -233,7 +236,7 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
             max_message_bytes=config.server.max_request_bytes,
             tensor_limits=TensorLimits(server.max_request_bytes, server.max_bytes_elements),
             connection_limits=limits,
-            restrictions=grpc_restrictions(server),
+            access=access,
             tls=tls,
         )
         stack.push_async_callback(grpc_server.stop, DRAIN_TIMEOUT_S)
@@ -286,6 +289,7 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         grpc_port=grpc_port,
         fleet=fleet,
         tls=tls,
+        access=access,
     )
 
 
@@ -573,6 +577,7 @@ async def run_agent(
                 notifier,
                 agent.dataplane.log_settings,
                 tls=agent.tls,
+                access=agent.access,
             ).install(loop)
         served = len(agent.registry.served_models())
         notifier.ready(f"serving {served} model(s) on port {agent.http_port}")

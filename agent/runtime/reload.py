@@ -1,10 +1,12 @@
 """SIGHUP: re-read the config and apply, without a restart, what can change live.
 
-Live: `log.level`, the server TLS certificate, key and client CA (re-read from the same files,
-served to new connections), and each loaded model's `dynamic_batching` block (re-read from its
-`config.pbtxt`; every loaded version's scheduler gets the new policy, with queued requests moved
-over in order). Everything else in the agent's config needs a restart: it is logged by key, and
-the running agent keeps its old value.
+Live: `log.level`; the restricted API groups (`server.http_restricted_api`,
+`server.grpc_restricted_protocol`: the next request is judged by the new ones); the server TLS
+certificate, key and client CA (re-read from the same files, served to new connections); and
+each loaded model's `dynamic_batching` block (re-read from its `config.pbtxt`; every loaded
+version's scheduler gets the new policy, with queued requests moved over in order). Everything
+else in the agent's config needs a restart: it is logged by key, and the running agent keeps its
+old value.
 
 Invariants:
 
@@ -26,8 +28,10 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from agent.api.access import ApiAccess
 from agent.api.tls import ServerTls
 from agent.config.schema import AgentConfig
+from agent.config.security import grpc_restrictions, http_restrictions
 from agent.errors import AgentConfigError, AgentError
 from agent.models.registry import ModelRegistry
 from agent.models.served import ServedModel
@@ -41,7 +45,8 @@ __all__ = ["ReloadReport", "Reloader", "restart_keys"]
 
 logger = logging.getLogger(__name__)
 
-_LIVE_KEYS = frozenset({"log.level"})
+_RESTRICTION_KEYS = ("http_restricted_api", "grpc_restricted_protocol")
+_LIVE_KEYS = frozenset({"log.level", *(f"server.{key}" for key in _RESTRICTION_KEYS)})
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +99,7 @@ class Reloader:
         log_settings: LogSettings | None = None,
         *,
         tls: ServerTls | None = None,
+        access: ApiAccess | None = None,
     ) -> None:
         """Args:
         running: the config the agent started with.
@@ -103,8 +109,10 @@ class Reloader:
         notifier: told RELOADING=1 and then READY=1 around each reload.
         log_settings: the live log settings (`/v2/logging`), reset to the new `log.level`.
         tls: the listeners' TLS, whose files are read again (a certificate rotation).
+        access: the restricted API groups in force, replaced by the new config's.
         """
         self._tls = tls
+        self._access = access
         self._running = running
         self._load = load
         self._registry = registry
@@ -177,6 +185,7 @@ class Reloader:
             applied.append(f"log.level: {self._running.log.level} -> {new.log.level}")
             logger.warning("config reload: log level now %s", new.log.level)
             self._running = dataclasses.replace(self._running, log=new.log)
+        applied.extend(self._apply_restrictions(new))
         served = self._registry.served_models()
         updates = await asyncio.to_thread(_read_batching, self._registry, served, errors)
         for update in updates:
@@ -188,6 +197,23 @@ class Reloader:
             len(errors),
         )
         return ReloadReport(tuple(applied), tuple(restart), tuple(errors))
+
+    def _apply_restrictions(self, new: AgentConfig) -> list[str]:
+        """Swap in the new restricted API groups (validated by the load); values never logged."""
+        old_server = self._running.server
+        changed = [k for k in _RESTRICTION_KEYS if getattr(old_server, k) != getattr(new.server, k)]
+        if not changed:
+            return []
+        if self._access is not None:
+            self._access.http = http_restrictions(new.server)
+            self._access.grpc = grpc_restrictions(new.server)
+        server = dataclasses.replace(
+            old_server, **{k: getattr(new.server, k) for k in _RESTRICTION_KEYS}
+        )
+        self._running = dataclasses.replace(self._running, server=server)
+        for key in changed:
+            logger.warning("config reload: server.%s updated", key)
+        return [f"server.{key} updated" for key in changed]
 
 
 def _read_batching(

@@ -26,6 +26,7 @@ from agent.config.tools import show_command
 from agent.errors import AgentConfigError
 from agent.proto import grpc_service_pb2 as pb
 from agent.runtime.daemon import RunningAgent
+from agent.runtime.reload import restart_keys
 from tests.server import running_agent
 
 
@@ -212,3 +213,16 @@ def test_environment_carries_restrictions_and_config_show_masks_the_value(
     assert "s3cret" not in shown
     assert 'grpc_restricted_protocol = ["model-repository,cache:admin-key=********"]' in shown
     assert f'tls_key_file = "{tmp_path / "server.key"}"' in shown  # a path is not a secret
+
+
+def test_restricted_groups_change_live_on_reload_but_tls_paths_need_a_restart() -> None:
+    old = AgentConfig(server=ServerConfig(http_restricted_api=("trace:k=one",)))
+    new = AgentConfig(
+        server=ServerConfig(
+            http_restricted_api=("trace:k=two",),
+            grpc_restricted_protocol=("trace:k=two",),
+            tls_cert_file=Path("/etc/edge-agent/tls/new.crt"),
+            tls_key_file=Path("/etc/edge-agent/tls/new.key"),
+        )
+    )
+    assert restart_keys(old, new) == ["server.tls_cert_file", "server.tls_key_file"]

@@ -1,13 +1,16 @@
 """`edge-agent serve` off loopback as a process: the start-up warning, `--strict-security`, and a
-TLS certificate rotated by SIGHUP."""
+TLS certificate and a restricted header value rotated by SIGHUP."""
 
 from __future__ import annotations
 
 import os
 import re
 import signal
+import ssl
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -82,10 +85,33 @@ def _rotate(pki: TestPki, live: Pem, serial: int) -> None:
     os.replace(fresh.cert, live.cert)
 
 
-def test_a_rotated_certificate_is_served_after_sighup(tmp_path: Path) -> None:
+def _index_status(port: int, ca: Path, value: str) -> int:
+    """POST /v2/repository/index over https with the admin header set to `value`."""
+    request = urllib.request.Request(
+        f"https://127.0.0.1:{port}/v2/repository/index",
+        data=b"{}",
+        headers={"admin-key": value},
+    )
+    context = ssl.create_default_context(cafile=str(ca))
+    try:
+        with urllib.request.urlopen(request, timeout=30, context=context) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def _restrict(config: Path, value: str) -> None:
+    config.write_text(f'[server]\nhttp_restricted_api = ["model-repository:admin-key={value}"]\n')
+
+
+def test_a_rotated_certificate_and_header_value_apply_after_sighup(tmp_path: Path) -> None:
     pki = TestPki(tmp_path / "pki")
     live = pki.server(serial=100)
+    config = tmp_path / "agent.toml"
+    _restrict(config, "one")
     args = (
+        "--config",
+        str(config),
         "--http-port",
         "0",
         "--grpc-port",
@@ -102,10 +128,14 @@ def test_a_rotated_certificate_is_served_after_sighup(tmp_path: Path) -> None:
         grpc_port = int(log.wait_for(GRPC).group(1))
         assert served_serial(http_port, pki.ca.cert) == 100
         assert served_serial(grpc_port, pki.ca.cert, alpn="h2") == 100
+        assert _index_status(http_port, pki.ca.cert, "one") == 200
         _rotate(pki, live, 200)
+        _restrict(config, "two")
         proc.send_signal(signal.SIGHUP)
         log.wait_for(re.compile(r"config reload done"))
         assert served_serial(http_port, pki.ca.cert) == 200
+        assert _index_status(http_port, pki.ca.cert, "one") == 403
+        assert _index_status(http_port, pki.ca.cert, "two") == 200
         # grpc asks for the new configuration at the next handshake.
         wait_until(
             lambda: served_serial(grpc_port, pki.ca.cert, alpn="h2") == 200,
