@@ -207,13 +207,20 @@ class Restrictions:
 
 class ApiAccess:
     """The restrictions in force on each protocol. A SIGHUP reload swaps them (one reference
-    each), so a rotated header value applies to the next request without a restart."""
+    each), so a rotated header value applies to the next request without a restart.
 
-    __slots__ = ("grpc", "http")
+    `enforced`: the protocols restricted at start, whose listener checks requests; an
+    unrestricted one has no check at all (it costs nothing per request).
+    """
+
+    __slots__ = ("enforced", "grpc", "http")
 
     def __init__(self, http: Restrictions | None = None, grpc: Restrictions | None = None) -> None:
         self.http = http or Restrictions()
         self.grpc = grpc or Restrictions()
+        self.enforced = frozenset(
+            name for name, rules in (("http", self.http), ("grpc", self.grpc)) if rules
+        )
 
 
 def parse_restrictions(specs: Iterable[str], header_prefix: str = "") -> Restrictions:

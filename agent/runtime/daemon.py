@@ -221,7 +221,7 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         max_request_bytes=server.max_request_bytes,
         max_bytes_elements=server.max_bytes_elements,
         body_timeout_s=limits.body_timeout_s,
-        access=access,
+        access=access if "http" in access.enforced else None,
     )
     context = tls.ssl_context if tls is not None else None
     port = await _serve_http(
@@ -236,7 +236,7 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
             max_message_bytes=config.server.max_request_bytes,
             tensor_limits=TensorLimits(server.max_request_bytes, server.max_bytes_elements),
             connection_limits=limits,
-            access=access,
+            access=access if "grpc" in access.enforced else None,
             tls=tls,
         )
         stack.push_async_callback(grpc_server.stop, DRAIN_TIMEOUT_S)

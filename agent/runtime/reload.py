@@ -1,7 +1,8 @@
 """SIGHUP: re-read the config and apply, without a restart, what can change live.
 
 Live: `log.level`; the restricted API groups (`server.http_restricted_api`,
-`server.grpc_restricted_protocol`: the next request is judged by the new ones); the server TLS
+`server.grpc_restricted_protocol`: the next request is judged by the new ones, once the agent
+started with some on that protocol); the server TLS
 certificate, key and client CA (re-read from the same files, served to new connections); and
 each loaded model's `dynamic_batching` block (re-read from its `config.pbtxt`; every loaded
 version's scheduler gets the new policy, with queued requests moved over in order). Everything
@@ -185,7 +186,7 @@ class Reloader:
             applied.append(f"log.level: {self._running.log.level} -> {new.log.level}")
             logger.warning("config reload: log level now %s", new.log.level)
             self._running = dataclasses.replace(self._running, log=new.log)
-        applied.extend(self._apply_restrictions(new))
+        applied.extend(self._apply_restrictions(new, restart))
         served = self._registry.served_models()
         updates = await asyncio.to_thread(_read_batching, self._registry, served, errors)
         for update in updates:
@@ -198,22 +199,33 @@ class Reloader:
         )
         return ReloadReport(tuple(applied), tuple(restart), tuple(errors))
 
-    def _apply_restrictions(self, new: AgentConfig) -> list[str]:
-        """Swap in the new restricted API groups (validated by the load); values never logged."""
-        old_server = self._running.server
-        changed = [k for k in _RESTRICTION_KEYS if getattr(old_server, k) != getattr(new.server, k)]
-        if not changed:
-            return []
-        if self._access is not None:
-            self._access.http = http_restrictions(new.server)
-            self._access.grpc = grpc_restrictions(new.server)
-        server = dataclasses.replace(
-            old_server, **{k: getattr(new.server, k) for k in _RESTRICTION_KEYS}
-        )
-        self._running = dataclasses.replace(self._running, server=server)
-        for key in changed:
+    def _apply_restrictions(self, new: AgentConfig, restart: list[str]) -> list[str]:
+        """Swap in the new restricted API groups (validated by the load); values never logged.
+
+        A protocol that started without any restriction has no check installed (none costs
+        nothing per request): restricting it for the first time is added to `restart`.
+        """
+        server = self._running.server
+        applied: list[str] = []
+        for key, parse, protocol in (
+            ("http_restricted_api", http_restrictions, "http"),
+            ("grpc_restricted_protocol", grpc_restrictions, "grpc"),
+        ):
+            if getattr(server, key) == getattr(new.server, key):
+                continue
+            restrictions = parse(new.server)
+            if self._access is None or (restrictions and protocol not in self._access.enforced):
+                logger.warning(
+                    "config reload: server.%s changed; it takes effect after a restart", key
+                )
+                restart.append(f"server.{key}")
+                continue
+            setattr(self._access, protocol, restrictions)
+            server = dataclasses.replace(server, **{key: getattr(new.server, key)})
             logger.warning("config reload: server.%s updated", key)
-        return [f"server.{key} updated" for key in changed]
+            applied.append(f"server.{key} updated")
+        self._running = dataclasses.replace(self._running, server=server)
+        return applied
 
 
 def _read_batching(

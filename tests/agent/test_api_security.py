@@ -3,6 +3,7 @@ mutual TLS with tritonclient, shared-memory registration for local clients only.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -28,6 +29,7 @@ from agent.config.schema import AgentConfig, CacheConfig, ModelsConfig, ServerCo
 from agent.proto import grpc_service_pb2 as pb
 from agent.proto import grpc_service_pb2_grpc as pb_grpc
 from agent.runtime.daemon import RunningAgent
+from agent.runtime.reload import Reloader
 from model_cache import ModelCache
 from tests.models import scale_model, write_versions
 from tests.server import running_agent
@@ -429,3 +431,22 @@ def test_tls_files_that_do_not_load_name_the_file(tmp_path: Path, pki: TestPki) 
     other = pki.server(serial=6, stem="other")
     with pytest.raises(TlsError, match=r"cannot load certificate .*lone\.crt"):
         ServerTls(TlsFiles(server.cert, other.key))
+
+
+def test_a_first_restriction_on_reload_waits_for_a_restart(exposed: RunningAgent) -> None:
+    """An agent started unrestricted has no check installed: a reload cannot add one."""
+    running = AgentConfig(server=ServerConfig(host="0.0.0.0"))
+    restricted_config = AgentConfig(
+        server=ServerConfig(host="0.0.0.0", http_restricted_api=("trace:k=v",))
+    )
+    reloader = Reloader(running, lambda: restricted_config, exposed.registry, access=exposed.access)
+    report = asyncio.run(reloader.reload())
+    assert report.needs_restart == ("server.http_restricted_api",)
+    assert exposed.access is not None
+    assert not exposed.access.http
+    assert _get_trace(exposed.http_port) == 200
+
+
+def _get_trace(port: int) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/trace/setting", timeout=30) as r:
+        return int(r.status)
