@@ -92,6 +92,11 @@ class ModelControlError(AgentError):
     """A model-control request is not allowed in the current mode (e.g. load without explicit)."""
 
 
+class UnsupportedError(AgentError):
+    """The model cannot serve the request this way (Triton's UNSUPPORTED: e.g. a plain infer
+    call to a decoupled model)."""
+
+
 class InternalError(AgentError):
     """An unexpected exception (a bug) while handling a request; the message names it."""
 

@@ -94,6 +94,10 @@ ENDPOINT_GROUPS: dict[str, str] = {
     # inference
     f"POST {_MODEL}/infer": INFERENCE,
     f"POST {_VERSION}/infer": INFERENCE,
+    f"POST {_MODEL}/generate": INFERENCE,
+    f"POST {_VERSION}/generate": INFERENCE,
+    f"POST {_MODEL}/generate_stream": INFERENCE,
+    f"POST {_VERSION}/generate_stream": INFERENCE,
     "grpc ModelInfer": INFERENCE,
     "grpc ModelStreamInfer": INFERENCE,
     # model-config

@@ -23,6 +23,7 @@ from agent.tensors.request import (
     InferRequest,
     InferResponse,
     RequestedOutput,
+    check_shape,
     shared_memory_outputs,
     shared_memory_ref,
     tensor_from_bytes,
@@ -78,6 +79,10 @@ def decode_infer_request(
         if any(d < 0 for d in tensor.shape):
             raise InvalidInputError(f"input '{tensor.name}' has a negative dimension")
         shape = tuple(int(d) for d in tensor.shape)
+        try:
+            check_shape(shape, tensor.datatype)
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"input '{tensor.name}': {exc.message}") from None
         if limits is not None:  # resource limits: before the tensor is split, copied or mapped
             check_declared(tensor.name, tensor.datatype, shape, limits)
         if ref is not None:
@@ -89,6 +94,11 @@ def decode_infer_request(
             inputs.append(InferInput(tensor.name, tensor.datatype, shape, empty, ref))
             continue
         if raw:
+            if tensor.HasField("contents"):  # Triton refuses this too, rather than pick one
+                raise InvalidInputError(
+                    f"input '{tensor.name}': contents must not be given when the request "
+                    "uses raw_input_contents"
+                )
             try:
                 data = tensor_from_bytes(raw[index], tensor.datatype, shape)
             except InvalidInputError as exc:

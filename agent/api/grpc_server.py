@@ -7,6 +7,7 @@ Thin like the HTTP handlers: decode with `agent.api.grpc_codec`, call the shared
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import errno
 import json
@@ -41,8 +42,10 @@ from agent.errors import (
     PayloadTooLargeError,
     RequestTimeoutError,
     SharedMemoryNotFoundError,
+    UnsupportedError,
     lookup,
 )
+from agent.models.pushed import FILE_PREFIX
 from agent.proto import grpc_service_pb2 as pb
 from agent.proto import grpc_service_pb2_grpc as pb_grpc
 from agent.serving.dataplane import DataPlane
@@ -70,9 +73,13 @@ STATUS_FOR_ERROR: dict[type[AgentError], grpc.StatusCode] = {
     ModelLoadError: grpc.StatusCode.INTERNAL,
     MemoryBudgetError: grpc.StatusCode.INTERNAL,
     InternalError: grpc.StatusCode.INTERNAL,
+    UnsupportedError: grpc.StatusCode.UNIMPLEMENTED,
     TlsError: grpc.StatusCode.INTERNAL,
     AgentError: grpc.StatusCode.INTERNAL,
 }
+
+# Triton's answer to ModelInfer on a decoupled model (UNIMPLEMENTED).
+_REFUSAL = "ModelInfer RPC doesn't support models with decoupled transaction policy"
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
@@ -158,19 +165,73 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         request_iterator: AsyncIterator[pb.ModelInferRequest],
         context: grpc.aio.ServicerContext[pb.ModelInferRequest, pb.ModelStreamInferResponse],
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """One response per request; an error goes back as error_message, the stream goes on."""
+        """Every response of every request on the stream, requests served concurrently.
+
+        Each response carries Triton's `triton_final_response` parameter; a decoupled model's
+        final flag without a response is sent as an empty response only when the request set
+        `triton_enable_empty_final_response`. An error goes back as error_message and the stream
+        goes on. When the client cancels the stream (or goes away), its requests are cancelled.
+        """
         _call.set(context)
-        async for request in request_iterator:
+        out: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        running: set[asyncio.Task[None]] = set()
+
+        async def serve(request: pb.ModelInferRequest) -> None:
+            async for message in self._stream_one(request):
+                out.put_nowait(message)
+
+        async def read() -> None:
             try:
-                response = await self._infer(request)
-            except AgentError as exc:
-                yield pb.ModelStreamInferResponse(error_message=exc.message)
-                continue
-            except Exception as exc:
-                logger.exception("gRPC ModelStreamInfer failed")
-                yield pb.ModelStreamInferResponse(error_message=InternalError.wrap(exc).message)
-                continue
-            yield pb.ModelStreamInferResponse(infer_response=response)
+                # Tasks start in arrival order and reach their model's queue without waiting,
+                # so requests that share a queue keep the stream's order.
+                async for request in request_iterator:
+                    task = asyncio.ensure_future(serve(request))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                while running:  # the client half-closed: finish what it asked for
+                    await asyncio.wait(set(running))
+            finally:
+                out.put_nowait(None)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while (message := await out.get()) is not None:
+                yield message
+            await reader  # a broken request iterator surfaces here
+        finally:
+            reader.cancel()
+            for task in list(running):
+                task.cancel()  # closes each request's response iterator: the model sees it
+
+    async def _stream_one(
+        self, request: pb.ModelInferRequest
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """The stream messages of one request (errors as error_message)."""
+        empty_final = _bool_parameter(request, "triton_enable_empty_final_response")
+        version = request.model_version or None
+        try:
+            infer_request = grpc_codec.decode_infer_request(request, limits=self._limits)
+            async for item in self._dp.infer_stream(request.model_name, version, infer_request):
+                if item.error is not None:
+                    yield pb.ModelStreamInferResponse(error_message=item.error.message)
+                    continue
+                if item.response is None:
+                    if not (item.final and empty_final):
+                        continue
+                    message = pb.ModelInferResponse(
+                        model_name=request.model_name,
+                        model_version=request.model_version,
+                        id=request.id,
+                    )
+                else:
+                    message = grpc_codec.encode_infer_response(item.response, infer_request)
+                message.parameters["triton_final_response"].bool_param = item.final
+                yield pb.ModelStreamInferResponse(infer_response=message)
+        except AgentError as exc:
+            yield pb.ModelStreamInferResponse(error_message=exc.message)
+        except Exception as exc:
+            logger.exception("gRPC ModelStreamInfer failed")
+            yield pb.ModelStreamInferResponse(error_message=InternalError.wrap(exc).message)
 
     @_mapped
     async def ModelConfig(self, request: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
@@ -208,16 +269,32 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.RepositoryModelLoadRequest
     ) -> pb.RepositoryModelLoadResponse:
         config: dict[str, Any] | None = None
-        if "config" in request.parameters:
-            raw = request.parameters["config"].string_param
-            try:
-                parsed = json.loads(raw)
-            except ValueError as exc:
-                raise InvalidInputError(f"parameter 'config' is not valid JSON: {exc}") from None
-            if not isinstance(parsed, dict):
-                raise InvalidInputError("parameter 'config' must be a JSON object")
-            config = parsed
-        await self._dp.load_model(request.model_name, config)
+        files: dict[str, bytes] = {}  # load with files: Triton's "file:<path>" bytes_param
+        for key, param in request.parameters.items():
+            kind = param.WhichOneof("parameter_choice")
+            if key == "config":
+                if kind != "string_param":
+                    raise InvalidInputError(
+                        f"invalid value type for load parameter '{key}', expected string_param."
+                    )
+                try:
+                    parsed = json.loads(param.string_param)
+                except ValueError as exc:
+                    raise InvalidInputError(
+                        f"parameter 'config' is not valid JSON: {exc}"
+                    ) from None
+                if not isinstance(parsed, dict):
+                    raise InvalidInputError("parameter 'config' must be a JSON object")
+                config = parsed
+            elif key.startswith(FILE_PREFIX):
+                if kind != "bytes_param":
+                    raise InvalidInputError(
+                        f"invalid value type for load parameter '{key}', expected bytes_param."
+                    )
+                files[key] = param.bytes_param
+            else:
+                raise InvalidInputError(f"unrecognized load parameter '{key}'.")
+        await self._dp.load_model(request.model_name, config, files)
         return pb.RepositoryModelLoadResponse()
 
     @_mapped
@@ -284,7 +361,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             return await self._infer_traced(request)
         infer_request = grpc_codec.decode_infer_request(request, limits=self._limits)
         response = await self._dp.infer(
-            request.model_name, request.model_version or None, infer_request
+            request.model_name, request.model_version or None, infer_request, refusal=_REFUSAL
         )
         return grpc_codec.encode_infer_response(response, infer_request)
 
@@ -295,7 +372,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         infer_request = grpc_codec.decode_infer_request(request, limits=self._limits)
         version = request.model_version or None
         if trace is None:
-            response = await self._dp.infer(request.model_name, version, infer_request)
+            response = await self._dp.infer(
+                request.model_name, version, infer_request, refusal=_REFUSAL
+            )
             return grpc_codec.encode_infer_response(response, infer_request)
         trace.stamp("GRPC_WAITREAD_END", read)
         call = _call.get(None)
@@ -303,13 +382,24 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             metadata = call.invocation_metadata() or ()
             trace.propagate({str(k): v for k, v in metadata if isinstance(v, str)})
         try:
-            response = await self._dp.infer(request.model_name, version, infer_request, trace)
+            response = await self._dp.infer(
+                request.model_name, version, infer_request, trace, refusal=_REFUSAL
+            )
             trace.stamp("GRPC_SEND_START")
             message = grpc_codec.encode_infer_response(response, infer_request)
             trace.stamp("GRPC_SEND_END")
             return message
         finally:
             self._dp.tracer.finish(trace)
+
+
+def _bool_parameter(request: pb.ModelInferRequest, key: str) -> bool:
+    param = request.parameters.get(key)
+    return (
+        param is not None
+        and param.WhichOneof("parameter_choice") == "bool_param"
+        and (param.bool_param)
+    )
 
 
 class _RestrictionInterceptor(grpc.aio.ServerInterceptor):

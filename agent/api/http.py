@@ -8,6 +8,8 @@ with its traceback and answered as a JSON 500, never as aiohttp's plain-text pag
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import logging
 import time
@@ -19,6 +21,7 @@ from aiohttp.typedefs import Middleware
 
 from agent.api.access import ApiAccess, RestrictedApiError, http_endpoint, is_loopback_peer
 from agent.api.http_codec import HEADER_LENGTH, decode_infer_request, encode_infer_response
+from agent.api.http_generate import REFUSAL, generate_routes
 from agent.api.http_limits import ClientTimeoutError, body_middleware, must_close
 from agent.api.tls import TlsError
 from agent.canary.control import policy_from_request
@@ -41,8 +44,10 @@ from agent.errors import (
     PayloadTooLargeError,
     RequestTimeoutError,
     SharedMemoryNotFoundError,
+    UnsupportedError,
     lookup,
 )
+from agent.models.pushed import FILE_PREFIX
 from agent.serving.dataplane import DataPlane
 from agent.tensors.limits import DEFAULT_MAX_BYTES_ELEMENTS, TensorLimits
 
@@ -50,6 +55,7 @@ logger = logging.getLogger(__name__)
 
 DATAPLANE = web.AppKey("dataplane", DataPlane)
 TENSOR_LIMITS = web.AppKey("tensor_limits", TensorLimits)
+
 
 # The one place where error types become HTTP status codes (every type listed: a test checks).
 STATUS_FOR_ERROR: dict[type[AgentError], int] = {
@@ -69,6 +75,7 @@ STATUS_FOR_ERROR: dict[type[AgentError], int] = {
     ModelLoadError: 500,
     MemoryBudgetError: 500,
     InternalError: 500,
+    UnsupportedError: 501,
     TlsError: 500,
     AgentError: 500,
     ModelNotReadyError: 503,
@@ -160,6 +167,8 @@ def create_app(
             # Inference first: the router tries routes in order, and this is the hot path.
             web.post(model + "/infer", _infer),
             web.post(version + "/infer", _infer),
+            # Triton's generate extension: generate, generate_stream (agent.api.http_generate).
+            *generate_routes(dataplane, model, version),
             web.get("/v2/health/live", _live),
             web.get("/v2/health/ready", _ready),
             web.get("/v2", _server_metadata),
@@ -273,7 +282,8 @@ async def _repository_index(request: web.Request) -> web.Response:
 
 
 async def _load_model(request: web.Request) -> web.Response:
-    """Triton's load: an optional body {"parameters": {"config": "<model config JSON>"}}."""
+    """Triton's load: an optional body {"parameters": {"config": "<model config JSON>",
+    "file:<path>": "<base64>"...}}."""
     doc = await _optional_json(request)
     params = doc.get("parameters", {})
     if not isinstance(params, dict):
@@ -287,7 +297,21 @@ async def _load_model(request: web.Request) -> web.Response:
             raise InvalidInputError(f"parameter 'config' is not valid JSON: {exc}") from None
         if not isinstance(config, dict):
             raise InvalidInputError("parameter 'config' must be a JSON object")
-    await _dataplane(request).load_model(request.match_info["model"], config)
+    # --- load with files (Triton's "file:<path>" parameters, base64 in JSON) ---
+    files: dict[str, bytes] = {}
+    for key, value in params.items():
+        if key == "config":
+            continue
+        if not key.startswith(FILE_PREFIX):
+            raise InvalidInputError(f"unrecognized load parameter '{key}'.")
+        if not isinstance(value, str):
+            raise InvalidInputError(f"File parameter '{key}' must be a base64-encoded string")
+        try:
+            files[key] = base64.b64decode(value, validate=True)
+        except binascii.Error as exc:
+            raise InvalidInputError(f"File parameter '{key}' is not valid base64: {exc}") from None
+    await _dataplane(request).load_model(request.match_info["model"], config, files)
+    # --- end load with files ---
     return web.Response(status=200)
 
 
@@ -399,7 +423,7 @@ async def _infer(request: web.Request) -> web.Response:
     header_length = _header_length(request)
     body = await request.read()
     infer_request = decode_infer_request(body, header_length, limits=request.app[TENSOR_LIMITS])
-    response = await _dataplane(request).infer(*_target(request), infer_request)
+    response = await _dataplane(request).infer(*_target(request), infer_request, refusal=REFUSAL)
     return _infer_response(*encode_infer_response(response, infer_request))
 
 
@@ -412,13 +436,13 @@ async def _infer_traced(request: web.Request) -> web.Response:
     infer_request = decode_infer_request(body, header_length, limits=request.app[TENSOR_LIMITS])
     trace = dataplane.tracer.start(request.match_info["model"], infer_request.id or "")
     if trace is None:
-        response = await dataplane.infer(*_target(request), infer_request)
+        response = await dataplane.infer(*_target(request), infer_request, refusal=REFUSAL)
         return _infer_response(*encode_infer_response(response, infer_request))
     trace.stamp("HTTP_RECV_START", received)
     trace.stamp("HTTP_RECV_END")
     trace.propagate(request.headers)
     try:
-        response = await dataplane.infer(*_target(request), infer_request, trace)
+        response = await dataplane.infer(*_target(request), infer_request, trace, refusal=REFUSAL)
         trace.stamp("HTTP_SEND_START")
         answer = _infer_response(*encode_infer_response(response, infer_request))
         trace.stamp("HTTP_SEND_END")

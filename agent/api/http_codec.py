@@ -26,6 +26,7 @@ from agent.tensors.request import (
     InferResponse,
     RequestedOutput,
     as_bytes,
+    check_shape,
     shared_memory_outputs,
     shared_memory_ref,
     tensor_from_bytes,
@@ -278,6 +279,8 @@ def _load_json_object(raw: bytes | memoryview) -> dict[str, Any]:
         doc = json.loads(bytes(raw))
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidInputError(f"malformed JSON in request: {exc}") from None
+    except RecursionError:  # nesting deeper than the parser's stack, e.g. "[[[[...": hostile
+        raise InvalidInputError("malformed JSON in request: nested too deeply") from None
     if not isinstance(doc, dict):
         raise InvalidInputError("request body must be a JSON object")
     return doc
@@ -305,6 +308,10 @@ def _input_header(raw: object) -> tuple[str, str, tuple[int, ...], dict[str, Any
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape_raw
     ):
         raise InvalidInputError(f"input '{name}' must have a 'shape' of non-negative integers")
+    try:
+        check_shape(shape_raw, datatype)
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"input '{name}': {exc.message}") from None
     return name, datatype, tuple(shape_raw), _parameters(raw, f"input '{name}'")
 
 
@@ -441,3 +448,23 @@ def _decode_outputs(raw: object) -> tuple[RequestedOutput, ...] | None:
         shm = shared_memory_ref(params, f"output '{item['name']}'")
         result.append(RequestedOutput(item["name"], binary, shm))
     return tuple(result)
+
+
+def tensor_from_json(
+    values: object, datatype: str, shape: tuple[int, ...], name: str
+) -> np.ndarray:
+    """JSON values (nested or flat) as an array of `datatype` and `shape`.
+
+    Raises:
+        InvalidInputError: values of the wrong kind or count.
+    """
+    return _tensor_from_json(values, datatype, shape, name)
+
+
+def tensor_to_json(data: np.ndarray, datatype: str, name: str) -> list[Any]:
+    """An array as a flat JSON list (BYTES as text).
+
+    Raises:
+        InvalidInputError: a BYTES element is not UTF-8.
+    """
+    return _tensor_to_json(data, datatype, name)

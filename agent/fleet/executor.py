@@ -37,6 +37,7 @@ from agent.errors import (
     PayloadTooLargeError,
     RequestTimeoutError,
     SharedMemoryNotFoundError,
+    UnsupportedError,
     lookup,
 )
 from agent.fleet import commands as cmd
@@ -69,6 +70,7 @@ ERROR_CODES: dict[type[AgentError], str] = {
     BackendError: "failed",
     ModelInstanceFailedError: "failed",
     InternalError: "internal",
+    UnsupportedError: "not_allowed",
     AgentError: "failed",
 }
 

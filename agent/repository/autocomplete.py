@@ -91,6 +91,13 @@ def complete_config(
         )
     if onnx:
         check_input_count(out, model_name, inputs)
+    # Control and state inputs are fed by the sequence batcher, never listed as inputs.
+    fed = {c.name for c in out.sequence_batching.control_input}
+    fed.update(s.input_name for s in out.sequence_batching.state)
+    outputs = [
+        t for t in outputs if t.name not in {s.output_name for s in out.sequence_batching.state}
+    ]
+    inputs = [t for t in inputs if t.name not in fed]
     # The ONNX Runtime backend fills a whole list or none; the others fill what they left out.
     _complete_tensors(out, out.input, inputs, "input", auto_complete, require_all=not onnx)
     _complete_tensors(out, out.output, outputs, "output", auto_complete, require_all=False)

@@ -13,8 +13,10 @@ import asyncio
 import contextlib
 import functools
 import logging
+import shutil
 import signal
 import ssl
+import tempfile
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,11 +43,12 @@ from agent.fleet.link import FleetLink
 from agent.fleet.mqtt import MqttError
 from agent.fleet.outbox import StoreError
 from agent.fleet.telemetry import detect_gpu
-from agent.models.cache_control import CachedVersions, CacheEvents
+from agent.models.cache_control import CachedVersions, CacheEvents, ProvenanceOf
 from agent.models.control import ModelControlMode, ModelManager
 from agent.models.events import EventTee, LogEvents
 from agent.models.loader import LoadSettings
 from agent.models.memory_plan import MemoryLedger, detect_budget_bytes, process_rss_bytes
+from agent.models.pushed import PushedModels
 from agent.models.registry import ModelRegistry
 from agent.repository.watch import RepositoryWatcher
 from agent.runtime.demo import default_demo_dir, ensure_demo_repository
@@ -68,6 +71,7 @@ from agent.tensors.limits import TensorLimits
 from model_cache import CacheError, ModelCache
 from sync.errors import SyncConfigError, SyncError
 from sync.policy import parse_desired
+from sync.provenance import ProvenanceStore
 
 if TYPE_CHECKING:
     from sync.client import SyncClient
@@ -166,6 +170,12 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         ledger=ledger,
         gate=LimiterGate(RateLimiter()),
     )
+    # Folders of models loaded from request files: removed after the models are unloaded.
+    pushed = (
+        _pushed_models(config, stack)
+        if ModelControlMode(config.models.control_mode) is ModelControlMode.EXPLICIT
+        else None
+    )
     stack.push_async_callback(asyncio.to_thread, registry.close)
     mode = ModelControlMode(config.models.control_mode)
     events = EventTee(CacheEvents(model_cache) if model_cache is not None else LogEvents())
@@ -190,6 +200,7 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
             manager,
             keep_last=config.cache.keep_last,
             disk_budget_bytes=config.cache.disk_budget_bytes or None,
+            provenance=provenance_reader(config, model_cache),
         )
         if model_cache is not None
         else None
@@ -209,6 +220,8 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         versions,
         canary,
         shared_memory=SharedMemoryRegistry(enabled=config.server.shared_memory),
+        pushed=pushed,
+        max_request_bytes=config.server.max_request_bytes,
         tracer=_tracer(config),
     )
     # Entered before the listeners: stopped after them, once no request can finish a trace.
@@ -315,6 +328,17 @@ def _tracer(config: AgentConfig) -> Tracer:
     exporter = OtlpExporter(url, parse_resource(log.trace_otlp_resource))
     logger.info("traces: OpenTelemetry spans to %s", url)
     return Tracer(mode="opentelemetry", exporter=exporter)
+
+
+def provenance_reader(config: AgentConfig, cache: ModelCache) -> ProvenanceOf:
+    """Who signed a cached version, as the sync recorded it (also after `sync --once`)."""
+    store = ProvenanceStore((config.sync.work_dir or Path(cache.root) / "sync") / "provenance")
+
+    def read(model: str, version: int) -> dict[str, Any] | None:
+        found = store.get(model, version)
+        return found.to_json() if found is not None else None
+
+    return read
 
 
 @dataclass(frozen=True, slots=True)
@@ -586,3 +610,15 @@ async def run_agent(
         notifier.stopping("draining in-flight requests")
         loop.remove_signal_handler(signal.SIGHUP)
     return 0
+
+
+def _pushed_models(config: AgentConfig, stack: contextlib.AsyncExitStack) -> PushedModels:
+    """Where models loaded from request files live: in the cache directory when there is one
+    (cleared at start-up, so nothing a crash left is kept), else a private temporary folder."""
+    if config.cache.dir is not None:
+        pushed = PushedModels(config.cache.dir / "pushed")
+        stack.callback(pushed.close)
+    else:
+        pushed = PushedModels(Path(tempfile.mkdtemp(prefix="edge-agent-pushed-")))
+        stack.callback(shutil.rmtree, pushed.root, ignore_errors=True)
+    return pushed
