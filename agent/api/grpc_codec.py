@@ -57,6 +57,13 @@ def decode_infer_request(request: pb.ModelInferRequest) -> InferRequest:
         shared_memory_ref(_parameters(t.parameters), f"input '{t.name}'") for t in request.inputs
     ]
     in_band = sum(ref is None for ref in refs)
+    if raw:
+        for tensor, ref in zip(request.inputs, refs, strict=True):
+            if ref is None and tensor.HasField("contents"):
+                raise InvalidInputError(  # Triton's words
+                    "contents field must not be specified when using raw_input_contents for "
+                    f"'{tensor.name}' for model '{request.model_name}'"
+                )
     if raw and len(raw) != in_band:
         raise InvalidInputError(
             f"raw_input_contents has {len(raw)} buffers for {in_band} inputs not in shared "

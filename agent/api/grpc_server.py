@@ -19,6 +19,7 @@ import grpc
 from google.protobuf import json_format
 
 from agent.api import grpc_codec
+from agent.api.model_load import ModelLoadFailedError, load_model
 from agent.errors import (
     AgentError,
     BackendError,
@@ -28,11 +29,13 @@ from agent.errors import (
     InvalidInputError,
     MemoryBudgetError,
     ModelConfigError,
+    ModelControlDisabledError,
     ModelControlError,
     ModelInstanceFailedError,
     ModelLoadError,
     ModelNotFoundError,
     ModelNotReadyError,
+    NoReadyVersionError,
     OverloadedError,
     PayloadTooLargeError,
     RequestTimeoutError,
@@ -49,11 +52,14 @@ STATUS_FOR_ERROR: dict[type[AgentError], grpc.StatusCode] = {
     InvalidInputError: grpc.StatusCode.INVALID_ARGUMENT,
     ModelConfigError: grpc.StatusCode.INVALID_ARGUMENT,
     ModelControlError: grpc.StatusCode.FAILED_PRECONDITION,
+    ModelLoadFailedError: grpc.StatusCode.INVALID_ARGUMENT,
     ModelNotFoundError: grpc.StatusCode.NOT_FOUND,
+    NoReadyVersionError: grpc.StatusCode.NOT_FOUND,
     SharedMemoryNotFoundError: grpc.StatusCode.NOT_FOUND,
     ConflictError: grpc.StatusCode.ALREADY_EXISTS,
     PayloadTooLargeError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ModelNotReadyError: grpc.StatusCode.UNAVAILABLE,
+    ModelControlDisabledError: grpc.StatusCode.UNAVAILABLE,
     OverloadedError: grpc.StatusCode.UNAVAILABLE,
     RequestTimeoutError: grpc.StatusCode.UNAVAILABLE,
     BackendError: grpc.StatusCode.INTERNAL,
@@ -93,7 +99,8 @@ def _mapped(
             if not isinstance(exc, AgentError):
                 logger.exception("gRPC %s failed", handler.__name__)
             error = InternalError.wrap(exc)
-            await context.abort(status_for(error), error.message)
+            # no path of the device in what the client reads
+            await context.abort(status_for(error), self._dp.scrub(error.message))
             raise  # abort raises; this keeps type checkers satisfied
 
     return wrapper
@@ -154,11 +161,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             try:
                 response = await self._infer(request)
             except AgentError as exc:
-                yield pb.ModelStreamInferResponse(error_message=exc.message)
+                yield pb.ModelStreamInferResponse(error_message=self._dp.scrub(exc.message))
                 continue
             except Exception as exc:
                 logger.exception("gRPC ModelStreamInfer failed")
-                yield pb.ModelStreamInferResponse(error_message=InternalError.wrap(exc).message)
+                message = self._dp.scrub(InternalError.wrap(exc).message)
+                yield pb.ModelStreamInferResponse(error_message=message)
                 continue
             yield pb.ModelStreamInferResponse(infer_response=response)
 
@@ -207,7 +215,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             if not isinstance(parsed, dict):
                 raise InvalidInputError("parameter 'config' must be a JSON object")
             config = parsed
-        await self._dp.load_model(request.model_name, config)
+        await load_model(self._dp, request.model_name, config)
         return pb.RepositoryModelLoadResponse()
 
     @_mapped
@@ -251,6 +259,31 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         else:
             self._dp.shared_memory.unregister_all()
         return pb.SystemSharedMemoryUnregisterResponse()
+
+    # CUDA shared memory, as Triton without GPU support answers it (issue 26) ------------------
+
+    @_mapped
+    async def CudaSharedMemoryStatus(
+        self, request: pb.CudaSharedMemoryStatusRequest
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        self._dp.cuda_shared_memory.status(request.name or None)  # raises for a named region
+        return pb.CudaSharedMemoryStatusResponse()
+
+    @_mapped
+    async def CudaSharedMemoryRegister(
+        self, request: pb.CudaSharedMemoryRegisterRequest
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        self._dp.cuda_shared_memory.register(request.name)
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    @_mapped
+    async def CudaSharedMemoryUnregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        self._dp.cuda_shared_memory.unregister(request.name or None)
+        return pb.CudaSharedMemoryUnregisterResponse()
+
+    # ------------------------------------------------------------------------------------------
 
     @_mapped
     async def TraceSetting(self, request: pb.TraceSettingRequest) -> pb.TraceSettingResponse:

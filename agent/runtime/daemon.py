@@ -186,6 +186,8 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         canary,
         shared_memory=SharedMemoryRegistry(enabled=config.server.shared_memory),
         tracer=_tracer(config),
+        server_name=config.server.name,
+        private_paths=[config.cache.dir] if config.cache.dir is not None else [],
     )
     # Entered before the listeners: stopped after them, once no request can finish a trace.
     stack.push_async_callback(asyncio.to_thread, dataplane.tracer.close)

@@ -171,7 +171,8 @@ class ModelScheduler:
             raise ModelNotReadyError(f"model '{self.model}' version {self.version} is unloading")
         if len(self._former) >= self._max_pending:
             raise OverloadedError(
-                f"model '{self.model}' has {self._max_pending} requests queued; retry later"
+                f"Exceeds maximum queue size: model '{self.model}' has {self._max_pending} "
+                "requests queued; retry later"
             )
         if (
             priority is None
@@ -263,7 +264,7 @@ class ModelScheduler:
         loop = asyncio.get_running_loop()
         now = time.monotonic()
         for job in self._former.expire(now):
-            self._finish(job, RequestTimeoutError("request timeout expired in the queue"))
+            self._finish(job, RequestTimeoutError("Request timeout expired"))
         while self._free > 0 and self._holding == 0:
             batch = self._former.take(now)
             if batch is None:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from agent import __version__
@@ -22,6 +23,7 @@ from agent.errors import (
     BackendError,
     InternalError,
     InvalidInputError,
+    ModelControlDisabledError,
     ModelControlError,
     ModelInstanceFailedError,
     ModelNotFoundError,
@@ -35,6 +37,8 @@ from agent.models.registry import ModelRegistry
 from agent.proto import model_config_pb2 as mc
 from agent.repository.model_config import config_from_json, config_to_json
 from agent.scheduling.statistics import FailureReason
+from agent.serving.client_text import PathScrubber
+from agent.serving.cuda_shared_memory import CudaSharedMemory
 from agent.serving.log_settings import LogSettings
 from agent.serving.response_cache import ResponseCache, cache_key
 from agent.serving.shared_memory import SharedMemoryRegistry
@@ -73,6 +77,9 @@ class DataPlane:
         shared_memory: SharedMemoryRegistry | None = None,
         log_settings: LogSettings | None = None,
         tracer: Tracer | None = None,
+        *,
+        server_name: str = SERVER_NAME,
+        private_paths: Iterable[Path] = (),
     ) -> None:
         self._registry = registry
         self._cache = cache
@@ -84,6 +91,10 @@ class DataPlane:
         self.log_settings = log_settings or LogSettings()
         self.tracer = tracer or Tracer()
         self._ready = False
+        self.server_name = server_name
+        self.cuda_shared_memory = CudaSharedMemory(self.shared_memory)
+        # What a client-facing message must not show: the repository and the model cache.
+        self.scrub = PathScrubber([registry.repository, *private_paths])
         # Ensemble steps and Python models' BLS requests are ordinary inferences.
         registry.step_runner.bind(self.infer)
 
@@ -101,7 +112,7 @@ class DataPlane:
         extensions = [
             e for e in EXTENSIONS if e != "system_shared_memory" or self.shared_memory.enabled
         ]
-        return {"name": SERVER_NAME, "version": __version__, "extensions": extensions}
+        return {"name": self.server_name, "version": __version__, "extensions": extensions}
 
     def model_ready(self, name: str, version: str | None) -> bool:
         """Whether the addressed model version is READY (raises ModelNotFoundError if unknown)."""
@@ -136,6 +147,7 @@ class DataPlane:
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         rows = _with_rejections(self._registry.index(), self.rejected_versions())
+        rows = [{k: self.scrub(v) if k == "reason" else v for k, v in r.items()} for r in rows]
         if ready_only:
             rows = [r for r in rows if r.get("state") == "READY"]
         return rows
@@ -198,19 +210,27 @@ class DataPlane:
 
     def _require_explicit(self, action: str) -> None:
         if self.mode is not ModelControlMode.EXPLICIT:
-            raise ModelControlError(
-                f"explicit model {action} is not allowed in model-control mode "
-                f"'{self.mode.value}' (start with --model-control-mode explicit)"
+            raise ModelControlDisabledError(  # Triton's words, whatever the mode
+                "explicit model load / unload is not allowed if polling is enabled "
+                f"(model-control mode '{self.mode.value}': {action} needs "
+                "--model-control-mode explicit)"
             )
 
     def statistics(self, name: str | None, version: str | None) -> dict[str, Any]:
         """Triton's statistics extension for all models, one model, or one version.
 
         Raises:
-            ModelNotFoundError: the model or version is unknown.
+            InvalidInputError: the model or version is unknown or not ready (Triton: 400).
         """
         if name is not None:
-            served, number = self._registry.resolve(name, version)
+            try:
+                served, number = self._registry.resolve(name, version)
+            except (ModelNotFoundError, ModelNotReadyError):  # Triton's words and code (400)
+                if not version:
+                    raise InvalidInputError(f"requested model '{name}' is not available") from None
+                raise InvalidInputError(
+                    f"requested model version is not available for model '{name}'"
+                ) from None
             return self._registry.stats.snapshot(served.name, str(number) if version else None)
         return self._registry.stats.snapshot()
 

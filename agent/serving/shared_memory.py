@@ -161,7 +161,14 @@ class SharedMemoryRegistry:
         """
         if name is None:
             return [r.status for r in self._regions.values()]
-        return [self._get(name).status]
+        region = self._regions.get(name)
+        if region is None:  # Triton's status wording names the kind of region
+            raise SharedMemoryNotFoundError(f"Unable to find system shared memory region: '{name}'")
+        return [region.status]
+
+    def has(self, name: str) -> bool:
+        """Whether a region of that name is registered."""
+        return name in self._regions
 
     def read(self, name: str, offset: int, byte_size: int) -> memoryview:
         """A view of `byte_size` bytes at `offset` in the region (valid until it is unregistered;
