@@ -21,7 +21,9 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.grpc import InferenceServerClient as Grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.http import InferenceServerClient as Http
 from tritonclient.utils import InferenceServerException
 
 from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
@@ -29,9 +31,6 @@ from agent.runtime.daemon import RunningAgent
 from agent.runtime.demo import mlp_model
 from tests.models import M_CONFIG, write_model
 from tests.server import running_agent
-
-Http = httpclient.InferenceServerClient
-Grpc = grpcclient.InferenceServerClient
 
 
 @pytest.fixture(scope="module")
