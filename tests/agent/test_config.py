@@ -371,5 +371,5 @@ def test_server_name_is_read_and_must_not_be_empty(tmp_path: Path, repo: Path) -
     assert load_config(repo_toml(tmp_path), {}).server.name == "edge-agent"
     named = load_config(repo_toml(tmp_path, '[server]\nname = "triton"\n'), {})
     assert named.server.name == "triton"
-    with pytest.raises(AgentConfigError, match="server.name must not be empty"):
+    with pytest.raises(AgentConfigError, match=r"server\.name must not be empty"):
         load_config(repo_toml(tmp_path, '[server]\nname = " "\n'), {})
