@@ -289,7 +289,11 @@ class DataPlane:
         try:
             if in_shm or any(t.shm is not None for t in request.inputs):
                 request = self.shared_memory.resolve_inputs(request)
-            valid = served.signature.validate(request)
+            try:
+                valid = served.signature.validate(request)
+            except InvalidInputError as exc:  # Triton's words open with the request's id
+                tag = request.id or "<id_unknown>"
+                raise InvalidInputError(f"[request id: {tag}] {exc.message}") from None
             if trace is not None:
                 valid = self._trace_inputs(trace, request, valid, served.signature)
             priority, timeout_us = _scheduling_parameters(request.parameters)

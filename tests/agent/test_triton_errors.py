@@ -87,6 +87,28 @@ def _grpc_infer(client: Grpc, model: str, version: str = "") -> Any:
     return client.infer(model, [x], model_version=version)
 
 
+def _infer_with(
+    module: Any, client: Any, name: str, array: np.ndarray, datatype: str, output: str = "OUTPUT0"
+) -> Any:
+    """Infer on "m" with one input of any name, shape and type, asking for `output`."""
+    x = module.InferInput(name, list(array.shape), datatype)
+    x.set_data_from_numpy(array)
+    return client.infer("m", [x], outputs=[module.InferRequestedOutput(output)])
+
+
+def _both(
+    name: str, array: np.ndarray, datatype: str, output: str = "OUTPUT0"
+) -> tuple[Callable[[Http], Any], Callable[[Grpc], Any]]:
+    return (
+        lambda c: _infer_with(httpclient, c, name, array, datatype, output),
+        lambda c: _infer_with(grpcclient, c, name, array, datatype, output),
+    )
+
+
+ZEROS = np.zeros((1, 64), np.float32)
+NO_ID = "[request id: <id_unknown>] "
+
+
 @dataclass(frozen=True)
 class Case:
     """A situation, Triton's answer to it, and the call over each transport."""
@@ -217,6 +239,32 @@ CASES: dict[str, Case] = {
         "failed to register CUDA shared memory region: 'r', GPUs not supported",
         lambda c: c.register_cuda_shared_memory("r", b"\0" * 64, 0, 1024),
         lambda c: c.register_cuda_shared_memory("r", b"\0" * 64, 0, 1024),
+    ),
+    "an input the model does not have": Case(
+        400,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        f"{NO_ID}unexpected inference input 'BOGUS' for model 'm'",
+        *_both("BOGUS", ZEROS, "FP32"),
+        prefix=True,
+    ),
+    "an input of the wrong datatype": Case(
+        400,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        f"{NO_ID}inference input 'INPUT0' data-type is 'FP64', but model 'm' expects 'FP32'",
+        *_both("INPUT0", np.zeros((1, 64), np.float64), "FP64"),
+    ),
+    "an input of the wrong shape": Case(
+        400,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        f"{NO_ID}unexpected shape for input 'INPUT0' for model 'm'. Expected [-1,64], got [1,32]",
+        *_both("INPUT0", np.zeros((1, 32), np.float32), "FP32"),
+        prefix=True,
+    ),
+    "an output the model does not have": Case(
+        400,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        f"{NO_ID}unexpected inference output 'BOGUS' for model 'm'",
+        *_both("INPUT0", ZEROS, "FP32", "BOGUS"),
     ),
 }
 
