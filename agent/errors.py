@@ -91,6 +91,13 @@ class ConflictError(AgentError):
     """The request conflicts with what is in progress (e.g. a canary already runs)."""
 
 
+class RegionExistsError(ConflictError):
+    """A shared-memory region of that name is registered already.
+
+    Triton's ALREADY_EXISTS, which its HTTP endpoint answers 400 (not 409).
+    """
+
+
 class ModelControlError(AgentError):
     """A model-control request is not allowed in the current mode (e.g. load without explicit)."""
 

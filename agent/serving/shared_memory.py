@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from agent.errors import ConflictError, InvalidInputError, SharedMemoryNotFoundError
+from agent.errors import InvalidInputError, RegionExistsError, SharedMemoryNotFoundError
 from agent.tensors.request import (
     InferInput,
     InferRequest,
@@ -110,7 +110,7 @@ class SharedMemoryRegistry:
         if not name:
             raise InvalidInputError("shared memory region name must not be empty")
         if name in self._regions:
-            raise ConflictError(f"shared memory region '{name}' already in manager")
+            raise RegionExistsError(f"shared memory region '{name}' already in manager")
         _check_count("offset", offset, minimum=0)
         _check_count("byte_size", byte_size, minimum=1)
         if len(self._regions) >= self._max_regions:
