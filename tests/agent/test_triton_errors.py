@@ -363,3 +363,26 @@ def test_health_answers_carry_the_open_inference_protocol_bodies(agent: RunningA
     assert _get(agent, "/v2/models/m/ready") == (200, {"name": "m", "ready": True})
     assert _get(agent, "/v2/models/m/versions/1/ready") == (200, {"name": "m", "ready": True})
     assert _get(agent, "/v2/models/gone/ready") == (503, {"name": "gone", "ready": False})
+
+
+def test_load_and_unload_outside_explicit_mode_are_unavailable_in_tritons_words(
+    repo: Path,
+) -> None:
+    config = AgentConfig(
+        server=ServerConfig(http_port=0, grpc_port=0, metrics_port=-1),
+        models=ModelsConfig(repository=repo, intra_op_threads=1, exit_on_error=False),
+    )
+    text = "explicit model load / unload is not allowed if polling is enabled"
+    with running_agent(config) as agent:
+        over_http = httpclient.InferenceServerClient(f"127.0.0.1:{agent.http_port}")
+        over_grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{agent.grpc_port}")
+        try:
+            for client, status in ((over_http, "503"), (over_grpc, "StatusCode.UNAVAILABLE")):
+                for call in (client.load_model, client.unload_model):
+                    with pytest.raises(InferenceServerException) as raised:
+                        call("m")
+                    assert raised.value.status() == status
+                    assert str(raised.value.message()).startswith(text)
+        finally:
+            over_http.close()
+            over_grpc.close()
