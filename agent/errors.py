@@ -106,6 +106,11 @@ class ModelControlDisabledError(ModelControlError):
     """Explicit load / unload while the model-control mode is not explicit (Triton: UNAVAILABLE)."""
 
 
+class UnsupportedError(AgentError):
+    """The model cannot serve the request this way (Triton's UNSUPPORTED: e.g. a plain infer
+    call to a decoupled model)."""
+
+
 class InternalError(AgentError):
     """An unexpected exception (a bug) while handling a request; the message names it."""
 

@@ -10,8 +10,11 @@ A model creates metric families and labelled metrics in its worker process::
     metric.observe(0.2)  # histogram
     metric.value()       # counter, gauge: the current value
 
-The worker holds the authoritative value of each metric, so `value()` answers without asking
-the agent. Updates are coalesced per metric (a counter's increments add up, a gauge keeps its
+The worker holds its own share of each metric; the agent holds the total over every instance
+of every model (one Prometheus series, as Triton's one metric in the server). `value()` answers
+that total: during `initialize` and `execute` it asks the agent (a METRIC_VALUE message, after
+the pending updates), elsewhere (a thread of the model's own between calls) it answers this
+worker's share. Updates are coalesced per metric (a counter's increments add up, a gauge keeps its
 last `set` plus the increments after it, a histogram its bucket counts and sum) and
 `take_updates()` hands them over; the worker sends them to the agent right before each message
 it sends (so before the response of the `execute` that made them), as one METRICS message. A hot
@@ -33,7 +36,7 @@ import enum
 import math
 import re
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,6 +82,18 @@ class _Store:
 
 
 _store = _Store()
+
+
+# Asks the agent for a metric's total over every instance (family, labels) → value, or None
+# when it cannot answer now; set by the worker while the agent listens.
+TotalSource = Callable[[str, dict[str, str]], "float | None"]
+_total_source: TotalSource | None = None
+
+
+def set_total_source(source: TotalSource | None) -> None:
+    """Let `Metric.value()` answer the agent's total (the worker sets it around its calls)."""
+    global _total_source  # noqa: PLW0603 - one model per worker process
+    _total_source = source
 
 
 def take_updates() -> dict[str, Any] | None:
@@ -261,8 +276,14 @@ class Metric:
                 "Failed to get metric value",
                 "TRITONSERVER_METRIC_KIND_HISTOGRAM does not support Value",
             )
+        series = self._series
+        source = _total_source
+        if source is not None:  # outside the lock: asking sends pending updates first
+            total = source(series.family, dict(series.labels))
+            if total is not None:
+                return total
         with _store.lock:
-            return self._series.value
+            return series.value
 
     def _pending(self) -> dict[str, Any]:
         """The series' pending change, marking it dirty (caller holds the lock)."""

@@ -19,6 +19,12 @@ As in Triton, the requests of a dynamic batch reach `execute` together, each its
 `InferenceRequest` (not merged), and `execute` returns one response per request, in order.
 `request_id()` is empty.
 
+Decoupled models (`model_transaction_policy { decoupled: true }`) answer through each request's
+`get_response_sender()` instead: `send(response)` any number of times, then
+`send(flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL)` (with or without a last response); `execute`
+returns None, and the sender may be used from another thread after `execute` returned.
+`request.is_cancelled()` turns true when the client went away.
+
 This module is imported inside the worker process; it needs only numpy.
 """
 
@@ -29,7 +35,9 @@ import inspect
 import json
 import os
 import sys
+import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import Future
 from typing import Any, ClassVar
 
 import numpy as np
@@ -43,13 +51,26 @@ class ModelError(Exception):
     Put it in `InferenceResponse(error=...)`, or raise it from `execute`.
     """
 
+    # Triton's error codes (`pb_utils.TritonError.CANCELLED` ...); the default is INTERNAL.
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+    UNSUPPORTED = 5
+    ALREADY_EXISTS = 6
+    CANCELLED = 7
+
     def __init__(self, message: str, code: int | None = None) -> None:
         super().__init__(message)
         self._message = message
-        self.code = code
+        self._code = self.INTERNAL if code is None else int(code)
 
     def message(self) -> str:
         return self._message
+
+    def code(self) -> int:
+        return self._code
 
 
 TritonError = ModelError
@@ -161,6 +182,78 @@ class Tensor:
         return numpy_to_kserve(self._data.dtype)
 
 
+# Response flags (Triton's TRITONSERVER_ResponseCompleteFlag).
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+
+
+class InferenceResponseSender:
+    """Sends the responses of one request of a decoupled model (`get_response_sender()`).
+
+    The transport (set by the worker) gets each checked response with its final flag; the
+    checks and their wording are Triton's Python backend's.
+    """
+
+    def __init__(
+        self,
+        transport: Callable[[InferenceResponse | None, bool], None],
+        cancelled: Callable[[], bool],
+        *,
+        decoupled: bool = True,
+    ) -> None:
+        self._transport = transport
+        self._cancelled = cancelled
+        self._decoupled = decoupled
+        self._lock = threading.Lock()
+        self._closed = False
+        self._sent = 0
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        """Send a response, and/or with TRITONSERVER_RESPONSE_COMPLETE_FINAL end the request.
+
+        Raises:
+            TritonModelException: a bad flag, no response without the final flag, or the
+                sender was closed by an earlier final flag.
+        """
+        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+            raise TritonModelException("Unable to send response. Unsupported flag provided.")
+        if flags == 0 and response is None:
+            raise TritonModelException(
+                "Inference Response object must be provided when the response flags is set to zero."
+            )
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException(
+                f"Unable to send response. Expected an InferenceResponse, got "
+                f"{type(response).__name__}."
+            )
+        final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        with self._lock:
+            if not self._decoupled and response is not None and self._sent:
+                raise TritonModelException(
+                    "Unable to send response. Non-decoupled model cannot send more than one "
+                    "response."
+                )
+            if not self._decoupled and response is None and not self._sent:
+                raise TritonModelException(
+                    "Unable to send response. Non-decoupled model cannot send complete final "
+                    "before sending a response."
+                )
+            if self._closed:
+                raise TritonModelException(
+                    "Unable to send response. Response sender has been closed."
+                )
+            if final:
+                self._closed = True
+            self._sent += 1
+            self._transport(response, final)
+
+    def is_cancelled(self) -> bool:
+        return self._cancelled()
+
+    def is_closed(self) -> bool:
+        with self._lock:
+            return self._closed
+
+
 class InferenceTrace:
     """A request's trace, as `request.trace()` returns it inside `execute`.
 
@@ -220,6 +313,7 @@ class InferenceRequest:
         if int(timeout) < 0:
             raise TritonModelException("timeout must be a non-negative number of microseconds")
         self._timeout = int(timeout)
+        self._cancelled = False
         self._parameters = dict(parameters or {})
         self._trace = trace if isinstance(trace, InferenceTrace) else InferenceTrace()
         for key, value in self._parameters.items():
@@ -234,6 +328,26 @@ class InferenceRequest:
 
     def inputs(self) -> list[Tensor]:
         return list(self._inputs)
+
+    def get_response_sender(self) -> InferenceResponseSender:
+        """This request's response sender (decoupled models).
+
+        A model that is not decoupled may answer through it too (one response, inside
+        `execute`, which then returns None), as Triton allows.
+
+        Raises:
+            TritonModelException: the request was built by the model (BLS).
+        """
+        sender: InferenceResponseSender | None = getattr(self, "_sender", None)
+        if sender is None:
+            raise TritonModelException(
+                "get_response_sender() is only available on the requests `execute` receives"
+            )
+        return sender
+
+    def set_response_sender(self, sender: InferenceResponseSender) -> None:
+        """Attach the sender (the worker does this for decoupled models; not Triton's API)."""
+        self._sender = sender
 
     def requested_output_names(self) -> list[str]:
         return list(self._outputs)
@@ -264,27 +378,48 @@ class InferenceRequest:
         """The parameters as a JSON string (as Triton returns them)."""
         return json.dumps(self._parameters)
 
+    def is_cancelled(self) -> bool:
+        """Whether the request was cancelled: its client went away, or the BLS call that made
+        it was cancelled (as Triton's; a model may stop early and answer an error response)."""
+        return self._cancelled
+
+    def set_cancelled(self) -> None:
+        """Mark the request cancelled (the worker does, when the agent says so)."""
+        self._cancelled = True
+
     def exec(self, decoupled: bool = False) -> InferenceResponse:
         """Run this request on `model_name` and wait for its response (BLS).
 
         Raises:
             TritonModelException: called outside `execute`, or with `decoupled=True`.
         """
+        return self._submit(decoupled).result()
+
+    def async_exec(self, decoupled: bool = False) -> Awaitable[InferenceResponse]:
+        """Run this request on `model_name`: `await request.async_exec()` (BLS).
+
+        Cancelling the awaiting task (`task.cancel()`, `asyncio.wait_for` timing out) cancels
+        the child request in the agent too. Must be called from the running event loop of an
+        `async def execute`.
+
+        Raises:
+            TritonModelException: called outside `execute`, or with `decoupled=True`.
+        """
+        import asyncio  # noqa: PLC0415 - only models with async execute need it
+
+        return asyncio.wrap_future(self._submit(decoupled))
+
+    def _submit(self, decoupled: bool) -> Future[InferenceResponse]:
         if decoupled:
             raise TritonModelException("BLS with decoupled=True is not supported by this agent")
         if _bls_runner is None:
             raise TritonModelException("BLS is only supported during the 'execute' function.")
         return _bls_runner(self)
 
-    def async_exec(self, decoupled: bool = False) -> Awaitable[InferenceResponse]:
-        """`exec` in the running event loop's executor: `await request.async_exec()` (BLS)."""
-        import asyncio  # noqa: PLC0415 - only models with async execute need it
 
-        return asyncio.get_running_loop().run_in_executor(None, self.exec, decoupled)
-
-
-# Runs a BLS request: set by the worker while `execute` runs, None otherwise.
-BlsRunner = Callable[[InferenceRequest], "InferenceResponse"]
+# Starts a BLS request, its response to come in the future: set by the worker while `execute`
+# runs, None otherwise.
+BlsRunner = Callable[[InferenceRequest], "Future[InferenceResponse]"]
 _bls_runner: BlsRunner | None = None
 
 
@@ -491,9 +626,13 @@ class ModelConfig:
         self._model_config[kind].append(dict(tensor))
 
 
-# Custom metrics (Triton's MetricFamily / Metric) live in their own module, which needs the
-# exceptions above: imported last on purpose.
+# Custom metrics (Triton's MetricFamily / Metric) and Triton's BYTES and type-code helpers live
+# in their own modules; pb_metrics needs the exceptions above: imported last on purpose.
 # (`X as X`: re-exported names, for type checkers.)
+from agent.pb_convert import deserialize_bytes_tensor as deserialize_bytes_tensor  # noqa: E402, PLC0414
+from agent.pb_convert import numpy_to_triton_type as numpy_to_triton_type  # noqa: E402, PLC0414
+from agent.pb_convert import serialize_byte_tensor as serialize_byte_tensor  # noqa: E402, PLC0414
+from agent.pb_convert import triton_to_numpy_type as triton_to_numpy_type  # noqa: E402, PLC0414
 from agent.pb_metrics import Metric as Metric  # noqa: E402, PLC0414
 from agent.pb_metrics import MetricFamily as MetricFamily  # noqa: E402, PLC0414
 from agent.pb_metrics import MetricKind as MetricKind  # noqa: E402, PLC0414

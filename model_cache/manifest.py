@@ -133,7 +133,8 @@ class Manifest:
                 )
                 for path, info in body["files"].items()
             ]
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        # RecursionError: JSON nested deeper than the parser's stack.
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
             raise InvalidVersionError(f"malformed manifest: {exc}") from exc
         return cls.build(model, version, dirs, files)
 

@@ -17,11 +17,13 @@ import numpy as np
 from agent.errors import InvalidInputError
 from agent.proto import grpc_service_pb2 as pb
 from agent.tensors import datatypes
+from agent.tensors.limits import TensorLimits, check_declared
 from agent.tensors.request import (
     InferInput,
     InferRequest,
     InferResponse,
     RequestedOutput,
+    check_shape,
     shared_memory_outputs,
     shared_memory_ref,
     tensor_from_bytes,
@@ -45,12 +47,15 @@ _CONTENTS_FIELD = {
 }
 
 
-def decode_infer_request(request: pb.ModelInferRequest) -> InferRequest:
+def decode_infer_request(
+    request: pb.ModelInferRequest, *, limits: TensorLimits | None = None
+) -> InferRequest:
     """Turn a ModelInferRequest into the agent's request type.
 
     Raises:
         InvalidInputError: unknown datatype, negative dims, raw buffers that do not match the
             inputs, typed contents of the wrong kind or count.
+        PayloadTooLargeError: an input's declared shape is over `limits` (None: no limit).
     """
     raw = request.raw_input_contents
     refs = [
@@ -81,6 +86,12 @@ def decode_infer_request(request: pb.ModelInferRequest) -> InferRequest:
         if any(d < 0 for d in tensor.shape):
             raise InvalidInputError(f"input '{tensor.name}' has a negative dimension")
         shape = tuple(int(d) for d in tensor.shape)
+        try:
+            check_shape(shape, tensor.datatype)
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"input '{tensor.name}': {exc.message}") from None
+        if limits is not None:  # resource limits: before the tensor is split, copied or mapped
+            check_declared(tensor.name, tensor.datatype, shape, limits)
         if ref is not None:
             if tensor.HasField("contents"):
                 raise InvalidInputError(
@@ -89,7 +100,7 @@ def decode_infer_request(request: pb.ModelInferRequest) -> InferRequest:
             empty = np.empty(0, dtype=datatypes.BY_KSERVE[tensor.datatype].numpy)
             inputs.append(InferInput(tensor.name, tensor.datatype, shape, empty, ref))
             continue
-        if raw:
+        if raw:  # (contents beside raw_input_contents were refused above, as Triton does)
             try:
                 data = tensor_from_bytes(raw[index], tensor.datatype, shape)
             except InvalidInputError as exc:

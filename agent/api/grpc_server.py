@@ -7,6 +7,7 @@ Thin like the HTTP handlers: decode with `agent.api.grpc_codec`, call the shared
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import errno
 import json
@@ -19,6 +20,7 @@ import grpc
 from google.protobuf import json_format
 
 from agent.api import grpc_codec
+from agent.api.http_limits import ClientTimeoutError, ConnectionLimits
 from agent.api.model_load import ModelLoadFailedError, load_model
 from agent.errors import (
     AgentError,
@@ -41,11 +43,14 @@ from agent.errors import (
     RegionExistsError,
     RequestTimeoutError,
     SharedMemoryNotFoundError,
+    UnsupportedError,
     lookup,
 )
+from agent.models.pushed import FILE_PREFIX
 from agent.proto import grpc_service_pb2 as pb
 from agent.proto import grpc_service_pb2_grpc as pb_grpc
 from agent.serving.dataplane import DataPlane
+from agent.tensors.limits import TensorLimits
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +64,7 @@ STATUS_FOR_ERROR: dict[type[AgentError], grpc.StatusCode] = {
     SharedMemoryNotFoundError: grpc.StatusCode.NOT_FOUND,
     ConflictError: grpc.StatusCode.ALREADY_EXISTS,
     RegionExistsError: grpc.StatusCode.ALREADY_EXISTS,
+    ClientTimeoutError: grpc.StatusCode.DEADLINE_EXCEEDED,
     PayloadTooLargeError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ModelNotReadyError: grpc.StatusCode.UNAVAILABLE,
     ModelControlDisabledError: grpc.StatusCode.UNAVAILABLE,
@@ -70,8 +76,12 @@ STATUS_FOR_ERROR: dict[type[AgentError], grpc.StatusCode] = {
     ModelLoadError: grpc.StatusCode.INTERNAL,
     MemoryBudgetError: grpc.StatusCode.INTERNAL,
     InternalError: grpc.StatusCode.INTERNAL,
+    UnsupportedError: grpc.StatusCode.UNIMPLEMENTED,
     AgentError: grpc.StatusCode.INTERNAL,
 }
+
+# Triton's answer to ModelInfer on a decoupled model (UNIMPLEMENTED).
+_REFUSAL = "ModelInfer RPC doesn't support models with decoupled transaction policy"
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
@@ -111,8 +121,9 @@ def _mapped(
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     """The gRPC servicer over the shared data plane."""
 
-    def __init__(self, dataplane: DataPlane) -> None:
+    def __init__(self, dataplane: DataPlane, limits: TensorLimits | None = None) -> None:
         self._dp = dataplane
+        self._limits = limits
 
     @_mapped
     async def ServerLive(self, request: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
@@ -157,20 +168,76 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         request_iterator: AsyncIterator[pb.ModelInferRequest],
         context: grpc.aio.ServicerContext[pb.ModelInferRequest, pb.ModelStreamInferResponse],
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """One response per request; an error goes back as error_message, the stream goes on."""
+        """Every response of every request on the stream, requests served concurrently.
+
+        Each response carries Triton's `triton_final_response` parameter; a decoupled model's
+        final flag without a response is sent as an empty response only when the request set
+        `triton_enable_empty_final_response`. An error goes back as error_message and the stream
+        goes on. When the client cancels the stream (or goes away), its requests are cancelled.
+        """
         _call.set(context)
-        async for request in request_iterator:
+        out: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        running: set[asyncio.Task[None]] = set()
+
+        async def serve(request: pb.ModelInferRequest) -> None:
+            async for message in self._stream_one(request):
+                out.put_nowait(message)
+
+        async def read() -> None:
             try:
-                response = await self._infer(request)
-            except AgentError as exc:
-                yield pb.ModelStreamInferResponse(error_message=self._dp.scrub(exc.message))
-                continue
-            except Exception as exc:
-                logger.exception("gRPC ModelStreamInfer failed")
-                message = self._dp.scrub(InternalError.wrap(exc).message)
-                yield pb.ModelStreamInferResponse(error_message=message)
-                continue
-            yield pb.ModelStreamInferResponse(infer_response=response)
+                # Tasks start in arrival order and reach their model's queue without waiting,
+                # so requests that share a queue keep the stream's order.
+                async for request in request_iterator:
+                    task = asyncio.ensure_future(serve(request))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                while running:  # the client half-closed: finish what it asked for
+                    await asyncio.wait(set(running))
+            finally:
+                out.put_nowait(None)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while (message := await out.get()) is not None:
+                yield message
+            await reader  # a broken request iterator surfaces here
+        finally:
+            reader.cancel()
+            for task in list(running):
+                task.cancel()  # closes each request's response iterator: the model sees it
+
+    async def _stream_one(
+        self, request: pb.ModelInferRequest
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """The stream messages of one request (errors as error_message)."""
+        empty_final = _bool_parameter(request, "triton_enable_empty_final_response")
+        version = request.model_version or None
+        try:
+            infer_request = grpc_codec.decode_infer_request(request, limits=self._limits)
+            async for item in self._dp.infer_stream(request.model_name, version, infer_request):
+                if item.error is not None:
+                    yield pb.ModelStreamInferResponse(
+                        error_message=self._dp.scrub(item.error.message)
+                    )
+                    continue
+                if item.response is None:
+                    if not (item.final and empty_final):
+                        continue
+                    message = pb.ModelInferResponse(
+                        model_name=request.model_name,
+                        model_version=request.model_version,
+                        id=request.id,
+                    )
+                else:
+                    message = grpc_codec.encode_infer_response(item.response, infer_request)
+                message.parameters["triton_final_response"].bool_param = item.final
+                yield pb.ModelStreamInferResponse(infer_response=message)
+        except AgentError as exc:
+            yield pb.ModelStreamInferResponse(error_message=self._dp.scrub(exc.message))
+        except Exception as exc:
+            logger.exception("gRPC ModelStreamInfer failed")
+            text = self._dp.scrub(InternalError.wrap(exc).message)
+            yield pb.ModelStreamInferResponse(error_message=text)
 
     @_mapped
     async def ModelConfig(self, request: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
@@ -208,16 +275,32 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.RepositoryModelLoadRequest
     ) -> pb.RepositoryModelLoadResponse:
         config: dict[str, Any] | None = None
-        if "config" in request.parameters:
-            raw = request.parameters["config"].string_param
-            try:
-                parsed = json.loads(raw)
-            except ValueError as exc:
-                raise InvalidInputError(f"parameter 'config' is not valid JSON: {exc}") from None
-            if not isinstance(parsed, dict):
-                raise InvalidInputError("parameter 'config' must be a JSON object")
-            config = parsed
-        await load_model(self._dp, request.model_name, config)
+        files: dict[str, bytes] = {}  # load with files: Triton's "file:<path>" bytes_param
+        for key, param in request.parameters.items():
+            kind = param.WhichOneof("parameter_choice")
+            if key == "config":
+                if kind != "string_param":
+                    raise InvalidInputError(
+                        f"invalid value type for load parameter '{key}', expected string_param."
+                    )
+                try:
+                    parsed = json.loads(param.string_param)
+                except ValueError as exc:
+                    raise InvalidInputError(
+                        f"parameter 'config' is not valid JSON: {exc}"
+                    ) from None
+                if not isinstance(parsed, dict):
+                    raise InvalidInputError("parameter 'config' must be a JSON object")
+                config = parsed
+            elif key.startswith(FILE_PREFIX):
+                if kind != "bytes_param":
+                    raise InvalidInputError(
+                        f"invalid value type for load parameter '{key}', expected bytes_param."
+                    )
+                files[key] = param.bytes_param
+            else:
+                raise InvalidInputError(f"unrecognized load parameter '{key}'.")
+        await load_model(self._dp, request.model_name, config, files)
         return pb.RepositoryModelLoadResponse()
 
     @_mapped
@@ -301,9 +384,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
         if self._dp.tracer.active:
             return await self._infer_traced(request)
-        infer_request = grpc_codec.decode_infer_request(request)
+        infer_request = grpc_codec.decode_infer_request(request, limits=self._limits)
         response = await self._dp.infer(
-            request.model_name, request.model_version or None, infer_request
+            request.model_name, request.model_version or None, infer_request, refusal=_REFUSAL
         )
         return grpc_codec.encode_infer_response(response, infer_request)
 
@@ -311,10 +394,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         """`_infer` with Triton's gRPC timestamps when the request is sampled for tracing."""
         read = time.perf_counter_ns()
         trace = self._dp.tracer.start(request.model_name, request.id)
-        infer_request = grpc_codec.decode_infer_request(request)
+        infer_request = grpc_codec.decode_infer_request(request, limits=self._limits)
         version = request.model_version or None
         if trace is None:
-            response = await self._dp.infer(request.model_name, version, infer_request)
+            response = await self._dp.infer(
+                request.model_name, version, infer_request, refusal=_REFUSAL
+            )
             return grpc_codec.encode_infer_response(response, infer_request)
         trace.stamp("GRPC_WAITREAD_END", read)
         call = _call.get(None)
@@ -322,7 +407,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             metadata = call.invocation_metadata() or ()
             trace.propagate({str(k): v for k, v in metadata if isinstance(v, str)})
         try:
-            response = await self._dp.infer(request.model_name, version, infer_request, trace)
+            response = await self._dp.infer(
+                request.model_name, version, infer_request, trace, refusal=_REFUSAL
+            )
             trace.stamp("GRPC_SEND_START")
             message = grpc_codec.encode_infer_response(response, infer_request)
             trace.stamp("GRPC_SEND_END")
@@ -331,8 +418,23 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             self._dp.tracer.finish(trace)
 
 
+def _bool_parameter(request: pb.ModelInferRequest, key: str) -> bool:
+    param = request.parameters.get(key)
+    return (
+        param is not None
+        and param.WhichOneof("parameter_choice") == "bool_param"
+        and (param.bool_param)
+    )
+
+
 async def start_grpc_server(
-    dataplane: DataPlane, host: str, port: int, *, max_message_bytes: int
+    dataplane: DataPlane,
+    host: str,
+    port: int,
+    *,
+    max_message_bytes: int,
+    tensor_limits: TensorLimits | None = None,
+    connection_limits: ConnectionLimits | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """Start the gRPC server; returns it and the bound port (useful with port 0).
 
@@ -341,12 +443,14 @@ async def start_grpc_server(
     """
     server = grpc.aio.server(
         options=[
+            # A message over the limit is refused (RESOURCE_EXHAUSTED) from its length prefix.
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
+            *_connection_options(connection_limits or ConnectionLimits()),
         ]
     )
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(  # type: ignore[no-untyped-call]
-        InferenceService(dataplane), server
+        InferenceService(dataplane, tensor_limits), server
     )
     try:
         bound = server.add_insecure_port(f"{host}:{port}")
@@ -356,3 +460,15 @@ async def start_grpc_server(
         raise OSError(errno.EADDRINUSE, f"cannot bind gRPC on {host}:{port}")
     await server.start()
     return server, bound
+
+
+def _connection_options(limits: ConnectionLimits) -> list[tuple[str, int]]:
+    """grpc core's counterparts of the HTTP connection limits."""
+    return [
+        # Connections over the cap are closed as they are accepted.
+        ("grpc.max_allowed_incoming_connections", limits.max_connections),
+        # A client that does not finish the HTTP/2 handshake (preface, SETTINGS) in time: cut.
+        ("grpc.server_handshake_timeout_ms", int(limits.header_timeout_s * 1000)),
+        # A connection without RPCs for this long gets GOAWAY (then closes).
+        ("grpc.max_connection_idle_ms", int(limits.idle_timeout_s * 1000)),
+    ]

@@ -8,6 +8,8 @@ with its traceback and answered as a JSON 500, never as aiohttp's plain-text pag
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import logging
 import time
@@ -18,6 +20,8 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from agent.api.http_codec import HEADER_LENGTH, decode_infer_request, encode_infer_response
+from agent.api.http_generate import REFUSAL, generate_routes
+from agent.api.http_limits import ClientTimeoutError, body_middleware, must_close
 from agent.api.model_load import ModelLoadFailedError, load_model
 from agent.canary.control import policy_from_request
 from agent.errors import (
@@ -41,13 +45,18 @@ from agent.errors import (
     RegionExistsError,
     RequestTimeoutError,
     SharedMemoryNotFoundError,
+    UnsupportedError,
     lookup,
 )
+from agent.models.pushed import FILE_PREFIX
 from agent.serving.dataplane import DataPlane
+from agent.tensors.limits import DEFAULT_MAX_BYTES_ELEMENTS, TensorLimits
 
 logger = logging.getLogger(__name__)
 
 DATAPLANE = web.AppKey("dataplane", DataPlane)
+TENSOR_LIMITS = web.AppKey("tensor_limits", TensorLimits)
+
 
 # The one place where error types become HTTP status codes (every type listed: a test checks).
 # The codes are Triton's for the same situation (its HttpCodeFromError: INVALID_ARG 400,
@@ -62,6 +71,7 @@ STATUS_FOR_ERROR: dict[type[AgentError], int] = {
     SharedMemoryNotFoundError: 404,
     ConflictError: 409,
     RegionExistsError: 400,
+    ClientTimeoutError: 408,
     PayloadTooLargeError: 413,
     BackendError: 500,
     ModelInstanceFailedError: 500,
@@ -69,6 +79,7 @@ STATUS_FOR_ERROR: dict[type[AgentError], int] = {
     ModelLoadError: 500,
     MemoryBudgetError: 500,
     InternalError: 500,
+    UnsupportedError: 501,
     AgentError: 500,
     ModelNotReadyError: 503,
     ModelControlDisabledError: 503,
@@ -95,10 +106,17 @@ def error_middleware(max_request_bytes: int) -> Middleware:
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             return await handler(request)
-        except AgentError as exc:  # no path of the device in what the client reads
-            return error_response(status_for(exc), request.app[DATAPLANE].scrub(exc.message))
+        except AgentError as exc:
+            # no path of the device in what the client reads
+            answer = error_response(status_for(exc), request.app[DATAPLANE].scrub(exc.message))
+            if must_close(exc):  # the rest of the body is never read
+                answer.force_close()
+            return answer
         except web.HTTPRequestEntityTooLarge:
-            return error_response(413, f"request body over the limit of {max_request_bytes} bytes")
+            message = f"request body over the limit of {max_request_bytes} bytes"
+            answer = error_response(413, message)
+            answer.force_close()
+            return answer
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
@@ -111,12 +129,23 @@ def error_middleware(max_request_bytes: int) -> Middleware:
     return middleware
 
 
-def create_app(dataplane: DataPlane, *, max_request_bytes: int) -> web.Application:
-    """Build the HTTP application around a data plane."""
+def create_app(
+    dataplane: DataPlane,
+    *,
+    max_request_bytes: int,
+    max_bytes_elements: int = DEFAULT_MAX_BYTES_ELEMENTS,
+    body_timeout_s: float = 60.0,
+) -> web.Application:
+    """Build the HTTP application around a data plane (limits: `agent.api.http_limits`)."""
     app = web.Application(
-        middlewares=[error_middleware(max_request_bytes)], client_max_size=max_request_bytes
+        middlewares=[
+            error_middleware(max_request_bytes),
+            body_middleware(max_request_bytes, body_timeout_s),
+        ],
+        client_max_size=max_request_bytes,
     )
     app[DATAPLANE] = dataplane
+    app[TENSOR_LIMITS] = TensorLimits(max_request_bytes, max_bytes_elements)
     model = "/v2/models/{model}"
     version = "/v2/models/{model}/versions/{version}"
     app.add_routes(
@@ -124,6 +153,8 @@ def create_app(dataplane: DataPlane, *, max_request_bytes: int) -> web.Applicati
             # Inference first: the router tries routes in order, and this is the hot path.
             web.post(model + "/infer", _infer),
             web.post(version + "/infer", _infer),
+            # Triton's generate extension: generate, generate_stream (agent.api.http_generate).
+            *generate_routes(dataplane, model, version),
             web.get("/v2/health/live", _live),
             web.get("/v2/health/ready", _ready),
             web.get("/v2", _server_metadata),
@@ -253,7 +284,8 @@ async def _repository_index(request: web.Request) -> web.Response:
 
 
 async def _load_model(request: web.Request) -> web.Response:
-    """Triton's load: an optional body {"parameters": {"config": "<model config JSON>"}}."""
+    """Triton's load: an optional body {"parameters": {"config": "<model config JSON>",
+    "file:<path>": "<base64>"...}}."""
     doc = await _optional_json(request)
     params = doc.get("parameters", {})
     if not isinstance(params, dict):
@@ -267,7 +299,21 @@ async def _load_model(request: web.Request) -> web.Response:
             raise InvalidInputError(f"parameter 'config' is not valid JSON: {exc}") from None
         if not isinstance(config, dict):
             raise InvalidInputError("parameter 'config' must be a JSON object")
-    await load_model(_dataplane(request), request.match_info["model"], config)
+    # --- load with files (Triton's "file:<path>" parameters, base64 in JSON) ---
+    files: dict[str, bytes] = {}
+    for key, value in params.items():
+        if key == "config":
+            continue
+        if not key.startswith(FILE_PREFIX):
+            raise InvalidInputError(f"unrecognized load parameter '{key}'.")
+        if not isinstance(value, str):
+            raise InvalidInputError(f"File parameter '{key}' must be a base64-encoded string")
+        try:
+            files[key] = base64.b64decode(value, validate=True)
+        except binascii.Error as exc:
+            raise InvalidInputError(f"File parameter '{key}' is not valid base64: {exc}") from None
+    await load_model(_dataplane(request), request.match_info["model"], config, files)
+    # --- end load with files ---
     return web.Response(status=200)
 
 
@@ -389,8 +435,8 @@ async def _infer(request: web.Request) -> web.Response:
         return await _infer_traced(request)
     header_length = _header_length(request)
     body = await request.read()
-    infer_request = decode_infer_request(body, header_length)
-    response = await _dataplane(request).infer(*_target(request), infer_request)
+    infer_request = decode_infer_request(body, header_length, limits=request.app[TENSOR_LIMITS])
+    response = await _dataplane(request).infer(*_target(request), infer_request, refusal=REFUSAL)
     return _infer_response(*encode_infer_response(response, infer_request))
 
 
@@ -400,16 +446,16 @@ async def _infer_traced(request: web.Request) -> web.Response:
     received = time.perf_counter_ns()
     header_length = _header_length(request)
     body = await request.read()
-    infer_request = decode_infer_request(body, header_length)
+    infer_request = decode_infer_request(body, header_length, limits=request.app[TENSOR_LIMITS])
     trace = dataplane.tracer.start(request.match_info["model"], infer_request.id or "")
     if trace is None:
-        response = await dataplane.infer(*_target(request), infer_request)
+        response = await dataplane.infer(*_target(request), infer_request, refusal=REFUSAL)
         return _infer_response(*encode_infer_response(response, infer_request))
     trace.stamp("HTTP_RECV_START", received)
     trace.stamp("HTTP_RECV_END")
     trace.propagate(request.headers)
     try:
-        response = await dataplane.infer(*_target(request), infer_request, trace)
+        response = await dataplane.infer(*_target(request), infer_request, trace, refusal=REFUSAL)
         trace.stamp("HTTP_SEND_START")
         answer = _infer_response(*encode_infer_response(response, infer_request))
         trace.stamp("HTTP_SEND_END")

@@ -19,12 +19,14 @@ import numpy as np
 
 from agent.errors import InvalidInputError
 from agent.tensors import datatypes
+from agent.tensors.limits import TensorLimits, check_declared
 from agent.tensors.request import (
     InferInput,
     InferRequest,
     InferResponse,
     RequestedOutput,
     as_bytes,
+    check_shape,
     shared_memory_outputs,
     shared_memory_ref,
     tensor_from_bytes,
@@ -43,16 +45,20 @@ _PLAN_HEADER_MAX = 4096
 _PLAN_CACHE_SIZE = 64
 
 
-def decode_infer_request(body: bytes, header_length: int | None = None) -> InferRequest:
+def decode_infer_request(
+    body: bytes, header_length: int | None = None, *, limits: TensorLimits | None = None
+) -> InferRequest:
     """Decode a KServe v2 infer request body.
 
     Args:
         body: the whole HTTP body.
         header_length: value of the Inference-Header-Content-Length header, when present.
+        limits: what each input may declare (checked before its data is decoded); None: no limit.
 
     Raises:
         InvalidInputError: malformed JSON, bad tensor description or data, or binary lengths that
             do not add up to the body.
+        PayloadTooLargeError: an input's declared shape is over `limits`.
     """
     if header_length is None:
         header, binary = body, memoryview(b"")
@@ -67,7 +73,7 @@ def decode_infer_request(body: bytes, header_length: int | None = None) -> Infer
         if len(header) <= _PLAN_HEADER_MAX:
             plan = _cached_plan(bytes(header))
             if plan is not None:
-                return _decode_planned(plan, binary)
+                return _decode_planned(plan, binary, limits)
     doc = _load_json_object(header)
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
@@ -75,7 +81,7 @@ def decode_infer_request(body: bytes, header_length: int | None = None) -> Infer
     offset = 0
     inputs: list[InferInput] = []
     for raw in raw_inputs:
-        tensor, used = _decode_input(raw, binary, offset)
+        tensor, used = _decode_input(raw, binary, offset, limits)
         offset += used
         inputs.append(tensor)
     if offset != len(binary):
@@ -150,11 +156,15 @@ def _cached_plan(header: bytes) -> _RequestPlan | None:
     return _RequestPlan(tuple(inputs), request_id, outputs, binary_output, MappingProxyType(params))
 
 
-def _decode_planned(plan: _RequestPlan, binary: memoryview) -> InferRequest:
+def _decode_planned(
+    plan: _RequestPlan, binary: memoryview, limits: TensorLimits | None
+) -> InferRequest:
     """The tensors of a planned request; checks and messages as `_decode_input`'s binary case."""
     offset = 0
     inputs: list[InferInput] = []
     for spec in plan.inputs:
+        if limits is not None:  # resource limits: before the tensor is split or copied
+            check_declared(spec.name, spec.datatype, spec.shape, limits)
         end = offset + spec.size
         if end > len(binary):
             raise InvalidInputError(
@@ -269,6 +279,8 @@ def _load_json_object(raw: bytes | memoryview) -> dict[str, Any]:
         doc = json.loads(bytes(raw))
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidInputError(f"malformed JSON in request: {exc}") from None
+    except RecursionError:  # nesting deeper than the parser's stack, e.g. "[[[[...": hostile
+        raise InvalidInputError("malformed JSON in request: nested too deeply") from None
     if not isinstance(doc, dict):
         raise InvalidInputError("request body must be a JSON object")
     return doc
@@ -296,11 +308,19 @@ def _input_header(raw: object) -> tuple[str, str, tuple[int, ...], dict[str, Any
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape_raw
     ):
         raise InvalidInputError(f"input '{name}' must have a 'shape' of non-negative integers")
+    try:
+        check_shape(shape_raw, datatype)
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"input '{name}': {exc.message}") from None
     return name, datatype, tuple(shape_raw), _parameters(raw, f"input '{name}'")
 
 
-def _decode_input(raw: object, binary: memoryview, offset: int) -> tuple[InferInput, int]:
+def _decode_input(
+    raw: object, binary: memoryview, offset: int, limits: TensorLimits | None
+) -> tuple[InferInput, int]:
     name, datatype, shape, params = _input_header(raw)
+    if limits is not None:  # resource limits: before the tensor is split, copied or mapped
+        check_declared(name, datatype, shape, limits)
     assert isinstance(raw, dict)  # _input_header checked it
     shm = shared_memory_ref(params, f"input '{name}'")
     if shm is not None:
@@ -428,3 +448,23 @@ def _decode_outputs(raw: object) -> tuple[RequestedOutput, ...] | None:
         shm = shared_memory_ref(params, f"output '{item['name']}'")
         result.append(RequestedOutput(item["name"], binary, shm))
     return tuple(result)
+
+
+def tensor_from_json(
+    values: object, datatype: str, shape: tuple[int, ...], name: str
+) -> np.ndarray:
+    """JSON values (nested or flat) as an array of `datatype` and `shape`.
+
+    Raises:
+        InvalidInputError: values of the wrong kind or count.
+    """
+    return _tensor_from_json(values, datatype, shape, name)
+
+
+def tensor_to_json(data: np.ndarray, datatype: str, name: str) -> list[Any]:
+    """An array as a flat JSON list (BYTES as text).
+
+    Raises:
+        InvalidInputError: a BYTES element is not UTF-8.
+    """
+    return _tensor_to_json(data, datatype, name)

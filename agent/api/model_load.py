@@ -9,6 +9,7 @@ config apart), so the wording is applied here, at the two client-facing edges on
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from agent.errors import (
@@ -31,7 +32,12 @@ class ModelLoadFailedError(AgentError):
 _NOT_A_LOAD_FAILURE = (InvalidInputError, ModelConfigError, ModelControlError, OverloadedError)
 
 
-async def load_model(dataplane: DataPlane, name: str, config: dict[str, Any] | None) -> None:
+async def load_model(
+    dataplane: DataPlane,
+    name: str,
+    config: dict[str, Any] | None,
+    files: Mapping[str, bytes] | None = None,
+) -> None:
     """`DataPlane.load_model`, with a failure worded as Triton words it.
 
     Raises:
@@ -41,7 +47,7 @@ async def load_model(dataplane: DataPlane, name: str, config: dict[str, Any] | N
             plane raises them.
     """
     try:
-        await dataplane.load_model(name, config)
+        await dataplane.load_model(name, config, files)
     except ModelNotFoundError as exc:
         raise ModelLoadError(
             f"failed to load '{name}', failed to poll from model repository: {exc.message}"

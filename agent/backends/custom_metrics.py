@@ -117,6 +117,14 @@ class CustomMetricStore:
             return f"metric family '{name}': malformed update: {exc}"
         return None
 
+    def value(self, family: str, labels: Mapping[str, str]) -> float | None:
+        """The total of one counter or gauge over every worker (`Metric.value()`), or None."""
+        key: _Labels = tuple(sorted((str(k), str(v)) for k, v in labels.items()))
+        with self._lock:
+            known = self._families.get(family)
+            series = None if known is None else known.series.get(key)
+            return None if series is None else series.data.value
+
     def release(self, source: str) -> None:
         """A worker is gone: drop the series no other live worker holds (families stay)."""
         with self._lock:

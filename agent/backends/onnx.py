@@ -124,6 +124,9 @@ class OnnxBackend:
         self._string_outputs = frozenset(
             t.name for t in self._outputs if t.type_name == "tensor(string)"
         )
+        # Rank-0 inputs: the config gives them dims of ones (Triton writes [1]); like Triton's
+        # ONNX Runtime backend, feed the one element as a scalar.
+        self._scalar_inputs = frozenset(t.name for t in self._inputs if t.shape == ())
 
     @property
     def inputs(self) -> Sequence[ModelTensor]:
@@ -145,6 +148,11 @@ class OnnxBackend:
         `shrink_memory` hands the arena's unused chunks back to the system after the run (used
         once after measuring the footprint at max batch, so idle memory does not stay at peak).
         """
+        if self._scalar_inputs:
+            feeds = {
+                k: (v.reshape(()) if k in self._scalar_inputs and v.size == 1 else v)
+                for k, v in feeds.items()
+            }
         if self._string_inputs:
             feeds = {
                 k: (_bytes_to_str(v) if k in self._string_inputs else v) for k, v in feeds.items()

@@ -20,6 +20,10 @@ a socketpair as raw buffers (`agent.backends.python_ipc` says why not shared mem
 BLS: while it waits for an `execute` answer, the backend runs the model's BLS requests through
 the `bls` callable it was given (the data plane, `agent.backends.python_bls`).
 
+Cancellation: `run_requests` takes one `CancelSignal` per request from the scheduler; a request
+cancelled while `execute` runs is marked in the worker (`request.is_cancelled()`), and once all
+are, the execute's BLS calls are cancelled (`python_bls` says when else they are).
+
 Isolation:
 
 * `execute` raises, or returns a response with an error: that request fails with BackendError
@@ -37,6 +41,7 @@ declared tensors: `agent.backends.python_config`.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import multiprocessing
@@ -52,6 +57,7 @@ from typing import NoReturn
 import numpy as np
 
 from agent.backends import python_ipc as ipc
+from agent.backends.cancellation import CancelSignal
 from agent.backends.custom_metrics import CustomMetricStore
 from agent.backends.python_bls import BlsCalls, BlsSubmit
 from agent.backends.python_config import (
@@ -61,6 +67,7 @@ from agent.backends.python_config import (
     timeouts_from_config,
 )
 from agent.backends.python_process import Launcher, Worker, kill_worker, reap_worker
+from agent.backends.python_stream import DecoupledChannel, DecoupledRequest
 from agent.errors import (
     AgentError,
     BackendError,
@@ -83,6 +90,10 @@ _LOG_LEVELS = {
     "ERROR": logging.ERROR,
     "VERBOSE": logging.DEBUG,
 }
+
+
+# args["model_instance_kind"] as Triton passes it (KIND_AUTO is resolved before this).
+_INSTANCE_KINDS = {mc.ModelInstanceGroup.KIND_GPU: "GPU", mc.ModelInstanceGroup.KIND_MODEL: "MODEL"}
 
 
 class PythonBackend:
@@ -117,12 +128,15 @@ class PythonBackend:
                 f"python model '{self.name}' version {self.version}: {self.model_file} not found"
             )
         self._bls = bls
+        self._executes = itertools.count()  # sequence numbers of EXECUTE, which CANCEL names
         self._failure: str | None = None
         self._custom_metrics = custom_metrics
         self._lock = threading.Lock()
         self._closed = False
         self._workers: list[Worker] = []
         self._idle: queue.SimpleQueue[Worker] = queue.SimpleQueue()
+        self._channels: dict[int, DecoupledChannel] = {}  # decoupled models: per worker
+        self._request_ids = itertools.count(1)
         self._launcher = Launcher(f"{self.name}-{self.version}")
         try:
             # As Triton: the model's auto_complete_config runs before the config is final; the
@@ -133,6 +147,7 @@ class PythonBackend:
             self._inputs, self._outputs = tensors_from_config(config, self.name)
             self._declared = {t.name: t for t in self._outputs}
             self._batched = config.max_batch_size > 0
+            self.decoupled = config.model_transaction_policy.decoupled
             completed = complete_config(
                 config, self.name, self._inputs, self._outputs, auto_complete=True
             )
@@ -141,6 +156,8 @@ class PythonBackend:
             self.close()
             raise
         for worker in self._workers:
+            if self.decoupled:
+                self._channels[worker.index] = self._channel(worker)
             self._idle.put(worker)
 
     @property
@@ -190,6 +207,7 @@ class PythonBackend:
     def run_requests(
         self,
         requests: Sequence[tuple[Mapping[str, np.ndarray], Sequence[str]]],
+        cancelled: Sequence[CancelSignal] = (),
         *,
         traces: Sequence[object | None] = (),
     ) -> list[list[np.ndarray] | AgentError]:
@@ -198,6 +216,10 @@ class PythonBackend:
         of merging them. Each answer is that request's outputs, or its error (BackendError).
         `traces`: each request's trace (None: untraced), the parent of the BLS requests that
         `execute` makes with `trace=request.trace()`.
+
+        `cancelled` holds one signal per request (or none): a request cancelled while `execute`
+        runs reads `is_cancelled()` True in the model; once all are, the execute's BLS calls
+        are cancelled too.
 
         Raises:
             BackendError: `execute` raised or returned a wrong number of responses (every
@@ -208,9 +230,72 @@ class PythonBackend:
             raise ModelInstanceFailedError(self._failure)
         worker = self._idle.get()
         try:
-            return self._run_on(worker, requests, traces)
+            return self._run_on(worker, requests, cancelled, traces)
         finally:
             self._idle.put(worker)
+
+    def run_decoupled(self, requests: Sequence[DecoupledRequest]) -> None:
+        """Run the requests of one batch in ONE `execute` call of a decoupled model; returns
+        when `execute` returned (the instance is free again). Each request's responses go to its
+        sink as the model sends them, until its final flag, also after this returned; every
+        failure reaches the sinks as an error response with the final flag.
+
+        Raises:
+            ModelInstanceFailedError: the worker hung (and was killed) or died, now or before.
+        """
+        if self._failure is not None:
+            raise ModelInstanceFailedError(self._failure)
+        worker = self._idle.get()
+        try:
+            self._run_decoupled_on(worker, requests)
+        finally:
+            self._idle.put(worker)
+
+    def _run_decoupled_on(
+        self,
+        worker: Worker,
+        requests: Sequence[DecoupledRequest],
+    ) -> None:
+        channel = self._channels[worker.index]
+        ids = [next(self._request_ids) for _ in requests]
+        try:
+            reply = channel.execute(list(zip(ids, requests, strict=True)), self.timeouts.execute_s)
+        except TimeoutError:
+            kill_worker(worker)
+            self._fail(
+                f"python model '{self.name}' instance {worker.index} hung: no response within "
+                f"{self.timeouts.execute_s:g} s; worker killed"
+            )
+        except (EOFError, OSError, ipc.WireError):
+            self._fail(
+                f"python model '{self.name}' instance {worker.index} {self._exit_reason(worker)}"
+            )
+        if reply.kind == ipc.ERROR:
+            error = BackendError(
+                f"python model '{self.name}' execute failed: {reply.meta.get('message', '')}"
+            )
+            channel.fail_all(error, ids)
+
+    def _channel(self, worker: Worker) -> DecoupledChannel:
+        def side_message(message: ipc.Message) -> bool:
+            return self._side_message(worker, message)
+
+        def check(names: Sequence[str], returned: dict[str, np.ndarray]) -> list[np.ndarray]:
+            return [self._checked(n, returned.get(n), None) for n in names]
+
+        def exit_reason() -> str:
+            return f"python model '{self.name}' instance {worker.index} {self._exit_reason(worker)}"
+
+        return DecoupledChannel(
+            worker.conn, f"{self.name}-{worker.name}", side_message, check, exit_reason
+        )
+
+    def _send(self, worker: Worker, message: ipc.Message) -> None:
+        channel = self._channels.get(worker.index)
+        if channel is not None:
+            channel.send(message)
+        else:
+            ipc.send(worker.conn, message)
 
     def close(self) -> None:
         """Finalize every live worker (bounded), then end each process by PID. Idempotent."""
@@ -218,11 +303,13 @@ class PythonBackend:
             if self._closed:
                 return
             self._closed = True
+        for open_channel in self._channels.values():
+            open_channel.closing = True
         asked = []
         for worker in self._workers:
             if worker.ready and worker.process.poll() is None:
                 try:
-                    ipc.send(worker.conn, ipc.Message(ipc.FINALIZE))
+                    self._send(worker, ipc.Message(ipc.FINALIZE))
                     asked.append(worker)
                 except OSError:
                     pass
@@ -241,13 +328,18 @@ class PythonBackend:
                     extra={"model": self.name, "version": self.version},
                 )
         for worker in self._workers:
-            worker.conn.close()
+            channel = self._channels.get(worker.index)
+            if channel is None:
+                worker.conn.close()
             if self._custom_metrics is not None:  # its series go with it, as in Triton
                 self._custom_metrics.release(self._metrics_source(worker))
             if worker.index in finalized:
                 reap_worker(worker)  # it exits by itself after FINALIZED; SIGKILL if it lingers
             else:
                 kill_worker(worker)  # not initialized, stuck in finalize, or already gone
+            if channel is not None:  # its reader thread sees EOF now; then the pipe closes
+                channel.join()
+                worker.conn.close()
         self._launcher.stop()
 
     def _auto_complete(self, config: mc.ModelConfig) -> mc.ModelConfig:
@@ -299,13 +391,33 @@ class PythonBackend:
         Raises:
             TimeoutError, EOFError, OSError, ipc.WireError: as `ipc.receive`.
         """
+        channel = self._channels.get(worker.index)
+        if channel is not None:  # its reader thread has the pipe
+            return channel.receive(deadline)
         while True:
-            message = ipc.receive(worker.conn, deadline)
-            if message.kind == ipc.METRICS:
-                self._apply_metrics(worker, message)
-                continue
-            if message.kind != ipc.LOG:
+            message = self._receive_one(worker, deadline)
+            if message is not None:
                 return message
+
+    def _receive_one(self, worker: Worker, deadline: float | None) -> ipc.Message | None:
+        """The worker's next message; None when it was a log line, metrics or a metric query
+        (handled here).
+
+        Raises:
+            TimeoutError, EOFError, OSError, ipc.WireError: as `ipc.receive`.
+        """
+        message = ipc.receive(worker.conn, deadline)
+        return None if self._side_message(worker, message) else message
+
+    def _side_message(self, worker: Worker, message: ipc.Message) -> bool:
+        """Handle a LOG, METRICS or METRIC_VALUE message (True); any other is for the caller."""
+        if message.kind == ipc.METRICS:
+            self._apply_metrics(worker, message)
+        elif message.kind == ipc.METRIC_VALUE:
+            self._answer_metric_value(worker, message)
+        elif message.kind != ipc.LOG:
+            return False
+        else:
             meta = message.meta
             logger.log(
                 _LOG_LEVELS.get(str(meta.get("level")), logging.INFO),
@@ -317,6 +429,7 @@ class PythonBackend:
                 meta.get("message", ""),
                 extra={"model": self.name, "version": self.version},
             )
+        return True
 
     def _metrics_source(self, worker: Worker) -> str:
         return f"{self.name}/{self.version}/{worker.name}/{worker.process.pid}"
@@ -334,6 +447,16 @@ class PythonBackend:
                 extra={"model": self.name, "version": self.version},
             )
 
+    def _answer_metric_value(self, worker: Worker, message: ipc.Message) -> None:
+        """`Metric.value()` in a worker: the total of every instance, from the agent's store."""
+        meta = message.meta
+        value = None
+        labels = meta.get("labels")
+        if self._custom_metrics is not None and isinstance(labels, dict):
+            value = self._custom_metrics.value(str(meta.get("family", "")), labels)
+        reply = {"id": meta.get("id"), "value": value}
+        self._send(worker, ipc.Message(ipc.METRIC_VALUE_RESULT, reply))
+
     def _start_workers(self, config: mc.ModelConfig, model_dir: Path) -> None:
         config_json = json.dumps(config_to_json(config))
         pending = []
@@ -344,7 +467,7 @@ class PythonBackend:
                 device = group.gpus[i % len(group.gpus)] if gpu and group.gpus else 0
                 args = {
                     "model_config": config_json,
-                    "model_instance_kind": "GPU" if gpu else "CPU",
+                    "model_instance_kind": _INSTANCE_KINDS.get(group.kind, "CPU"),
                     "model_instance_name": f"{group.name}_{i}",
                     "model_instance_device_id": str(device),
                     "model_repository": str(model_dir),
@@ -414,6 +537,7 @@ class PythonBackend:
         self,
         worker: Worker,
         requests: Sequence[tuple[Mapping[str, np.ndarray], Sequence[str]]],
+        cancelled: Sequence[CancelSignal],
         traces: Sequence[object | None] = (),
     ) -> list[list[np.ndarray] | AgentError]:
         if self._failure is not None:
@@ -425,22 +549,33 @@ class PythonBackend:
             if trace is not None:  # the worker's `request.trace()` names it by this index
                 described[index]["trace"] = index
         tensors = [item for feeds, _ in requests for item in feeds.items()]
-        message = ipc.Message(ipc.EXECUTE, {"requests": described}, tensors)
+        seq = next(self._executes)
+        message = ipc.Message(ipc.EXECUTE, {"requests": described, "seq": seq}, tensors)
         calls = BlsCalls(self._bls, worker.conn, self.timeouts.execute_s, self.name, traces)
+        calls.watch(seq, cancelled)
         try:
             ipc.send(worker.conn, message)
             # The worker's own time counts: the clock restarts when its BLS calls are answered.
             deadline = time.monotonic() + self.timeouts.execute_s
             while True:
-                if calls.busy:
-                    calls.wait()
+                busy = calls.busy
+                calls.wait(deadline)
+                if busy:
                     deadline = time.monotonic() + self.timeouts.execute_s
-                    if not worker.conn.poll(0):
-                        continue
-                reply = self._receive(worker, deadline)
-                if reply.kind != ipc.BLS:
+                calls.tell_cancelled()
+                if not worker.conn.poll(0):
+                    if not calls.busy and time.monotonic() >= deadline:
+                        raise TimeoutError
+                    continue
+                reply = self._receive_one(worker, deadline)
+                if reply is None:  # a log line: BLS results must keep flowing meanwhile
+                    continue
+                if reply.kind == ipc.BLS:
+                    calls.start(reply)
+                elif reply.kind == ipc.BLS_CANCEL:
+                    calls.drop(reply)
+                else:
                     break
-                calls.start(reply)
         except TimeoutError:
             kill_worker(worker)
             self._fail(
@@ -452,7 +587,7 @@ class PythonBackend:
                 f"python model '{self.name}' instance {worker.index} {self._exit_reason(worker)}"
             )
         finally:
-            calls.cancel()
+            calls.cancel()  # calls still running (abandoned, or the worker died) are cancelled
         if reply.kind == ipc.ERROR:
             raise BackendError(
                 f"python model '{self.name}' execute failed: {reply.meta.get('message', '')}"

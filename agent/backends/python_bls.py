@@ -1,10 +1,12 @@
 """BLS (Triton's business logic scripting): a Python model runs other models from `execute`.
 
-Worker side: `pb_utils.InferenceRequest.exec` (and `async_exec`, which runs `exec` in the event
-loop's executor, as Triton does) sends a BLS message with the request and waits for the
-BLS_RESULT of the same id. Several calls may be in flight at once (`asyncio.gather`), so the
-pipe is read by whichever thread waits first (`Mailbox`): it files each message it reads for
-the thread it belongs to, BLS results by id and everything else for the main loop.
+Worker side: `pb_utils.InferenceRequest.exec` and `async_exec` go through `BlsClient.submit`,
+which sends a BLS message and returns a future that the worker's pipe reader
+(`python_mailbox`) completes with the BLS_RESULT of the same id. `exec` waits on it;
+`async_exec` awaits it (`asyncio.wrap_future`), so several calls may be in flight at once
+(`asyncio.gather`) without a thread each. Cancelling the awaiting task cancels the future, which
+sends BLS_CANCEL; the agent then cancels the child request. Results of calls nobody waits for
+any more are dropped as they arrive.
 
 Agent side: while the backend waits for the answer to EXECUTE, `BlsCalls` starts each BLS
 request it receives through the injected `BlsSubmit` (the data plane's `infer` on the agent's
@@ -19,6 +21,13 @@ never a hang. Failures come back as error responses worded as Triton's ("Failed 
 inference request. Model 'x' is not ready." for an unknown or unloaded model), never as a
 failure of the calling model.
 
+Cancellation, as Triton's: cancelling a call's future cancels the child's data-plane task, so
+its scheduler skips it while queued or tells its backend while it runs. That happens when the
+model cancels the call (BLS_CANCEL), when the execute ends with calls still running (abandoned,
+timed out, or the worker died), and when every request of the execute was cancelled (its
+client went away, or its own BLS caller was cancelled): the worker is then told with CANCEL
+(`InferenceRequest.is_cancelled()`) and its calls are answered "Request was cancelled".
+
 Limits: at most `MAX_IN_FLIGHT` calls per `execute` at once; tensors are bounded as every
 message on the wire (`python_ipc`).
 """
@@ -26,13 +35,10 @@ message on the wire (`python_ipc`).
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
-import threading
 import time
-from collections import deque
-from collections.abc import Callable, Sequence
-from concurrent.futures import CancelledError, Future
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import CancelledError, Future, InvalidStateError
 from dataclasses import dataclass
 from multiprocessing import Pipe
 from multiprocessing.connection import Connection, wait
@@ -42,12 +48,15 @@ import numpy as np
 
 from agent import pb_utils
 from agent.backends import python_ipc as ipc
+from agent.backends.cancellation import CancelSignal
+from agent.backends.python_mailbox import Mailbox
 from agent.errors import AgentError, ModelNotFoundError, ModelNotReadyError, RequestTimeoutError
 from agent.tensors.request import InferInput, InferRequest, InferResponse, RequestedOutput
 
 logger = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 256
+CANCELLED = "Request was cancelled"  # Triton's message for a cancelled request
 
 # Runs a request on (model, version or None) from any thread; the future holds the response.
 BlsSubmit = Callable[[str, str | None, InferRequest], "Future[InferResponse]"]
@@ -56,94 +65,30 @@ BlsSubmit = Callable[[str, str | None, InferRequest], "Future[InferResponse]"]
 # ---------------------------------------------------------------- worker side
 
 
-class Mailbox:
-    """The worker's reading end, shared by the main loop and threads waiting for BLS results."""
-
-    def __init__(self, conn: Connection) -> None:
-        self._conn = conn
-        self._cond = threading.Condition()
-        self._reading = False
-        self._results: dict[int, ipc.Message] = {}
-        self._expected: set[int] = set()
-        self._others: deque[ipc.Message] = deque()
-        self._failure: BaseException | None = None
-
-    def receive(self) -> ipc.Message:
-        """The next message that is not a BLS result (main loop).
-
-        Raises:
-            EOFError, OSError, ipc.WireError: as `ipc.receive`.
-        """
-        return self._wait(lambda: self._others.popleft() if self._others else None)
-
-    def expect(self, call_id: int) -> None:
-        with self._cond:
-            self._expected.add(call_id)
-
-    def result(self, call_id: int) -> ipc.Message:
-        """The BLS_RESULT of `call_id` (after `expect`)."""
-        return self._wait(lambda: self._results.pop(call_id, None))
-
-    def abandon(self) -> None:
-        """Answer every call still waiting with an error (the `execute` that made it returned)."""
-        with self._cond:
-            for call_id in self._expected:
-                meta = {"id": call_id, "error": "the execute call that made this request returned"}
-                self._results[call_id] = ipc.Message(ipc.BLS_RESULT, meta)
-            self._expected.clear()
-            self._cond.notify_all()
-
-    def _wait(self, take: Callable[[], ipc.Message | None]) -> ipc.Message:
-        with self._cond:
-            while True:
-                found = take()
-                if found is not None:
-                    return found
-                if self._failure is not None:
-                    raise self._failure
-                if self._reading:
-                    self._cond.wait()
-                    continue
-                self._reading = True  # this thread reads the next message for everyone
-                self._cond.release()
-                message: ipc.Message | None = None
-                failure: BaseException | None = None
-                try:
-                    message = ipc.receive(self._conn)
-                except (EOFError, OSError, ipc.WireError) as exc:
-                    failure = exc
-                finally:
-                    self._cond.acquire()
-                    self._reading = False
-                    self._cond.notify_all()
-                if failure is not None:
-                    self._failure = failure
-                elif message is not None and message.kind == ipc.BLS_RESULT:
-                    call_id = message.meta.get("id")
-                    if call_id in self._expected:  # else: abandoned, dropped
-                        self._expected.discard(call_id)
-                        self._results[call_id] = message
-                elif message is not None:
-                    self._others.append(message)
-
-
 class BlsClient:
-    """`pb_utils.InferenceRequest.exec` inside the worker, between `begin` and `end`."""
+    """`pb_utils.InferenceRequest.exec` / `async_exec` inside the worker, between `begin` and
+    `end`. Replies arrive in the `Mailbox` slots; ids are shared with other calls to the agent."""
 
-    def __init__(self, send: Callable[[ipc.Message], None], mailbox: Mailbox) -> None:
+    def __init__(
+        self, send: Callable[[ipc.Message], None], mailbox: Mailbox, ids: Iterator[int]
+    ) -> None:
         self._send = send
         self._mailbox = mailbox
-        self._ids = itertools.count(1)
+        self._ids = ids
 
     def begin(self) -> None:
-        pb_utils.set_bls_runner(self.exec)
+        pb_utils.set_bls_runner(self.submit)
 
     def end(self) -> None:
         pb_utils.set_bls_runner(None)
-        self._mailbox.abandon()
+        self._mailbox.abandon("the execute call that made this request returned")
 
-    def exec(self, request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
-        """Run one request through the agent; its response, or an error response."""
+    def submit(self, request: pb_utils.InferenceRequest) -> Future[pb_utils.InferenceResponse]:
+        """Send one request to the agent; the future gets its response, or an error response.
+
+        Cancelling the future (the model's asyncio task awaiting `async_exec` was cancelled)
+        tells the agent, which cancels the child request.
+        """
         tensors = []
         for tensor in request.inputs():
             if not isinstance(tensor, pb_utils.Tensor):
@@ -164,15 +109,43 @@ class BlsClient:
         trace = request.trace()
         if isinstance(trace, pb_utils.InferenceTrace) and trace.index is not None:
             meta["trace"] = trace.index  # the parent: which request of this execute call
-        self._mailbox.expect(call_id)
+        response: Future[pb_utils.InferenceResponse] = Future()
+        slot = self._mailbox.expect(call_id)
+        slot.add_done_callback(lambda done: _deliver(response, done))
+        response.add_done_callback(lambda done: self._cancelled(call_id, done))
         try:
             self._send(ipc.Message(ipc.BLS, meta, tensors))
-            reply = self._mailbox.result(call_id)
-        except (EOFError, OSError, ipc.WireError, ValueError) as exc:
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"BLS failed: {exc}"))
-        if "error" in reply.meta:
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(reply.meta["error"])))
-        return pb_utils.InferenceResponse([pb_utils.Tensor(n, a) for n, a in reply.tensors])
+        except (OSError, ValueError) as exc:
+            self._mailbox.forget(call_id)
+            _settle(response, _error_response(f"BLS failed: {exc}"))
+        return response
+
+    def _cancelled(self, call_id: int, response: Future[pb_utils.InferenceResponse]) -> None:
+        if not response.cancelled():
+            return
+        self._mailbox.forget(call_id)
+        with contextlib.suppress(OSError):  # the agent is gone: nothing left to cancel
+            self._send(ipc.Message(ipc.BLS_CANCEL, {"id": call_id}))
+
+
+def _deliver(response: Future[pb_utils.InferenceResponse], slot: Future[ipc.Message]) -> None:
+    reply = slot.result()
+    if "error" in reply.meta:
+        _settle(response, _error_response(str(reply.meta["error"])))
+    else:
+        _settle(
+            response,
+            pb_utils.InferenceResponse([pb_utils.Tensor(n, a) for n, a in reply.tensors]),
+        )
+
+
+def _error_response(text: str) -> pb_utils.InferenceResponse:
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(text))
+
+
+def _settle(future: Future[pb_utils.InferenceResponse], value: pb_utils.InferenceResponse) -> None:
+    with contextlib.suppress(InvalidStateError):  # the model cancelled it meanwhile
+        future.set_result(value)
 
 
 # ---------------------------------------------------------------- agent side
@@ -205,12 +178,34 @@ class BlsCalls:
         self._default_s = default_timeout_s
         self._caller = caller
         self._calls: dict[Any, _Call] = {}
-        self._wake_r: Connection | None = None
-        self._wake_w: Connection | None = None
+        self._wake_r: Connection | None
+        self._wake_w: Connection | None
+        self._wake_r, self._wake_w = Pipe(duplex=False)
+        self._seq = -1
+        self._signals: Sequence[CancelSignal] = ()
+        self._told: set[int] = set()
 
     @property
     def busy(self) -> bool:
         return bool(self._calls)
+
+    def watch(self, seq: int, cancelled: Sequence[CancelSignal]) -> None:
+        """The cancel signals of the execute's requests (EXECUTE number `seq`): a cancellation
+        interrupts `wait`, and `tell_cancelled` passes it on."""
+        self._seq, self._signals = seq, cancelled
+        for signal in cancelled:
+            signal.on_cancel(lambda: _poke(self._wake_w))
+
+    def tell_cancelled(self) -> None:
+        """Send the worker a CANCEL for the requests newly cancelled (`is_cancelled()`); once
+        every request of the execute is, cancel its BLS calls."""
+        new = [i for i, s in enumerate(self._signals) if s.cancelled and i not in self._told]
+        if not new:
+            return
+        self._told.update(new)
+        ipc.send(self._conn, ipc.Message(ipc.CANCEL, {"seq": self._seq, "requests": new}))
+        if len(self._told) == len(self._signals):
+            self.cancel_running()
 
     def start(self, message: ipc.Message) -> None:
         """Start the BLS request in `message` (or answer its error at once)."""
@@ -236,17 +231,30 @@ class BlsCalls:
             return
         call.future = future
         self._calls[call_id] = call
-        if self._wake_r is None:
-            self._wake_r, self._wake_w = Pipe(duplex=False)
         wake = self._wake_w
         future.add_done_callback(lambda _: _poke(wake))
 
-    def wait(self) -> None:
-        """Until the worker sends something, a call ends (its result then sent) or times out."""
+    def drop(self, message: ipc.Message) -> None:
+        """BLS_CANCEL: the model no longer waits for this call; cancel the child request."""
+        call = self._calls.pop(message.meta.get("id"), None)
+        if call is not None and call.future is not None:
+            call.future.cancel()
+
+    def cancel_running(self) -> None:
+        """The requests of the execute were all cancelled: so are its BLS calls (each answered
+        with Triton's cancellation error, so a model that awaits them goes on)."""
+        for call in list(self._calls.values()):
+            del self._calls[call.call_id]
+            if call.future is not None:
+                call.future.cancel()
+            self._answer(call, error=CANCELLED)
+
+    def wait(self, deadline: float) -> None:
+        """Until the worker sends something, this is woken, a call ends (its result then sent)
+        or times out, or `deadline` (a `time.monotonic()` instant) passes."""
         assert self._wake_r is not None
-        now = time.monotonic()
-        limit = max(0.0, min(c.deadline for c in self._calls.values()) - now)
-        ready = wait([self._conn, self._wake_r], limit)
+        limit = min([deadline, *(c.deadline for c in self._calls.values())])
+        ready = wait([self._conn, self._wake_r], max(0.0, limit - time.monotonic()))
         if self._wake_r in ready:
             while self._wake_r.poll():
                 self._wake_r.recv_bytes()

@@ -15,6 +15,11 @@ Why pipes and not shared memory: a worker can be killed at any moment (hang time
 `kill -9` of the agent). A socketpair disappears with its last holder, while a shared-memory
 segment in /dev/shm outlives a process killed before it unlinks it. The price is one copy per
 tensor each way, small next to the cost of Python pre/post-processing.
+
+Flow control: a socket buffer holds far less than one tensor, so a writer blocks until the other
+side reads. The worker reads its end on a thread of its own at all times (`python_mailbox`), so
+a write from the agent never waits on user code, and both sides can never be stuck writing at
+once (an abandoned BLS result of many MB while the worker sends its own answer, say).
 """
 
 from __future__ import annotations
@@ -52,6 +57,23 @@ METRICS = "metrics"
 # answers each with BLS_RESULT, meta {"id"} and the outputs, or {"id", "error"}.
 BLS = "bls"
 BLS_RESULT = "bls_result"
+# worker → agent: meta {"id"}: the model dropped that BLS call (its asyncio task was cancelled);
+# the agent cancels the child request and sends no result.
+BLS_CANCEL = "bls_cancel"
+# agent → worker inside `execute`: meta {"requests": [index, ...]}: those requests of the batch
+# were cancelled (the client went away, or the BLS call that made them was cancelled);
+# `InferenceRequest.is_cancelled()` then answers True. For a decoupled model, meta {"id"}: that
+# request (see RESPONSE), at any time until its final flag.
+CANCEL = "cancel"
+# worker → agent: meta {"id", "family", "labels"}: the agent's total of one custom metric (every
+# instance's share); the agent answers METRIC_VALUE_RESULT meta {"id", "value"} (None: unknown).
+METRIC_VALUE = "metric_value"
+METRIC_VALUE_RESULT = "metric_value_result"
+# Decoupled models (agent.backends.python_stream): EXECUTE's requests carry an "id" each; the
+# worker sends RESPONSE meta {"id", "final", "error"?}, tensors: the outputs, at any time (from
+# any thread, during or after `execute`), and RESULT meta {"responses": []} when `execute`
+# returned.
+RESPONSE = "response"
 
 MAX_HEADER_BYTES = 1 << 20
 

@@ -15,11 +15,15 @@ FD is this end of a socketpair inherited from the agent, PPID the agent's pid. T
 4. on FINALIZE calls `finalize()`, answers FINALIZED and exits; when the pipe closes (agent gone)
    it exits without finalizing.
 
-Inside `execute`, `pb_utils.InferenceRequest.exec` sends BLS messages and waits for their
-BLS_RESULT (`agent.backends.python_bls`; `async def execute` runs on one event loop per worker).
+A reader thread (`agent.backends.python_mailbox`) takes every message off the pipe as it
+arrives, so the agent never blocks writing to this worker. Inside `execute`,
+`pb_utils.InferenceRequest.exec` / `async_exec` send BLS messages and wait for their BLS_RESULT
+(`agent.backends.python_bls`; `async def execute` runs on one event loop per worker). A CANCEL
+from the agent marks requests of the running execute (`request.is_cancelled()`).
 `pb_utils.Logger` lines travel to the agent as LOG messages, which the agent writes to its log
 with the model's name. Custom metrics (`pb_utils.MetricFamily`) changed since the last message
-go before each message as one METRICS message (`agent.pb_metrics`). `import
+go before each message as one METRICS message (`agent.pb_metrics`); `Metric.value()` asks the
+agent for the total of every instance while the agent listens (METRIC_VALUE). `import
 triton_python_backend_utils` is `agent.pb_utils` here.
 
 Only numpy and the small agent modules it needs are imported here, to keep start-up short.
@@ -31,19 +35,23 @@ import contextlib
 import ctypes
 import importlib.util
 import inspect
+import itertools
 import json
 import os
 import signal
 import sys
 import threading
 import traceback
+from collections.abc import Iterator
+from concurrent.futures import TimeoutError as FutureTimeout
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from agent import pb_metrics, pb_utils
-from agent.backends import python_bls
+from agent.backends import python_bls, python_decoupled
 from agent.backends import python_ipc as ipc
+from agent.backends.python_mailbox import Mailbox
 
 _PR_SET_PDEATHSIG = 1
 _TRITON_MODULE = "triton_python_backend_utils"
@@ -82,8 +90,14 @@ def main(argv: list[str]) -> int:
     sys.modules.setdefault(_TRITON_MODULE, pb_utils)
     wire = _Wire(conn)
     pb_utils.set_log_sink(wire.log)
-    mailbox = python_bls.Mailbox(conn)  # BLS results arrive while `execute` runs
-    bls = python_bls.BlsClient(wire.send, mailbox)
+    running = _Running()
+    cancels = _Cancels(running)
+    # One reader thread takes every message off the pipe as it arrives (python_mailbox says why).
+    mailbox = Mailbox(conn, on_cancel=cancels.route)
+    mailbox.start()
+    ids = itertools.count(1)  # ids of calls to the agent (BLS, metric values)
+    bls = python_bls.BlsClient(wire.send, mailbox, ids)
+    totals = _MetricTotals(wire, mailbox, ids)
     try:
         init = mailbox.receive()
     except EOFError:
@@ -91,20 +105,28 @@ def main(argv: list[str]) -> int:
     if init.kind == ipc.AUTOCOMPLETE:
         wire.send(_auto_complete(init))
         return 0
-    model = _load(wire, init)
+    with totals.listening():  # the agent reads the pipe until READY
+        model = _load(wire, init)
     if model is None:
         return 1
+    # Decoupled models answer through response senders (agent.backends.python_decoupled).
+    cancels.decoupled = _decoupled_runtime(wire, init)
     while True:
         try:
             message = mailbox.receive()
-        except EOFError:
+        except (EOFError, OSError, ipc.WireError):
             return 0  # the agent closed the pipe: no finalize, nothing to answer
         if message.kind == ipc.EXECUTE:
             bls.begin()
             try:
-                answer = _execute(model, message)
+                with totals.listening():
+                    if cancels.decoupled is not None:
+                        answer = cancels.decoupled.execute(model, message)
+                    else:
+                        answer = _execute(model, message, running)
             finally:
                 bls.end()
+                running.end()
             wire.send(answer)
         elif message.kind == ipc.FINALIZE:
             _finalize(model)
@@ -112,6 +134,114 @@ def main(argv: list[str]) -> int:
             return 0
         else:
             wire.send(_error(f"unexpected message {message.kind!r}"))
+
+
+def _decoupled_runtime(wire: _Wire, init: ipc.Message) -> python_decoupled.DecoupledRuntime | None:
+    args = dict(init.meta.get("args", {}))
+    try:
+        config = json.loads(str(args.get("model_config", "{}")))
+    except ValueError:
+        return None
+    if not isinstance(config, dict) or not pb_utils.using_decoupled_model_transaction_policy(
+        config
+    ):
+        return None
+    name = str(args.get("model_name", ""))
+    return python_decoupled.DecoupledRuntime(wire.send, name, _response_tensors, _run_coroutine)
+
+
+class _Running:
+    """The requests of the running `execute`, which CANCEL messages mark (reader thread).
+
+    EXECUTE and CANCEL carry the agent's sequence number of the execute: a CANCEL read before
+    the main loop has built the requests waits for them; one for an execute already answered is
+    ignored.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seq = -1
+        self._requests: list[pb_utils.InferenceRequest] = []
+        self._early: dict[int, set[int]] = {}
+
+    def start(self, seq: int, requests: list[pb_utils.InferenceRequest]) -> None:
+        with self._lock:
+            self._seq, self._requests = seq, requests
+            for index in self._early.pop(seq, set()):
+                self._mark(index)
+            self._early.clear()
+
+    def end(self) -> None:
+        with self._lock:
+            self._seq, self._requests = -1, []
+
+    def cancel(self, message: ipc.Message) -> None:
+        seq = message.meta.get("seq")
+        indices = [i for i in message.meta.get("requests") or [] if isinstance(i, int)]
+        if not isinstance(seq, int):
+            return
+        with self._lock:
+            if seq == self._seq:
+                for index in indices:
+                    self._mark(index)
+            elif seq > self._seq:
+                self._early.setdefault(seq, set()).update(indices)
+
+    def _mark(self, index: int) -> None:
+        if 0 <= index < len(self._requests):
+            self._requests[index].set_cancelled()
+
+
+class _MetricTotals:
+    """`Metric.value()` asks the agent for the total of every instance while the agent listens
+    (during `initialize` and `execute`); otherwise this worker's own share answers."""
+
+    _WAIT_S = 5.0  # the agent answers at once while it listens; this only bounds a lost race
+
+    def __init__(self, wire: _Wire, mailbox: Mailbox, ids: Iterator[int]) -> None:
+        self._wire = wire
+        self._mailbox = mailbox
+        self._ids = ids
+        self._open = False
+
+    @contextlib.contextmanager
+    def listening(self) -> Iterator[None]:
+        self._open = True
+        pb_metrics.set_total_source(self.total)
+        try:
+            yield
+        finally:
+            self._open = False
+            pb_metrics.set_total_source(None)
+
+    def total(self, family: str, labels: dict[str, str]) -> float | None:
+        if not self._open:
+            return None
+        call_id = next(self._ids)
+        slot = self._mailbox.expect(call_id)
+        meta = {"id": call_id, "family": family, "labels": labels}
+        try:
+            self._wire.send(ipc.Message(ipc.METRIC_VALUE, meta))
+            reply = slot.result(self._WAIT_S)
+        except (OSError, FutureTimeout):
+            self._mailbox.forget(call_id)
+            return None
+        value = reply.meta.get("value")
+        return float(value) if isinstance(value, int | float) else None
+
+
+class _Cancels:
+    """Routes CANCEL (reader thread): a decoupled model's by request id, others by execute."""
+
+    def __init__(self, running: _Running) -> None:
+        self.running = running
+        self.decoupled: python_decoupled.DecoupledRuntime | None = None
+
+    def route(self, message: ipc.Message) -> None:
+        if self.decoupled is not None and "id" in message.meta:
+            self.decoupled.cancel(message)
+        else:
+            self.running.cancel(message)
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -189,7 +319,7 @@ def _load(wire: _Wire, init: ipc.Message) -> Any:
     return model
 
 
-def _execute(model: Any, message: ipc.Message) -> ipc.Message:
+def _execute(model: Any, message: ipc.Message, running: _Running) -> ipc.Message:
     """One `execute` call on the message's requests (several when a dynamic batch formed).
 
     meta {"requests": [{"outputs": [...], "inputs": N}, ...]}, the inputs of each request in
@@ -210,6 +340,9 @@ def _execute(model: Any, message: ipc.Message) -> ipc.Message:
         trace = pb_utils.InferenceTrace(index if isinstance(index, int) else None)
         outputs = [str(n) for n in item["outputs"]]
         requests.append(pb_utils.InferenceRequest(inputs, outputs, trace=trace))
+    sent = _response_slots(requests)
+    seq = message.meta.get("seq")
+    running.start(seq if isinstance(seq, int) else -1, requests)
     try:
         responses = model.execute(requests)
         if inspect.isawaitable(responses):  # `async def execute`, as Triton allows
@@ -217,6 +350,8 @@ def _execute(model: Any, message: ipc.Message) -> ipc.Message:
     except Exception as exc:  # noqa: BLE001 - user code: report it, stay alive
         traceback.print_exc()
         return _error(_describe(exc), user=True)
+    if responses is None and any(sent):  # answered through response senders (Triton allows)
+        responses = [slot[0] if slot else None for slot in sent]
     if not isinstance(responses, list | tuple) or len(responses) != len(requests):
         return _error(
             f"execute must return a list of {len(requests)} InferenceResponse, "
@@ -233,6 +368,26 @@ def _execute(model: Any, message: ipc.Message) -> ipc.Message:
             answers.append({"tensors": len(outcome)})
             tensors.extend(outcome)
     return ipc.Message(ipc.RESULT, {"responses": answers}, tensors)
+
+
+def _response_slots(requests: list[pb_utils.InferenceRequest]) -> list[list[Any]]:
+    """Give each request of a model that is not decoupled a response sender; what each sends
+    (one response at most, Triton's checks) lands in its slot."""
+    slots: list[list[Any]] = []
+    for request in requests:
+        slot: list[Any] = []
+        slots.append(slot)
+
+        def keep(
+            response: pb_utils.InferenceResponse | None, final: bool, to: list[Any] = slot
+        ) -> None:
+            if response is not None:
+                to.append(response)
+
+        request.set_response_sender(
+            pb_utils.InferenceResponseSender(keep, request.is_cancelled, decoupled=False)
+        )
+    return slots
 
 
 _loop: Any = None

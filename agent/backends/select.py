@@ -90,10 +90,10 @@ def create_backend(
 ) -> Backend:
     """The backend instance for one model version (blocking: may build an engine).
 
-    `auto_complete` off: a Python model's `auto_complete_config` is not run (Triton's
-    `--disable-auto-complete-config`). `custom_metrics`: where a Python model's
-    `pb_utils.MetricFamily` values go (None: nowhere). `bls` runs a Python model's BLS requests
-    (the data plane).
+    `auto_complete` off: a Python model's `auto_complete_config` is not run, nor is a TensorRT
+    config completed from its engine (Triton's `--disable-auto-complete-config`).
+    `custom_metrics`: where a Python model's `pb_utils.MetricFamily` values go (None: nowhere).
+    `bls` runs a Python model's BLS requests (the data plane).
 
     Raises:
         ModelLoadError: the runtime is missing (TensorRT on a CPU-only host: the model is then
@@ -117,7 +117,12 @@ def create_backend(
     if kind is BackendKind.TENSORRT:
         from agent.backends.tensorrt import TensorRTBackend  # noqa: PLC0415 - GPU hosts only
 
-        return TensorRTBackend(engine_path(version_dir, config, cache_root), config)
+        return TensorRTBackend(
+            engine_path(version_dir, config, cache_root),
+            config,
+            model_name=model_name,
+            auto_complete=auto_complete,
+        )
     from agent.backends.onnx import OnnxBackend  # noqa: PLC0415
 
     return OnnxBackend(

@@ -11,6 +11,10 @@ Both libraries are imported only when an engine is loaded; without them the load
 `ModelLoadError("TensorRT is not installed on this device: ...")`, so the model is UNAVAILABLE
 with that reason and the rest of the repository serves as usual.
 
+With auto-complete on, the config is completed from the engine as Triton's tensorrt_backend
+completes it (`agent.backends.tensorrt_config`) before the buffers are sized; the loader takes the
+result from `declared_config`.
+
 Each backend owns one execution context, one CUDA stream and device buffers sized for the
 optimization profile's largest batch (max_batch_size), allocated once at load: `run` only copies
 in, enqueues and copies out. `run` is blocking (the scheduler calls it off the event loop) and
@@ -30,7 +34,8 @@ import numpy as np
 
 from agent.backends.cuda import cuda_check, cuda_runtime
 from agent.backends.tensorrt_build import import_tensorrt
-from agent.errors import BackendError, InvalidInputError, ModelLoadError
+from agent.backends.tensorrt_config import complete_from_engine
+from agent.errors import BackendError, InvalidInputError, ModelConfigError, ModelLoadError
 from agent.proto import model_config_pb2 as mc
 from agent.tensors import datatypes
 from agent.tensors.datatypes import ModelTensor
@@ -44,12 +49,22 @@ def _numpy_dtype(trt: Any, dtype: Any) -> np.dtype[Any]:
 class TensorRTBackend:
     """A model version running a serialized TensorRT engine on one CUDA device."""
 
-    def __init__(self, path: Path, config: mc.ModelConfig, *, device: int = 0) -> None:
-        """Deserialize the engine, allocate buffers for max_batch_size and a stream.
+    def __init__(
+        self,
+        path: Path,
+        config: mc.ModelConfig,
+        *,
+        device: int = 0,
+        model_name: str = "",
+        auto_complete: bool = False,
+    ) -> None:
+        """Deserialize the engine, complete the config from it (auto-complete on), allocate
+        buffers for max_batch_size and a stream.
 
         Raises:
             ModelLoadError: TensorRT/cuda-python missing, no engine file, or the engine was built
                 for another GPU or TensorRT version.
+            ModelConfigError: auto-complete refused the config (Triton's words).
         """
         trt = import_tensorrt()
         self._cudart = cudart = cuda_runtime()
@@ -68,6 +83,9 @@ class TensorRTBackend:
                     f"TensorRT {trt.__version__} cannot load {path}: built for another GPU or "
                     "TensorRT version, or not an engine; rebuild it (edge-agent build-engine)"
                 )
+            if auto_complete:
+                config = complete_from_engine(config, self._engine, model_name or config.name)
+            self.declared_config = config
             self._context = self._engine.create_execution_context()
             self._stream = cuda_check(cudart.cudaStreamCreate(), "cudaStreamCreate")
             self.max_batch = max(1, config.max_batch_size)
@@ -85,7 +103,7 @@ class TensorRTBackend:
         except BackendError as exc:
             self.close()
             raise ModelLoadError(f"cannot load {path}: {exc.message}") from None
-        except ModelLoadError:
+        except (ModelLoadError, ModelConfigError):
             self.close()
             raise
         engine_bytes = int(getattr(self._engine, "device_memory_size", 0))

@@ -1,6 +1,8 @@
 """The agent's settings: frozen dataclasses, read once at start-up by `agent.config.loader`.
 
-    [server]  name, host, http_port, grpc_port, metrics_port, max_request_bytes, shared_memory
+    [server]  name, host, http_port, grpc_port, metrics_port, max_request_bytes, shared_memory,
+              max_bytes_elements, max_connections, header_timeout_ms, body_timeout_ms,
+              idle_timeout_ms
     [models]  repository, demo, strict_model_config, exit_on_error, intra_op_threads,
               memory_budget_bytes, response_cache_bytes, max_queue_size, control_mode,
               load_models, poll_quiet_ms
@@ -51,6 +53,12 @@ class ServerConfig:
     metrics_port: int = 8002  # Prometheus /metrics; -1 turns it off
     max_request_bytes: int = 64 * 1024 * 1024
     shared_memory: bool = True  # Triton's system shared-memory extension for local clients
+    # Resource limits (agent/api/http_limits.py, agent/tensors/limits.py):
+    max_bytes_elements: int = 1 << 20  # elements of one BYTES input tensor
+    max_connections: int = 2048  # HTTP connections open at once (per listener); more: 503
+    header_timeout_ms: int = 30_000  # request line + headers, from their first byte
+    body_timeout_ms: int = 60_000  # a request's body, once its headers are in; else 408
+    idle_timeout_ms: int = 75_000  # an HTTP or gRPC connection without a request is closed
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +144,12 @@ def validate(config: AgentConfig, *, serving: bool = True) -> None:
         raise AgentConfigError(
             f"server.max_request_bytes must be at least 1024, got {server.max_request_bytes}"
         )
+    for key in ("max_bytes_elements", "max_connections"):
+        if getattr(server, key) < 1:
+            raise AgentConfigError(f"server.{key} must be >= 1, got {getattr(server, key)}")
+    for key in ("header_timeout_ms", "body_timeout_ms", "idle_timeout_ms"):
+        if getattr(server, key) < 10:
+            raise AgentConfigError(f"server.{key} must be >= 10, got {getattr(server, key)}")
     if config.log.level.lower() not in LOG_LEVELS:
         raise AgentConfigError(
             f"log.level must be one of {', '.join(LOG_LEVELS)}, got {config.log.level!r}"

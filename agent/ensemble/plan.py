@@ -9,13 +9,15 @@ Refused at load, each with the step and tensor named: a composing model that is 
 key the composing model does not have, a required model input left unmapped, an ensemble tensor
 that nothing produces or that two producers write, an ensemble output no step produces, data types
 or shapes that disagree between producer and consumer, cycles between steps, and a step version that
-the composing model's `specific` version policy does not serve. (The rules that need no composing
+the composing model does not serve (Triton's "ensemble 'E' depends on 'M' whose required version N
+is not loaded.": the versions loaded now when known, whatever the version policy, else those of a
+`specific` policy). (The rules that need no composing
 model, as Triton words them, are in `agent.repository.triton_rules`.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 from agent.errors import ModelConfigError
@@ -64,6 +66,8 @@ class EnsemblePlan:
 
 
 ConfigLookup = Callable[[str], mc.ModelConfig | None]
+# The versions of a composing model loaded now; None when not known.
+VersionLookup = Callable[[str], Collection[int] | None]
 
 
 def is_ensemble(config: mc.ModelConfig) -> bool:
@@ -75,12 +79,16 @@ def composing_model_names(config: mc.ModelConfig) -> tuple[str, ...]:
     return tuple(dict.fromkeys(s.model_name for s in config.ensemble_scheduling.step))
 
 
-def build_plan(config: mc.ModelConfig, lookup: ConfigLookup) -> EnsemblePlan:
+def build_plan(
+    config: mc.ModelConfig, lookup: ConfigLookup, versions: VersionLookup | None = None
+) -> EnsemblePlan:
     """Check an ensemble config against its composing models' configs and order its steps.
 
     Args:
         config: the ensemble's config (platform "ensemble").
         lookup: the served config of a composing model by name, None when it is not loaded.
+        versions: the versions a composing model has loaded now (None or a None answer: judge a
+            step's `model_version` by a `specific` version policy only).
 
     Raises:
         ModelConfigError: naming the step and tensor at fault (see the module docstring).
@@ -99,10 +107,19 @@ def build_plan(config: mc.ModelConfig, lookup: ConfigLookup) -> EnsemblePlan:
     produced: dict[str, TensorSpec] = dict(inputs)
     steps: list[EnsembleStep] = []
     for index, configured in enumerate(steps_config):
-        steps.append(_check_step(name, index, configured, lookup, config.max_batch_size))
-    for step in steps:
+        steps.append(_check_step(name, index, configured, lookup, config.max_batch_size, versions))
+    for index, step in enumerate(steps):
         model = lookup(step.model_name)
         assert model is not None  # checked by _check_step
+        if model.model_transaction_policy.decoupled:
+            # Triton streams a decoupled step's responses through the rest of the ensemble;
+            # this agent does not (yet): refused at load rather than failing every request.
+            raise ModelConfigError(
+                f"ensemble '{name}': step {index} (model '{step.model_name}') uses the "
+                "decoupled transaction policy; ensembles with decoupled steps are not "
+                "supported by this agent (call the decoupled model directly: gRPC "
+                "ModelStreamInfer or HTTP generate_stream)"
+            )
         model_outputs = {t.name: _spec(t, model.max_batch_size > 0) for t in model.output}
         for model_output, tensor in step.outputs.items():
             if tensor in producer:
@@ -140,12 +157,36 @@ def build_plan(config: mc.ModelConfig, lookup: ConfigLookup) -> EnsemblePlan:
     return EnsemblePlan(name, inputs, outputs, tuple(steps[i] for i in order))
 
 
+def _check_step_version(
+    name: str,
+    step: mc.ModelEnsembling.Step,
+    model: mc.ModelConfig,
+    loaded: Collection[int] | None,
+) -> None:
+    """Triton core `ModelRepositoryManager::CheckNode`: a step's `model_version` (other than -1)
+    must be one the composing model has loaded, under any version policy (`latest` N serves the
+    N newest, `all` every version in the repository, `specific` those listed)."""
+    if step.model_version <= 0:
+        return
+    if loaded is None:
+        policy = model.version_policy
+        if policy.WhichOneof("policy_choice") != "specific":
+            return  # not known here: judged when the versions are
+        loaded = policy.specific.versions
+    if step.model_version not in loaded:
+        raise ModelConfigError(
+            f"ensemble '{name}' depends on '{step.model_name}' whose required version "
+            f"{step.model_version} is not loaded."
+        )
+
+
 def _check_step(
     name: str,
     index: int,
     step: mc.ModelEnsembling.Step,
     lookup: ConfigLookup,
     ensemble_max_batch: int,
+    versions: VersionLookup | None = None,
 ) -> EnsembleStep:
     ensemble_batched = ensemble_max_batch > 0
     label = f"step {index} (model '{step.model_name}')"
@@ -158,18 +199,7 @@ def _check_step(
         raise ModelConfigError(
             f"ensemble '{name}': {label}: model '{step.model_name}' is not loaded"
         )
-    policy = model.version_policy
-    if (
-        step.model_version > 0
-        and policy.WhichOneof("policy_choice") == "specific"
-        and step.model_version not in policy.specific.versions
-    ):
-        served = ", ".join(str(v) for v in policy.specific.versions)
-        raise ModelConfigError(
-            f"ensemble '{name}' depends on '{step.model_name}' whose required version "
-            f"{step.model_version} is not served by its version policy (specific versions: "
-            f"{served})"
-        )
+    _check_step_version(name, step, model, versions(step.model_name) if versions else None)
     if ensemble_batched and model.max_batch_size == 0:
         raise ModelConfigError(
             f"ensemble '{name}': max_batch_size is set but {label} does not batch "

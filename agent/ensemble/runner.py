@@ -29,6 +29,7 @@ from agent.ensemble.plan import EnsemblePlan, EnsembleStep
 from agent.errors import AgentError, BackendError, ModelControlError, ModelNotReadyError
 from agent.scheduling.batching import BatchingPolicy
 from agent.scheduling.scheduler import ExecutionResult
+from agent.scheduling.sequence_policy import SequenceRequest
 from agent.tensors.request import InferInput, InferRequest, InferResponse, RequestedOutput
 from agent.tensors.signature import ValidatedRequest
 
@@ -107,8 +108,12 @@ class EnsembleScheduler:
         *,
         priority: int | None = None,
         timeout_us: int | None = None,
+        sequence: SequenceRequest | None = None,
     ) -> ExecutionResult:
         """Run every step and return the requested ensemble outputs.
+
+        `sequence` (a stateful step's correlation id and flags) goes to every step, as Triton
+        passes it on.
 
         Raises:
             AgentError: the first failing step's error, its message prefixed with the step.
@@ -121,6 +126,10 @@ class EnsembleScheduler:
             parameters["priority"] = priority
         if timeout_us is not None:
             parameters["timeout"] = timeout_us
+        if sequence is not None:
+            parameters["sequence_id"] = sequence.correlation_id
+            parameters["sequence_start"] = sequence.start
+            parameters["sequence_end"] = sequence.end
         self._in_flight += 1
         self._idle.clear()
         started = time.perf_counter_ns()

@@ -39,6 +39,7 @@ from agent.errors import (
     RegionExistsError,
     RequestTimeoutError,
     SharedMemoryNotFoundError,
+    UnsupportedError,
     lookup,
 )
 from agent.fleet import commands as cmd
@@ -73,6 +74,7 @@ ERROR_CODES: dict[type[AgentError], str] = {
     BackendError: "failed",
     ModelInstanceFailedError: "failed",
     InternalError: "internal",
+    UnsupportedError: "not_allowed",
     AgentError: "failed",
 }
 

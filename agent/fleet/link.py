@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -256,7 +257,7 @@ class FleetLink:
     def status(self) -> dict[str, Any]:
         """The status document (as the retained status message and the `status` command)."""
         models = [
-            {"name": s.name, "versions": sorted(s.versions)}
+            {"name": s.name, "versions": sorted(s.versions), **self._signers(s.name, s.versions)}
             for s in sorted(self._registry.served_models(), key=lambda s: s.name)
         ]
         doc = self._envelope("status")
@@ -274,6 +275,18 @@ class FleetLink:
             doc["reason"] = "; ".join(f"{part}: {text}" for part, text in sorted(faults.items()))
             doc["faults"] = faults
         return doc
+
+    def _signers(self, model: str, versions: Iterable[int]) -> dict[str, Any]:
+        """`{"signers": {"VERSION": signer}}` of the served versions with a recorded signer."""
+        cached = self._dataplane.versions
+        if cached is None:
+            return {}
+        found = {}
+        for version in sorted(versions):
+            record = _or_none(functools.partial(cached.signature, model, version))
+            if record and record.get("signer"):
+                found[str(version)] = record["signer"]
+        return {"signers": found} if found else {}
 
     def _health_changed(self) -> None:
         """Publish the status again (from any thread)."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from agent.errors import (
@@ -46,6 +46,9 @@ from model_cache import (
 
 logger = logging.getLogger(__name__)
 
+#: A version's model signature record (`sync.provenance.Provenance.to_json()`), or None.
+ProvenanceOf = Callable[[str, int], Mapping[str, Any] | None]
+
 
 class CacheEvents:
     """Model events go into the cache's state database (and the log)."""
@@ -68,7 +71,9 @@ class CachedVersions:
 
     After each swap, old versions are collected: the active one plus `keep_last` retained per
     model stay, and least recently used ones go first while the cache is over its disk budget.
-    Events (a failed collection) go to `events`, by default the manager's.
+    Events (a failed collection) go to `events`, by default the manager's. `provenance` gives
+    a version's model signature record (who signed it, verified or not): it is shown in
+    `versions()` and in the `version_activated` event.
     """
 
     def __init__(
@@ -79,8 +84,10 @@ class CachedVersions:
         keep_last: int = 2,
         disk_budget_bytes: int | None = None,
         events: EventSink | None = None,
+        provenance: ProvenanceOf | None = None,
     ) -> None:
         self.cache = cache
+        self._provenance = provenance
         self._manager = manager
         self._events = guarded(events) if events is not None else manager.events
         self._keep_last = keep_last
@@ -177,7 +184,7 @@ class CachedVersions:
         A rejected version whose files were evicted is listed too, with state "evicted".
         """
         rejected = {r["version"]: r for r in self.rejected(model)}
-        rows = [
+        rows: list[dict[str, Any]] = [
             {
                 "model": v.model,
                 "version": v.version,
@@ -198,18 +205,33 @@ class CachedVersions:
             row["rejected"] = found is not None
             row["rejected_cause"] = found["cause"] if found else ""
             row["rejected_reason"] = found["reason"] if found else ""
+            signature = self.signature(model, int(row["version"]))
+            row["signer"] = str(signature.get("signer", "")) if signature else ""
+            row["signature"] = signature
         return sorted(rows, key=lambda row: int(row["version"]))
+
+    def signature(self, model: str, version: int) -> dict[str, Any] | None:
+        """A version's model signature record (signer, verified, ...), or None without one."""
+        if self._provenance is None:
+            return None
+        found = self._provenance(model, version)
+        return dict(found) if found is not None else None
 
     async def _swap(
         self, model: str, version: int, target: InstalledVersion, *, rollback: bool
     ) -> str:
         """Load `target` and make it active; a load or warm-up failure rejects the version."""
+        signature = await asyncio.to_thread(self.signature, model, version)
+        detail = {"signer": signature.get("signer", "")} if signature else {}
+        if signature:
+            detail["signature_verified"] = bool(signature.get("verified"))
         try:
             return await self._manager.load(
                 model,
                 source=target.path,
                 before_switch=lambda: self._commit(model, version, rollback=rollback),
                 version=version,
+                detail=detail,
             )
         except (ModelNotFoundError, CacheCommitError):
             raise

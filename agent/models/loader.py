@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import onnxruntime as ort
 
 from agent.backends.base import Backend
@@ -33,13 +31,8 @@ from agent.errors import (
     ModelLoadError,
     ModelNotFoundError,
 )
-from agent.models.memory_plan import (
-    Footprint,
-    MemoryLedger,
-    fit_config,
-    measure_footprint,
-    plan_capacity,
-)
+from agent.models.memory_plan import Footprint, MemoryLedger, fit_config, plan_capacity
+from agent.models.memory_probe import measure_version
 from agent.models.served import (
     LoadedVersion,
     ModelBuild,
@@ -52,19 +45,24 @@ from agent.proto import model_config_pb2 as mc
 from agent.repository import layout as repository
 from agent.repository.autocomplete import DEFAULT_MAX_BATCH_SIZE, complete_config
 from agent.repository.model_config import instance_count, load_model_config
-from agent.repository.triton_rules import check_against_model, validate_completed
+from agent.repository.model_rules import check_against_model
+from agent.repository.triton_rules import validate_completed
 from agent.repository.validation import validate_config
 from agent.repository.warmup import warmup_requests
 from agent.scheduling.batching import BatchingPolicy
 from agent.scheduling.rate_limiter import ResourceNeed
 from agent.scheduling.scheduler import INLINE_BELOW_NS, LimiterGate, ModelScheduler
-from agent.scheduling.statistics import StatisticsRegistry
-from agent.tensors import datatypes
+from agent.scheduling.sequence_policy import SequencePolicy
+from agent.scheduling.sequence_scheduler import SequenceScheduler
+from agent.scheduling.sequence_tensors import SequenceTensors
+from agent.scheduling.statistics import ModelStatistics, StatisticsRegistry
+from agent.tensors.limits import output_row_bytes
 from agent.tensors.signature import ModelSignature
 
 logger = logging.getLogger(__name__)
 
 ServedConfig = Callable[[str], "mc.ModelConfig | None"]
+ServedVersions = Callable[[str], "Collection[int] | None"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +74,9 @@ class LoadSettings:
     max_queue_size: int = 1024  # per version, when the config's queue policy sets none
     measure_memory: bool = True  # measure each version's footprint and fit it to the budget
     engine_cache_root: Path | None = None  # where TensorRT engines built on the device are kept
+    # A batch's tensors stay within an instance's planned bytes, but may always hold one request
+    # of the largest size the API accepts (server.max_request_bytes).
+    max_request_bytes: int = 64 * 1024 * 1024
 
 
 class ModelLoader:
@@ -90,6 +91,7 @@ class ModelLoader:
         ledger: MemoryLedger | None,
         gate: LimiterGate | None,
         served_config: ServedConfig,
+        served_versions: ServedVersions | None = None,
     ) -> None:
         self.root = root
         self.settings = settings
@@ -97,6 +99,7 @@ class ModelLoader:
         self.ledger = ledger
         self._gate = gate
         self._served_config = served_config  # ensembles check their steps against these
+        self._served_versions = served_versions
         self._lock = threading.Lock()
         self._generation = 0
         # Ensembles run their steps through the data plane, which binds its `infer` here.
@@ -196,7 +199,8 @@ class ModelLoader:
                 f"version {v}: {st.reason}" for v, st in sorted(record.versions.items())
             )
             raise ModelLoadError(f"model '{name}': no version could be loaded ({reasons})")
-        return ServedModel(name, completed, ModelSignature.from_config(completed), loaded)
+        signature = ModelSignature.from_config(completed)
+        return ServedModel(name, completed, signature, loaded, source=model_dir)
 
     def _load_ensemble(
         self,
@@ -217,7 +221,7 @@ class ModelLoader:
             )
         if completed.version_policy.WhichOneof("policy_choice") is None:
             completed.version_policy.latest.num_versions = 1
-        plan = build_plan(completed, self._served_config)
+        plan = build_plan(completed, self._served_config, self._served_versions)
         signature = ModelSignature.from_config(completed)
         policy = BatchingPolicy.from_config(completed)
         loaded: dict[int, LoadedVersion] = {}
@@ -278,26 +282,37 @@ class ModelLoader:
             return backend, checked
 
         footprint: Footprint | None = None
+        estimated = ""  # why the footprint is an estimate from the model file, when it is
+        warmed_up = False
         python = backend_kind(config, path.parent) is BackendKind.PYTHON
         if self.settings.measure_memory and self.ledger is not None and not python:
-            (backend, completed), footprint = measure_footprint(
+            # Measured on the configured warm-up samples when there are some, else on zeros;
+            # a model that fails on zeros loads with an estimate (agent.models.memory_probe).
+            measured = measure_version(
                 load,
-                functools.partial(_run_zeros, limit_bytes=self.ledger.budget_bytes()),
+                warm_up=functools.partial(self._warm_up_loaded, model_dir)
+                if config.model_warmup
+                else None,
                 max_batch=config.max_batch_size or DEFAULT_MAX_BATCH_SIZE,
+                limit_bytes=self.ledger.budget_bytes(),
+                version_dir=path.parent,
+                model_dir=model_dir,
             )
-            _run_zeros((backend, completed), 1, shrink=True)
+            backend, completed, footprint = measured.backend, measured.config, measured.footprint
+            estimated, warmed_up = measured.estimated, measured.warmed_up
         else:
             backend, completed = load()
         # Old and new builds of one version coexist during a swap: each holds its own share.
         key = (name, f"{version}@{generation}")
         try:
             if footprint is not None and self.ledger is not None:
-                completed = self._fit_to_budget(completed, footprint, key)
+                completed = self._fit_to_budget(completed, footprint, key, estimated)
             elif python and self.settings.measure_memory and self.ledger is not None:
                 # User code runs in worker processes, never on made-up zeros: the budget holds
                 # what the workers are resident with after initialize.
                 self.ledger.reserve(key, worker_memory_bytes(backend))
-            self._warm_up(completed, model_dir, backend)
+            if not warmed_up:
+                self._warm_up(completed, model_dir, backend)
         except AgentError:
             backend.close()
             if self.ledger is not None:
@@ -307,7 +322,14 @@ class ModelLoader:
         executor = ThreadPoolExecutor(instances, thread_name_prefix=f"infer-{name}-{version}")
         stats = self.stats.get(name, str(version))
         policy = BatchingPolicy.from_config(completed)
-        scheduler = ModelScheduler(
+        sequence = (
+            self._sequence_scheduler(
+                completed, model_dir, backend, instances, executor, stats, key, python=python
+            )
+            if completed.HasField("sequence_batching")
+            else None
+        )
+        scheduler = sequence or ModelScheduler(
             model=name,
             version=version,
             backend=backend,
@@ -321,6 +343,13 @@ class ModelLoader:
             # A Python model's run is a wait on its worker process, cheap in CPU but unbounded
             # when user code hangs: it must never run on the event loop.
             inline_below_ns=0 if python else INLINE_BELOW_NS,
+            max_batch_bytes=None
+            if footprint is None
+            else max(
+                footprint.bytes_for(max(1, completed.max_batch_size)),
+                self.settings.max_request_bytes,
+            ),
+            output_row_bytes=output_row_bytes(ModelSignature.from_config(completed)),
         )
         logger.info(
             "model %s version %d ready (providers %s, max batch %d, %d instance(s)%s)",
@@ -338,23 +367,99 @@ class ModelLoader:
             version, backend, scheduler, executor, stats, footprint, key
         )
 
-    def _fit_to_budget(
-        self, config: mc.ModelConfig, footprint: Footprint, key: tuple[str, str]
-    ) -> mc.ModelConfig:
-        """Reserve what the version needs of what is left, lowering its batch cap and instances."""
-        assert self.ledger is not None
-        plan = plan_capacity(
-            footprint,
-            budget_left=self.ledger.left(),
-            max_batch_size=config.max_batch_size,
-            instances=instance_count(config),
-            budget_bytes=self.ledger.budget_bytes(),
+    def _sequence_scheduler(
+        self,
+        config: mc.ModelConfig,
+        model_dir: Path,
+        backend: Backend,
+        instances: int,
+        executor: ThreadPoolExecutor,
+        stats: ModelStatistics,
+        key: tuple[str, str],
+        *,
+        python: bool,
+    ) -> SequenceScheduler:
+        """The sequence batcher of a stateful model; its slots' state counts in the budget.
+
+        Raises:
+            ModelConfigError: a control or state the config describes cannot be built.
+            MemoryBudgetError: the state of every slot does not fit beside the model.
+        """
+        try:
+            policy = SequencePolicy.from_config(config, instances, self.settings.max_queue_size)
+            tensors = SequenceTensors.from_config(config, model_dir)
+            if self.ledger is not None and self.settings.measure_memory and tensors.states:
+                held = self.ledger.reserved().get(key, 0)
+                self.ledger.reserve(key, held + tensors.state_bytes * policy.slots)
+        except AgentError:
+            executor.shutdown(wait=False)
+            backend.close()
+            if self.ledger is not None:
+                self.ledger.release(key)
+            raise
+        return SequenceScheduler(
+            model=config.name,
+            version=int(key[1].split("@")[0]),
+            backend=backend,
+            policy=policy,
+            tensors=tensors,
+            instances=instances,
+            executor=executor,
+            stats=stats,
+            inline_below_ns=0 if python else INLINE_BELOW_NS,  # as for the dynamic scheduler
         )
+
+    def _fit_to_budget(
+        self,
+        config: mc.ModelConfig,
+        footprint: Footprint,
+        key: tuple[str, str],
+        estimated: str = "",
+    ) -> mc.ModelConfig:
+        """Reserve what the version needs of what is left, lowering its batch cap and instances.
+
+        `estimated` says why the footprint is an estimate from the model file (not measured):
+        the log, a refusal and the config's `edge_agent_memory_plan` parameter say so too.
+        """
+        assert self.ledger is not None
+        try:
+            plan = plan_capacity(
+                footprint,
+                budget_left=self.ledger.left(),
+                max_batch_size=config.max_batch_size,
+                instances=instance_count(config),
+                budget_bytes=self.ledger.budget_bytes(),
+            )
+        except MemoryBudgetError as exc:
+            if estimated:
+                raise MemoryBudgetError(f"{exc.message} ({estimated})") from None
+            raise
         self.ledger.reserve(key, plan.estimated_bytes)
         fitted = fit_config(config, plan)
         if fitted is not config:
             logger.warning("model %s version %s: %s", key[0], key[1], plan.reason)
+        if estimated:
+            logger.warning(
+                "model %s version %s: %s: %d MiB at batch 1; %s",
+                key[0],
+                key[1],
+                estimated,
+                footprint.bytes_for(1) >> 20,
+                plan.reason,
+                extra={"model": key[0]},
+            )
+            if fitted is config:
+                fitted = mc.ModelConfig()
+                fitted.CopyFrom(config)
+            fitted.parameters[
+                "edge_agent_memory_plan"
+            ].string_value = (
+                f"{estimated}: {_mib(footprint.bytes_for(1))} at batch 1; {plan.reason}"
+            )
         return fitted
+
+    def _warm_up_loaded(self, model_dir: Path, backend: Backend, config: mc.ModelConfig) -> None:
+        self._warm_up(config, model_dir, backend)
 
     def _warm_up(self, config: mc.ModelConfig, model_dir: Path, backend: Backend) -> None:
         signature = ModelSignature.from_config(config)
@@ -363,8 +468,13 @@ class ModelLoader:
                 valid = signature.validate(request)
             except AgentError as exc:
                 raise ModelConfigError(f"model_warmup '{sample_name}': {exc.message}") from None
+            feeds = dict(valid.feeds)
+            if config.HasField("sequence_batching"):
+                feeds.update(
+                    SequenceTensors.from_config(config, model_dir).starting_feeds(valid.batch_size)
+                )
             for _ in range(count):
-                backend.run(valid.feeds, valid.output_names)
+                backend.run(feeds, valid.output_names)
 
 
 @functools.cache
@@ -395,46 +505,6 @@ def load_order(root: Path, names: list[str]) -> list[str]:
     return order
 
 
-def _run_zeros(
-    loaded: tuple[Backend, mc.ModelConfig],
-    batch: int,
-    *,
-    shrink: bool = False,
-    limit_bytes: int | None = None,
-) -> None:
-    """Run the model once on zeros at a batch size, to measure its memory.
-
-    Raises:
-        MemoryBudgetError: the zero inputs alone would be over `limit_bytes` (nothing allocated).
-    """
-    backend, config = loaded
-    signature = ModelSignature.from_config(config)
-    batch = min(batch, max(1, config.max_batch_size))
-    shapes: dict[str, tuple[tuple[int, ...], datatypes.DataType]] = {}
-    for contract in signature.inputs.values():
-        dims = tuple(1 if d < 0 else d for d in contract.dims)
-        shape = (batch, *dims) if signature.batched else dims
-        dt = datatypes.from_kserve(contract.datatype)
-        assert dt is not None
-        if contract.reshape is not None:
-            shape = (batch, *contract.reshape) if signature.batched else contract.reshape
-            shape = tuple(1 if d < 0 else d for d in shape)
-        shapes[contract.name] = (shape, dt)
-    needed = sum(math.prod(s) * max(dt.numpy.itemsize, 8) for s, dt in shapes.values())
-    if limit_bytes is not None and needed > limit_bytes:
-        raise MemoryBudgetError(
-            f"model '{config.name}': one batch of {batch} needs {needed >> 20} MiB for its inputs "
-            f"alone, over the memory budget of {limit_bytes >> 20} MiB; lower max_batch_size"
-        )
-    feeds: dict[str, np.ndarray] = {
-        name: np.full(shape, b"", dtype=np.object_)
-        if dt.kserve == "BYTES"
-        else np.zeros(shape, dt.numpy)
-        for name, (shape, dt) in shapes.items()
-    }
-    backend.run(feeds, list(signature.outputs), shrink_memory=shrink)
-
-
 def _resource_need(config: mc.ModelConfig, gate: LimiterGate | None) -> ResourceNeed:
     """Rate-limiter needs of a model (its first instance group declares them)."""
     if gate is None or not config.instance_group:
@@ -456,3 +526,7 @@ def _provider_note(loaded: LoadedVersion) -> str:
         return ""
     used = ", ".join(getattr(loaded.backend, "providers", ()))
     return f"requested execution providers not available: {', '.join(missing)}; running on {used}"
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / (1 << 20):.1f}".removesuffix(".0") + " MiB"

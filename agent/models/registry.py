@@ -75,6 +75,7 @@ class ModelRegistry:
             ledger=ledger,
             gate=gate,
             served_config=self._served_config,
+            served_versions=self._served_versions,
         )
         # Ensembles run their steps through the data plane, which binds its `infer` here.
         self.step_runner = self.loader.step_runner
@@ -226,6 +227,12 @@ class ModelRegistry:
         if record is None or record.served is None:
             return None
         return record.served.config
+
+    def _served_versions(self, name: str) -> tuple[int, ...] | None:
+        record = self._records.get(name)
+        if record is None or record.served is None:
+            return None
+        return tuple(record.served.versions)
 
     def resolve(self, name: str, version: str | None) -> tuple[ServedModel, int]:
         """The model and version a request addresses; no version means the latest READY one.

@@ -9,6 +9,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 
 from agent.backends.base import Backend
 from agent.ensemble.runner import EnsembleScheduler
@@ -16,6 +17,7 @@ from agent.errors import AgentError
 from agent.models.memory_plan import Footprint
 from agent.proto import model_config_pb2 as mc
 from agent.scheduling.scheduler import ModelScheduler
+from agent.scheduling.sequence_scheduler import SequenceScheduler
 from agent.scheduling.statistics import ModelStatistics
 from agent.tensors.signature import ModelSignature
 
@@ -46,7 +48,7 @@ class LoadedVersion:
 
     version: int
     backend: Backend | None
-    scheduler: ModelScheduler | EnsembleScheduler
+    scheduler: ModelScheduler | SequenceScheduler | EnsembleScheduler
     executor: ThreadPoolExecutor | None  # one worker per instance: N executions in flight
     stats: ModelStatistics
     footprint: Footprint | None
@@ -73,6 +75,7 @@ class ServedModel:
     config: mc.ModelConfig
     signature: ModelSignature
     versions: dict[int, LoadedVersion]
+    source: Path | None = None  # the model folder it was loaded from (to load it again)
 
     @property
     def latest_version(self) -> int:

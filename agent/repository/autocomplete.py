@@ -5,21 +5,26 @@ steps as Triton takes them:
 
 - Server side, always (core `AutoCompleteBackendFields`): `name`, and `backend`, `platform` and
   `default_model_filename` from each other (`model.onnx`, `model.plan`, `model.py`).
-- Backend side, unless auto-complete is off (`--disable-auto-complete-config`, onnxruntime_backend
-  `AutoCompleteConfig`), and only while the config lists no inputs or no outputs: a batchable
-  model gets `max_batch_size` 4 (the server's `default-max-batch-size`) when it has none, and
-  an empty `dynamic_batching` when max_batch_size > 1 and no scheduler is set; a missing input or
-  output list is filled from the model (a tensor that is only the batch dimension becomes
-  `dims: [1]` with an empty `reshape`). Beyond Triton, missing data types and dims of listed tensors
-  are filled too, and a batchable model whose config lists inputs and outputs without the batch
-  dimension still gets max_batch_size 4 (Triton would refuse that config).
+- Backend side, unless auto-complete is off (`--disable-auto-complete-config`). ONNX models
+  (onnxruntime_backend `AutoCompleteConfig`), and only while the config lists no inputs (nor
+  batch inputs) or no outputs: a batchable model gets `max_batch_size` 4 (the server's
+  `default-max-batch-size`) when it has none, and an empty `dynamic_batching` when
+  max_batch_size > 1 and no scheduler is set; a model that cannot batch with a max_batch_size
+  set is refused; the input list, when empty, and the output list, when empty, are filled from
+  the model (a tensor with no dimension left becomes `dims: [1]`, with an empty `reshape` when
+  batching). A config listing both inputs and outputs is left as written: max_batch_size 0
+  stays 0 and no batcher is added. TensorRT engines are completed by their backend from the
+  engine (`agent.backends.tensorrt_config`); Python models by their `auto_complete_config`.
+  Beyond Triton, missing data types and dims of listed tensors are filled too (with
+  auto-complete off they are refused, in Triton's words).
 - Normalisation, always (core `NormalizeModelConfig`, `NormalizeInstanceGroup`): the version
   policy, `preferred_batch_size: [max_batch_size]` for a `dynamic_batching` that has none,
   pinned-memory optimization flags, and instance groups (see `_fill_instance_groups`).
 
-With auto-complete off a gap in inputs or outputs is an error. In both modes a config that
-disagrees with the model (data type, rank, fixed dimension) is refused with a message naming both
-sides.
+Then, in both modes, Triton's load checks: the number of inputs the config expects against the
+model's (an input list given only in part is refused, as the ONNX Runtime backend refuses it),
+and a config that disagrees with the model (data type, rank, fixed dimension, a scalar given
+dims other than 1) is refused with a message naming both sides.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from collections.abc import Sequence
 from agent.errors import ModelConfigError
 from agent.proto import model_config_pb2 as mc
 from agent.repository.model_config import default_instance_count
+from agent.repository.model_rules import check_input_count
 from agent.tensors.datatypes import ModelTensor
 
 ONNX_PLATFORM = "onnxruntime_onnx"
@@ -55,7 +61,7 @@ def complete_config(
     *,
     auto_complete: bool,
 ) -> mc.ModelConfig:
-    """Return a completed copy of `config` for an ONNX model.
+    """Return a completed copy of `config` for a model with these tensors.
 
     Raises:
         ModelConfigError: the config contradicts the model, names a platform this backend does not
@@ -70,37 +76,67 @@ def complete_config(
             f"config name '{out.name}' does not match the model directory '{model_name}'"
         )
     _check_platform(out)
-    batching = _model_can_batch(inputs, outputs)
     if out.max_batch_size < 0:
         raise ModelConfigError(f"model '{model_name}': max_batch_size must be >= 0")
-    # onnxruntime_backend's AutoCompleteConfig returns early when inputs and outputs are listed.
-    backend_step = auto_complete and (not out.input or not out.output)
-    filled = (
-        out.max_batch_size == 0
-        and auto_complete
-        and batching
-        and not _config_has_full_rank(out, inputs)
-    )
-    if filled:
-        out.max_batch_size = DEFAULT_MAX_BATCH_SIZE
-    if (
-        (backend_step or filled)
-        and batching
-        and out.backend == ONNX_BACKEND
-        and out.max_batch_size > 1
-        and out.WhichOneof("scheduling_choice") is None
-    ):
-        out.dynamic_batching.SetInParent()  # AutoCompleteMaxBatch: turn the batcher on
-    if out.max_batch_size > 0 and not batching:
+    onnx = out.backend == ONNX_BACKEND
+    if auto_complete and onnx:
+        _onnx_auto_complete(out, inputs, outputs)
+    # tensorrt_backend's CompareDimsSupported lets an engine's fixed first dimension batch.
+    can_batch = out.backend == TENSORRT_BACKEND or _model_can_batch(inputs, outputs)
+    if out.max_batch_size > 0 and not can_batch:
         fixed = next(t for t in (*inputs, *outputs) if not t.shape or t.shape[0] is not None)
         raise ModelConfigError(
             f"model '{model_name}': config max_batch_size is {out.max_batch_size} but the model's "
             f"'{fixed.name}' has no dynamic batch dimension (shape {_fmt(fixed.shape)})"
         )
-    _complete_tensors(out, out.input, inputs, "input", auto_complete, require_all=True)
+    if onnx:
+        check_input_count(out, model_name, inputs)
+    # Control and state inputs are fed by the sequence batcher, never listed as inputs.
+    fed = {c.name for c in out.sequence_batching.control_input}
+    fed.update(s.input_name for s in out.sequence_batching.state)
+    outputs = [
+        t for t in outputs if t.name not in {s.output_name for s in out.sequence_batching.state}
+    ]
+    inputs = [t for t in inputs if t.name not in fed]
+    # The ONNX Runtime backend fills a whole list or none; the others fill what they left out.
+    _complete_tensors(out, out.input, inputs, "input", auto_complete, require_all=not onnx)
     _complete_tensors(out, out.output, outputs, "output", auto_complete, require_all=False)
     _fill_defaults(out)
     return out
+
+
+def _onnx_auto_complete(
+    config: mc.ModelConfig, inputs: Sequence[ModelTensor], outputs: Sequence[ModelTensor]
+) -> None:
+    """onnxruntime_backend `AutoCompleteConfig`, `AutoCompleteMaxBatch`, `AutoCompleteIO`.
+
+    Skipped when the config lists inputs (or batch inputs) and outputs. A list that is empty is
+    filled with every model tensor (names here; `_complete_one` writes types and dims).
+
+    Raises:
+        ModelConfigError: max_batch_size set for a model that cannot batch (Triton's words).
+    """
+    listed_inputs = len(config.input) + len(config.batch_input)
+    if listed_inputs and config.output:
+        return  # "skipping model configuration auto-complete ...: inputs and outputs already
+        # specified"
+    if _model_can_batch(inputs, outputs):
+        if config.max_batch_size == 0:
+            config.max_batch_size = DEFAULT_MAX_BATCH_SIZE
+        batcher_set = config.HasField("dynamic_batching") or config.HasField("sequence_batching")
+        if config.max_batch_size > 1 and not batcher_set:
+            config.dynamic_batching.SetInParent()
+    elif config.max_batch_size != 0:
+        raise ModelConfigError(
+            f"autofill failed for model '{config.name}': model does not support batching while "
+            "non-zero max_batch_size is specified"
+        )
+    if not listed_inputs:
+        for tensor in inputs:
+            config.input.add(name=tensor.name)
+    if not config.output:
+        for tensor in outputs:
+            config.output.add(name=tensor.name)
 
 
 def _fill_defaults(config: mc.ModelConfig) -> None:
@@ -194,17 +230,6 @@ def _model_can_batch(inputs: Sequence[ModelTensor], outputs: Sequence[ModelTenso
     return all(t.shape and t.shape[0] is None for t in (*inputs, *outputs))
 
 
-def _config_has_full_rank(config: mc.ModelConfig, inputs: Sequence[ModelTensor]) -> bool:
-    """True when the config's input dims already include the batch dimension."""
-    by_name = {t.name: t for t in inputs}
-    for cfg in config.input:
-        model = by_name.get(cfg.name)
-        dims = cfg.reshape.shape if cfg.HasField("reshape") else cfg.dims
-        if model is not None and dims and len(dims) == len(model.shape):
-            return True
-    return False
-
-
 def _complete_tensors(
     config: mc.ModelConfig,
     declared: Sequence[mc.ModelInput] | Sequence[mc.ModelOutput],
@@ -227,16 +252,20 @@ def _complete_tensors(
         seen.add(cfg.name)
         _complete_one(config.name, cfg, tensor, kind, batch, auto_complete)
     missing = [t for t in model if t.name not in seen]
-    if not declared or require_all:
-        if missing and not auto_complete:
-            raise ModelConfigError(
-                f"model '{config.name}': config has no {kind} '{missing[0].name}' that the model "
-                "declares (auto-complete is off)"
-            )
-        for tensor in missing:
-            cfg = config.input.add() if kind == "input" else config.output.add()
-            cfg.name = tensor.name
-            _complete_one(config.name, cfg, tensor, kind, batch, auto_complete=True)
+    if not missing or (declared and not require_all):
+        return
+    if not auto_complete:
+        # The ONNX Runtime backend's count check, in its words (`ValidateInputs`); Triton has no
+        # output count check, but a model served without outputs answers nothing.
+        raise ModelConfigError(
+            f"unable to load model '{config.name}', configuration expects {len(declared)} "
+            f"{kind}s, model provides {len(model)} (auto-complete is off: list "
+            f"{', '.join(repr(t.name) for t in missing)})"
+        )
+    for tensor in missing:
+        cfg = config.input.add() if kind == "input" else config.output.add()
+        cfg.name = tensor.name
+        _complete_one(config.name, cfg, tensor, kind, batch, auto_complete=True)
 
 
 def _complete_one(
@@ -252,8 +281,10 @@ def _complete_one(
         raise ModelConfigError(f"{where}: the model's type {tensor.type_name} is not supported")
     model_type = mc.DataType.Value(tensor.datatype.config)
     if cfg.data_type == mc.TYPE_INVALID:
-        if not auto_complete:
-            raise ModelConfigError(f"{where}: config sets no data_type (auto-complete is off)")
+        if not auto_complete:  # Triton core ValidateIOShape (with or without auto-complete)
+            raise ModelConfigError(
+                f"model {kind} '{tensor.name}' must specify 'data_type' for {model_name}"
+            )
         cfg.data_type = model_type  # type: ignore[assignment]
     elif cfg.data_type != model_type:
         raise ModelConfigError(
@@ -263,15 +294,18 @@ def _complete_one(
     model_dims = list(tensor.shape[1:] if batch else tensor.shape)
     has_reshape = cfg.HasField("reshape")
     if not cfg.dims and not has_reshape:
-        if not auto_complete and model_dims:
-            raise ModelConfigError(f"{where}: config sets no dims (auto-complete is off)")
+        if not auto_complete:
+            raise ModelConfigError(
+                f"model {kind} '{tensor.name}' must specify 'dims' for {model_name}"
+            )
         cfg.dims.extend(-1 if d is None else d for d in model_dims)
-        if not cfg.dims and batch:
-            # onnxruntime_backend AutoCompleteIO: a tensor of only the batch dimension reads as
-            # [1] reshaped to nothing. (Triton gives an unbatched scalar dims [1] as well; here
-            # it keeps no dims, which is what the runtime feeds a scalar.)
+        if not cfg.dims:
+            # onnxruntime_backend AutoCompleteIO: no dimension left (a scalar, or only the batch
+            # dimension) reads as dims [1]; when batching, reshaped to nothing (an empty reshape
+            # without batching is not a valid config).
             cfg.dims.append(1)
-            cfg.reshape.SetInParent()
+            if batch:
+                cfg.reshape.SetInParent()
         return
     fixed = has_reshape and -1 not in cfg.dims and -1 not in cfg.reshape.shape
     if fixed and math.prod(cfg.dims) != math.prod(cfg.reshape.shape):
@@ -280,18 +314,46 @@ def _complete_one(
             "different numbers of elements"
         )
     checked = list(cfg.reshape.shape) if has_reshape else list(cfg.dims)
-    label = "reshape" if has_reshape else "dims"
+    if not tensor.shape:
+        # onnxruntime_backend ValidateInputs/ValidateOutputs: a scalar model tensor takes any
+        # dims of ones (the backend feeds it rank 0 and reports the config's dims).
+        if any(d != 1 for d in checked):
+            raise ModelConfigError(
+                f"unable to load model '{model_name}', scalar tensor '{tensor.name}', should "
+                "only provide 1 in the model configuration when the model doesn't support "
+                f"batching. Model configuration provided: {_triton_shape(checked)}."
+            )
+        return
     if not _dims_compatible(checked, model_dims):
-        raise ModelConfigError(
-            f"{where}: config {label} {checked} do not match the model's shape "
-            f"{_fmt(tensor.shape)}{' (batch dimension excluded)' if batch else ''}"
-        )
+        raise ModelConfigError(_dims_mismatch(model_name, tensor, checked, batch))
+
+
+def _dims_mismatch(model_name: str, tensor: ModelTensor, dims: Sequence[int], batch: bool) -> str:
+    """onnxruntime_backend / tensorrt_backend `CompareDimsSupported`, in their words (the
+    reshape, when there is one, stands for the dims)."""
+    model = [-1 if d is None else d for d in tensor.shape]
+    expects = (
+        f"model '{model_name}', tensor '{tensor.name}': the model expects {len(model)} "
+        f"dimensions (shape {_triton_shape(model)}) but the model configuration specifies "
+    )
+    if not batch:
+        return f"{expects}{len(dims)} dimensions (shape {_triton_shape(dims)})"
+    full = [-1, *dims]
+    return (
+        f"{expects}{len(full)} dimensions (an initial batch dimension because max_batch_size > 0 "
+        f"followed by the explicit tensor shape, making complete shape {_triton_shape(full)})"
+    )
 
 
 def _dims_compatible(config_dims: Sequence[int], model_dims: Sequence[int | None]) -> bool:
     if len(config_dims) != len(model_dims):
         return False
     return all(c == -1 or m is None or c == m for c, m in zip(config_dims, model_dims, strict=True))
+
+
+def _triton_shape(dims: Sequence[int]) -> str:
+    """Triton's ShapeToString: `[1,2]`."""
+    return "[" + ",".join(str(d) for d in dims) + "]"
 
 
 def _fmt(shape: Sequence[int | None]) -> str:

@@ -7,8 +7,8 @@ here. Two passes, both pure (a config in, a `ModelConfigError` naming the first 
 - `check_config` runs on the config as written, before auto-complete: the rules that need no
   model file (dynamic batching priorities and ordering, sequence batching controls, instance
   groups, ensemble scheduling and its data flow, model metrics, batch input kinds, reshape sizes).
-- `check_against_model` runs once the model file is open, before auto-complete: a config tensor
-  that the model does not have.
+- `agent.repository.model_rules` runs once the model file is open, before auto-complete: a
+  config tensor that the model does not have, and (ONNX models) the number of inputs.
 - `validate_completed` runs on the completed config: the rules that depend on what auto-complete
   fills (max_batch_size, the backend, the full input and output lists, concrete instance kinds).
 """
@@ -21,7 +21,6 @@ from collections.abc import Collection, Iterable, Sequence
 from agent.errors import ModelConfigError
 from agent.proto import model_config_pb2 as mc
 from agent.repository.ensemble_rules import check_ensemble
-from agent.tensors.datatypes import ModelTensor
 
 TENSORRT_PLATFORM = "tensorrt_plan"
 WILDCARD_DIM = -1
@@ -301,42 +300,6 @@ def _check_instance_groups(config: mc.ModelConfig, model: str) -> None:
                     f"{label} and platform {config.platform} specifies invalid profile {profile}. "
                     "The field should contain the string representation of a non-negative "
                     "integer."
-                )
-
-
-# --- against the model file -----------------------------------------------------------------
-
-
-def check_against_model(
-    config: mc.ModelConfig,
-    model_name: str,
-    inputs: Sequence[ModelTensor],
-    outputs: Sequence[ModelTensor],
-) -> None:
-    """A config input or output the model does not have (a partial list may leave some out).
-
-    Raises:
-        ModelConfigError: `unexpected inference input 'X', allowed inputs are: ...` (or output).
-    """
-    name = config.name or model_name
-    for kind, declared, model in (
-        ("input", config.input, inputs),
-        ("output", config.output, outputs),
-    ):
-        by_name = {t.name: t for t in model}
-        for tensor in declared:
-            found = by_name.get(tensor.name)
-            if found is None:
-                raise _fail(
-                    f"unexpected inference {kind} '{tensor.name}', allowed {kind}s are: "
-                    f"{', '.join(sorted(by_name))} for {name}"
-                )
-            given = mc.DataType.Name(tensor.data_type)
-            provided = found.datatype.config if found.datatype is not None else None
-            if tensor.data_type != mc.TYPE_INVALID and provided not in (None, given):
-                raise _fail(
-                    f"unable to load model '{name}', configuration expects datatype {given} "
-                    f"for {kind} '{tensor.name}', model provides {provided}"
                 )
 
 

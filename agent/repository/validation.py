@@ -10,6 +10,10 @@ shapes against the model's own) is checked by auto-complete (`agent.repository.a
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
+
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
 
 from agent.errors import ModelConfigError
 from agent.proto import model_config_pb2 as mc
@@ -32,6 +36,7 @@ def validate_config(config: mc.ModelConfig, model_name: str) -> None:
         ModelConfigError: the first problem found, naming the field.
     """
     where = f"model '{model_name}'"
+    _check_enums(config, "", where)
     if not 0 <= config.max_batch_size <= MAX_BATCH_SIZE:
         raise ModelConfigError(
             f"{where}: max_batch_size {config.max_batch_size} is not in 0..{MAX_BATCH_SIZE}"
@@ -82,3 +87,33 @@ def _check_version_policy(policy: mc.ModelVersionPolicy, where: str) -> None:
             raise ModelConfigError(
                 f"{where}: version_policy specific versions {bad} are not positive numbers"
             )
+
+
+def _check_enums(message: Message, path: str, where: str) -> None:
+    """Refuse enum numbers the schema does not name: text format and JSON accept any number for
+    these open enums (`data_type: -132`), and every later rule names values by enum name."""
+    field: Any  # protobuf's stubs type descriptors per implementation (upb/python)
+    for field, value in message.ListFields():
+        name = f"{path}{field.name}"
+        repeated = _is_repeated(field)
+        if field.type == FieldDescriptor.TYPE_ENUM:
+            for number in value if repeated else (value,):
+                if field.enum_type.values_by_number.get(number) is None:
+                    raise ModelConfigError(
+                        f"{where}: {name} {number} is not a {field.enum_type.name} value"
+                    )
+        elif field.type == FieldDescriptor.TYPE_MESSAGE:
+            if field.message_type.GetOptions().map_entry:
+                if field.message_type.fields_by_name["value"].type == FieldDescriptor.TYPE_MESSAGE:
+                    for key, item in value.items():
+                        _check_enums(item, f"{name}[{key!r}].", where)
+            elif repeated:
+                for number, item in enumerate(value):
+                    _check_enums(item, f"{name}[{number}].", where)
+            else:
+                _check_enums(value, f"{name}.", where)
+
+
+def _is_repeated(field: Any) -> bool:
+    flag = getattr(field, "is_repeated", None)  # newer protobuf; `label` is deprecated there
+    return bool(flag) if flag is not None else field.label == FieldDescriptor.LABEL_REPEATED

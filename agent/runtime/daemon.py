@@ -13,7 +13,9 @@ import asyncio
 import contextlib
 import functools
 import logging
+import shutil
 import signal
+import tempfile
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +25,7 @@ from aiohttp import web
 
 from agent.api.grpc_server import start_grpc_server
 from agent.api.http import create_app
+from agent.api.http_limits import ConnectionGuard, ConnectionLimits
 from agent.api.metrics import build_registry, create_metrics_app
 from agent.canary.control import STATE_FILE, CanaryManager
 from agent.config.schema import AgentConfig
@@ -31,14 +34,16 @@ from agent.fleet.link import FleetLink
 from agent.fleet.mqtt import MqttError
 from agent.fleet.outbox import StoreError
 from agent.fleet.telemetry import detect_gpu
-from agent.models.cache_control import CachedVersions, CacheEvents
+from agent.models.cache_control import CachedVersions, CacheEvents, ProvenanceOf
 from agent.models.control import ModelControlMode, ModelManager
 from agent.models.events import EventTee, LogEvents
 from agent.models.loader import LoadSettings
 from agent.models.memory_plan import MemoryLedger, detect_budget_bytes, process_rss_bytes
+from agent.models.pushed import PushedModels
 from agent.models.registry import ModelRegistry
 from agent.repository.watch import RepositoryWatcher
 from agent.runtime.demo import default_demo_dir, ensure_demo_repository
+from agent.runtime.fd_limit import raise_open_file_limit
 from agent.runtime.reload import Reloader
 from agent.runtime.systemd_notify import (
     Notifier,
@@ -53,9 +58,11 @@ from agent.serving.dataplane import DataPlane
 from agent.serving.response_cache import ResponseCache
 from agent.serving.shared_memory import SharedMemoryRegistry
 from agent.serving.trace import Tracer
+from agent.tensors.limits import TensorLimits
 from model_cache import CacheError, ModelCache
 from sync.errors import SyncConfigError, SyncError
 from sync.policy import parse_desired
+from sync.provenance import ProvenanceStore
 
 if TYPE_CHECKING:
     from sync.client import SyncClient
@@ -63,6 +70,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# After an early answer (413, 408), the unread rest of a body is drained this long, so the
+# client can read the answer before the close (aiohttp's default: 10 s per such connection).
+LINGER_S = 2.0
 DRAIN_TIMEOUT_S = 30.0  # SIGTERM: bound on in-flight requests (unit: TimeoutStopSec=45s)
 
 
@@ -112,6 +122,7 @@ async def start_agent(config: AgentConfig) -> RunningAgent:
 
 
 async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> RunningAgent:
+    raise_open_file_limit()
     repo = config.models.repository
     model_cache: ModelCache | None = None
     if config.cache.dir is not None:
@@ -137,10 +148,17 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
             intra_op_threads=config.models.intra_op_threads,
             max_queue_size=config.models.max_queue_size,
             engine_cache_root=config.cache.dir,
+            max_request_bytes=config.server.max_request_bytes,
         ),
         stats=stats,
         ledger=ledger,
         gate=LimiterGate(RateLimiter()),
+    )
+    # Folders of models loaded from request files: removed after the models are unloaded.
+    pushed = (
+        _pushed_models(config, stack)
+        if ModelControlMode(config.models.control_mode) is ModelControlMode.EXPLICIT
+        else None
     )
     stack.push_async_callback(asyncio.to_thread, registry.close)
     mode = ModelControlMode(config.models.control_mode)
@@ -166,6 +184,7 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
             manager,
             keep_last=config.cache.keep_last,
             disk_budget_bytes=config.cache.disk_budget_bytes or None,
+            provenance=provenance_reader(config, model_cache),
         )
         if model_cache is not None
         else None
@@ -185,6 +204,8 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         versions,
         canary,
         shared_memory=SharedMemoryRegistry(enabled=config.server.shared_memory),
+        pushed=pushed,
+        max_request_bytes=config.server.max_request_bytes,
         tracer=_tracer(config),
         server_name=config.server.name,
         private_paths=[config.cache.dir] if config.cache.dir is not None else [],
@@ -192,13 +213,15 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
     # Entered before the listeners: stopped after them, once no request can finish a trace.
     stack.push_async_callback(asyncio.to_thread, dataplane.tracer.close)
     sync = _build_sync(config, model_cache, versions, events)
-    port = await _serve_http(
-        stack,
-        create_app(dataplane, max_request_bytes=config.server.max_request_bytes),
-        config.server.host,
-        config.server.http_port,
-        drain=True,
+    server = config.server
+    limits = _connection_limits(config)
+    app = create_app(
+        dataplane,
+        max_request_bytes=server.max_request_bytes,
+        max_bytes_elements=server.max_bytes_elements,
+        body_timeout_s=limits.body_timeout_s,
     )
+    port = await _serve_http(stack, app, server.host, server.http_port, limits, drain=True)
     grpc_port: int | None = None
     if config.server.grpc_port >= 0:
         grpc_server, grpc_port = await start_grpc_server(
@@ -206,6 +229,8 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
             config.server.host,
             config.server.grpc_port,
             max_message_bytes=config.server.max_request_bytes,
+            tensor_limits=TensorLimits(server.max_request_bytes, server.max_bytes_elements),
+            connection_limits=limits,
         )
         stack.push_async_callback(grpc_server.stop, DRAIN_TIMEOUT_S)
         logger.info("gRPC on %s:%d", config.server.host, grpc_port)
@@ -213,7 +238,7 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
     if config.server.metrics_port >= 0:
         metrics_app = create_metrics_app(build_registry(stats, ledger, canary=canary))
         metrics_port = await _serve_http(
-            stack, metrics_app, config.server.host, config.server.metrics_port, drain=False
+            stack, metrics_app, server.host, server.metrics_port, limits, drain=False
         )
         logger.info("metrics on http://%s:%d/metrics", config.server.host, metrics_port)
     fleet: FleetLink | None = None
@@ -256,6 +281,17 @@ def _tracer(config: AgentConfig) -> Tracer:
     exporter = OtlpExporter(url, parse_resource(log.trace_otlp_resource))
     logger.info("traces: OpenTelemetry spans to %s", url)
     return Tracer(mode="opentelemetry", exporter=exporter)
+
+
+def provenance_reader(config: AgentConfig, cache: ModelCache) -> ProvenanceOf:
+    """Who signed a cached version, as the sync recorded it (also after `sync --once`)."""
+    store = ProvenanceStore((config.sync.work_dir or Path(cache.root) / "sync") / "provenance")
+
+    def read(model: str, version: int) -> dict[str, Any] | None:
+        found = store.get(model, version)
+        return found.to_json() if found is not None else None
+
+    return read
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,20 +347,50 @@ async def _start_periodic_sync(
     stack.push_async_callback(finish)
 
 
+def _connection_limits(config: AgentConfig) -> ConnectionLimits:
+    server = config.server
+    return ConnectionLimits(
+        max_connections=server.max_connections,
+        header_timeout_s=server.header_timeout_ms / 1000,
+        idle_timeout_s=server.idle_timeout_ms / 1000,
+        body_timeout_s=server.body_timeout_ms / 1000,
+    )
+
+
 async def _serve_http(
-    stack: contextlib.AsyncExitStack, app: web.Application, host: str, port: int, *, drain: bool
+    stack: contextlib.AsyncExitStack,
+    app: web.Application,
+    host: str,
+    port: int,
+    limits: ConnectionLimits,
+    *,
+    drain: bool,
 ) -> int:
-    """Listen on host:port (0: any free port) until the stack unwinds; returns the bound port."""
+    """Listen on host:port (0: any free port) until the stack unwinds; returns the bound port.
+
+    The listener is aiohttp's server behind a `ConnectionGuard` (connection cap and timeouts),
+    which is why it is not a `web.TCPSite`: a site cannot take another protocol factory.
+    """
+    guard = ConnectionGuard(limits)
+    app.middlewares.insert(0, guard.middleware())
     runner = web.AppRunner(
         app,
         access_log=None,
         handle_signals=False,
         shutdown_timeout=DRAIN_TIMEOUT_S if drain else 1.0,
+        keepalive_timeout=limits.idle_timeout_s,
+        lingering_time=LINGER_S,
     )
     await runner.setup()
     stack.push_async_callback(runner.cleanup)
-    await web.TCPSite(runner, host, port).start()
-    return int(runner.addresses[0][1])
+    assert runner.server is not None  # set up
+    guard.bind(runner.server)
+    listener = await asyncio.get_running_loop().create_server(
+        guard, host, port, reuse_address=True, backlog=1024
+    )
+    # Unwound first: stop accepting, then the runner drains what is open (as a site's stop).
+    stack.callback(listener.close)
+    return int(listener.sockets[0].getsockname()[1])
 
 
 async def _start_fleet_link(
@@ -484,3 +550,15 @@ async def run_agent(
         notifier.stopping("draining in-flight requests")
         loop.remove_signal_handler(signal.SIGHUP)
     return 0
+
+
+def _pushed_models(config: AgentConfig, stack: contextlib.AsyncExitStack) -> PushedModels:
+    """Where models loaded from request files live: in the cache directory when there is one
+    (cleared at start-up, so nothing a crash left is kept), else a private temporary folder."""
+    if config.cache.dir is not None:
+        pushed = PushedModels(config.cache.dir / "pushed")
+        stack.callback(pushed.close)
+    else:
+        pushed = PushedModels(Path(tempfile.mkdtemp(prefix="edge-agent-pushed-")))
+        stack.callback(shutil.rmtree, pushed.root, ignore_errors=True)
+    return pushed

@@ -231,6 +231,11 @@ class BatchFormer(Generic[T]):
         """Rows of all queued requests."""
         return sum(entry.rows for entry in self._ordered())
 
+    def queued(self) -> Iterator[tuple[T, int]]:
+        """The queued requests and their rows, in the order `take()` considers them."""
+        for entry in self._ordered():
+            yield entry.item, entry.rows
+
     @property
     def level_sizes(self) -> dict[int, int]:
         """Queued requests per priority level (level 1 alone when there are no levels)."""

@@ -14,6 +14,10 @@ measured execution CPU time is below `inline_below_ns`, and its wall time below 
 thread instead; a slower execution moves it back to the executor. The wall time is that of the
 backend's `run` alone: on the executor it also holds the wait for the GIL afterwards, so the
 limit on it sits well above the CPU one.
+
+Memory: with `max_batch_bytes` (from the model's memory plan), a request whose tensors alone
+(inputs, plus a lower bound on its outputs) need more is refused with `PayloadTooLargeError`,
+and batches are split so that their rows, at the largest per-row size queued, stay within it.
 """
 
 from __future__ import annotations
@@ -24,22 +28,25 @@ import itertools
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from agent.backends.base import Backend
+from agent.backends.base import Backend, ResponseSink
+from agent.backends.cancellation import CancelSignal
 from agent.errors import (
     AgentError,
     BackendError,
     ModelNotReadyError,
     OverloadedError,
+    PayloadTooLargeError,
     RequestTimeoutError,
 )
 from agent.scheduling.batching import BatchFormer, BatchingPolicy
 from agent.scheduling.deadline_timer import DeadlineTimer
 from agent.scheduling.rate_limiter import RateLimiter, ResourceNeed
 from agent.scheduling.statistics import ModelStatistics
+from agent.tensors.limits import rows_within, tensor_bytes
 from agent.tensors.signature import ValidatedRequest
 
 # Executions that may block the event loop: the hand-off they skip costs more than this.
@@ -66,6 +73,11 @@ class _Job:
     future: asyncio.Future[ExecutionResult]
     enqueued_ns: int
     seq: int
+    row_bytes: int = 0  # its tensor bytes per row (with max_batch_bytes)
+    # Set when the caller stops waiting (client gone, parent BLS call cancelled): a queued job
+    # is then skipped, a running one told to its backend (`run_requests`).
+    cancel: CancelSignal = field(default_factory=CancelSignal)
+    sink: ResponseSink | None = None  # decoupled: where the responses go
 
 
 class LimiterGate:
@@ -105,6 +117,8 @@ class ModelScheduler:
         need: ResourceNeed | None = None,
         max_pending: int = 1024,
         inline_below_ns: int = INLINE_BELOW_NS,
+        max_batch_bytes: int | None = None,
+        output_row_bytes: int = 0,
     ) -> None:
         self.model = model
         self.version = version
@@ -129,6 +143,8 @@ class ModelScheduler:
         self._next_release = 0
         self._done: dict[int, tuple[_Job, ExecutionResult | BaseException]] = {}
         self._inline_below_ns = inline_below_ns
+        self._max_batch_bytes = max_batch_bytes
+        self._output_row_bytes = output_row_bytes
         self._runs = 0
         self._exec_ns = 0.0  # moving average of one execution's CPU time on its thread
         self._wall_ns = 0.0  # moving average of its wall time
@@ -157,8 +173,12 @@ class ModelScheduler:
         *,
         priority: int | None = None,
         timeout_us: int | None = None,
+        responses: ResponseSink | None = None,
     ) -> ExecutionResult:
         """Queue a validated request and wait for its outputs.
+
+        `responses` (decoupled models): the request's responses go there as the model sends
+        them; this returns (with no outputs) once the `execute` call that took it returned.
 
         Raises:
             OverloadedError: the queue is full (503).
@@ -174,8 +194,17 @@ class ModelScheduler:
                 f"Exceeds maximum queue size: model '{self.model}' has {self._max_pending} "
                 "requests queued; retry later"
             )
+        need = 0
+        if self._max_batch_bytes is not None:
+            need = tensor_bytes(request, self._output_row_bytes)
+            if need > self._max_batch_bytes:
+                raise PayloadTooLargeError(
+                    f"model '{self.model}': the request's tensors need {need} bytes, over the "
+                    f"{self._max_batch_bytes} bytes its memory plan allows one execution"
+                )
         if (
-            priority is None
+            responses is None
+            and priority is None
             and timeout_us is None
             and self._free == self._instances
             and self._holding == 0
@@ -185,7 +214,14 @@ class ModelScheduler:
         ):
             return self._run_now(request)
         loop = asyncio.get_running_loop()
-        job = _Job(request, loop.create_future(), time.perf_counter_ns(), -1)
+        job = _Job(
+            request,
+            loop.create_future(),
+            time.perf_counter_ns(),
+            -1,
+            -(-need // max(1, request.batch_size)),
+            sink=responses,
+        )
         self._former.add(
             job, request.batch_size, time.monotonic(), priority=priority, timeout_us=timeout_us
         )
@@ -196,6 +232,9 @@ class ModelScheduler:
         self._dispatch()
         try:
             return await job.future
+        except asyncio.CancelledError:
+            job.cancel.cancel()
+            raise
         finally:
             if self._stats is not None:
                 self._stats.pending_dec()
@@ -266,11 +305,17 @@ class ModelScheduler:
         for job in self._former.expire(now):
             self._finish(job, RequestTimeoutError("Request timeout expired"))
         while self._free > 0 and self._holding == 0:
-            batch = self._former.take(now)
+            cap = self._rows_in_budget()
+            batch = self._former.take(now, cap)
+            if batch is None and cap is not None and self._former:
+                # take() swept expired requests first: the head the cap was made for is gone.
+                batch = self._former.take(now, self._rows_in_budget())
             if batch is None:
                 break
+            jobs = [job for job in batch.items if not job.cancel.cancelled]
+            if not jobs:  # every caller went away while it waited: no work to run
+                continue
             self._free -= 1
-            jobs = list(batch.items)
             if self._gate is not None and self._need.resources:
                 key = f"{self.model}:{self.version}#{jobs[0].seq}"
                 if not self._gate.acquire(key, self._need, functools.partial(self._granted, jobs)):
@@ -280,6 +325,14 @@ class ModelScheduler:
             now = time.monotonic()  # an inline execution moved the clock on
         self._arm_timer(loop)
         self._check_idle()
+
+    def _rows_in_budget(self) -> int | None:
+        """The row cap that keeps the next batch within max_batch_bytes (None: no cap)."""
+        if self._max_batch_bytes is None or len(self._former) < 2:
+            return None
+        queued = list(self._former.queued())
+        widest = max(job.row_bytes for job, _ in queued)
+        return rows_within(self._max_batch_bytes, queued[0][1], widest)
 
     def _granted(self, jobs: list[_Job]) -> None:
         self._holding -= 1
@@ -333,21 +386,23 @@ class ModelScheduler:
         self, jobs: Sequence[_Job], started_ns: int
     ) -> list[ExecutionResult | BaseException]:
         """Run in an executor thread (or inline): concatenate, run, split."""
+        if jobs[0].sink is not None:
+            return self._execute_decoupled(jobs, started_ns)
         cpu_start = time.thread_time_ns()
         run_ns = 0  # wall time inside the backend (where a device wait shows)
         results: list[ExecutionResult | BaseException | None] = [None] * len(jobs)
         groups = [[0]] if len(jobs) == 1 else _group_by_shape(jobs)
         # A backend that takes a batch's requests one by one (Python models, as Triton's Python
         # backend) gets them unmerged, and answers each request with its outputs or its error;
-        # with their traces, the parents of the BLS requests they make.
+        # with their traces, the parents of the BLS requests they make; it is told which
+        # requests are cancelled while they run.
         run_requests = getattr(self._backend, "run_requests", None)
         for group in groups:
             t0 = time.perf_counter_ns()
-            if run_requests is not None and (
-                len(group) > 1 or jobs[group[0]].request.trace is not None
-            ):
+            if run_requests is not None:
                 answers = run_requests(
                     [(jobs[i].request.feeds, jobs[i].request.output_names) for i in group],
+                    cancelled=[jobs[i].cancel for i in group],
                     traces=[jobs[i].request.trace for i in group],
                 )
                 t2 = time.perf_counter_ns()
@@ -422,6 +477,26 @@ class ModelScheduler:
                 )
         self._measured(time.thread_time_ns() - cpu_start, run_ns)
         return [r for r in results if r is not None]
+
+    def _execute_decoupled(
+        self, jobs: Sequence[_Job], started_ns: int
+    ) -> list[ExecutionResult | BaseException]:
+        """A decoupled model's batch: one `execute` call; the responses go to the sinks."""
+        run = getattr(self._backend, "run_decoupled", None)
+        if run is None:
+            raise BackendError(f"model '{self.model}' cannot run decoupled requests")
+        t0 = time.perf_counter_ns()
+        run([(j.request.feeds, j.request.output_names, j.sink) for j in jobs])
+        t1 = time.perf_counter_ns()
+        rows = sum(j.request.batch_size for j in jobs)
+        if self._stats is not None:
+            self._stats.record_execution(
+                batch_size=rows, compute_input_ns=0, compute_infer_ns=t1 - t0, compute_output_ns=0
+            )
+        return [
+            ExecutionResult([], max(0, started_ns - j.enqueued_ns), 0, t1 - t0, 0, rows)
+            for j in jobs
+        ]
 
     def _measured(self, ns: int, wall_ns: int) -> None:
         # One writer at a time per instance thread; a lost update only delays the switch.

@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from agent import __version__
 from agent.canary.control import CanaryManager
+from agent.ensemble.runner import EnsembleScheduler
 from agent.errors import (
     AgentError,
     BackendError,
@@ -30,17 +31,24 @@ from agent.errors import (
     ModelNotReadyError,
     OverloadedError,
     RequestTimeoutError,
+    UnsupportedError,
 )
 from agent.models.cache_control import CachedVersions
 from agent.models.control import ModelControlMode, ModelManager
+from agent.models.pushed import PushedModels, parse_file_parameters
 from agent.models.registry import ModelRegistry
 from agent.proto import model_config_pb2 as mc
 from agent.repository.model_config import config_from_json, config_to_json
+from agent.scheduling.sequence_policy import sequence_parameters
+from agent.scheduling.sequence_scheduler import SequenceScheduler
 from agent.scheduling.statistics import FailureReason
 from agent.serving.client_text import PathScrubber
 from agent.serving.cuda_shared_memory import CudaSharedMemory
+from agent.serving.decoupled import stream_responses
 from agent.serving.log_settings import LogSettings
 from agent.serving.response_cache import ResponseCache, cache_key
+from agent.serving.response_stream import StreamedResponse
+from agent.serving.sequence_routes import SequenceRoutes
 from agent.serving.shared_memory import SharedMemoryRegistry
 from agent.serving.trace import Trace, Tracer
 from agent.serving.trace_tensors import BACKEND_INPUT, BACKEND_OUTPUT, QUEUE_INPUT
@@ -77,12 +85,15 @@ class DataPlane:
         shared_memory: SharedMemoryRegistry | None = None,
         log_settings: LogSettings | None = None,
         tracer: Tracer | None = None,
+        pushed: PushedModels | None = None,
+        max_request_bytes: int = 64 * 1024 * 1024,
         *,
         server_name: str = SERVER_NAME,
         private_paths: Iterable[Path] = (),
     ) -> None:
         self._registry = registry
         self._cache = cache
+        self._sequences = SequenceRoutes()  # live sequences stay on the version they started on
         self.manager = manager or ModelManager(registry)
         self.mode = mode
         self.versions = versions
@@ -90,11 +101,15 @@ class DataPlane:
         self.shared_memory = shared_memory or SharedMemoryRegistry()
         self.log_settings = log_settings or LogSettings()
         self.tracer = tracer or Tracer()
+        # Models loaded from files sent with the load request (None: such loads are refused).
+        self.pushed = pushed
+        self._max_request_bytes = max_request_bytes
         self._ready = False
         self.server_name = server_name
         self.cuda_shared_memory = CudaSharedMemory(self.shared_memory)
         # What a client-facing message must not show: the repository and the model cache.
-        self.scrub = PathScrubber([registry.repository, *private_paths])
+        pushed_root = [pushed.root] if pushed is not None else []
+        self.scrub = PathScrubber([registry.repository, *pushed_root, *private_paths])
         # Ensemble steps and Python models' BLS requests are ordinary inferences.
         registry.step_runner.bind(self.infer)
 
@@ -152,25 +167,47 @@ class DataPlane:
             rows = [r for r in rows if r.get("state") == "READY"]
         return rows
 
-    async def load_model(self, name: str, config: dict[str, Any] | None) -> str:
+    async def load_model(
+        self,
+        name: str,
+        config: dict[str, Any] | None,
+        files: Mapping[str, bytes] | None = None,
+    ) -> str:
         """Explicit load (or reload) of a model, with an optional JSON config override.
+
+        With `files` (Triton's `file:<path>` parameters, decoded), the model is loaded from
+        those files and the config, not from the repository (see `agent.models.pushed`).
 
         Raises:
             ModelControlError: the agent is not in explicit model-control mode.
+            InvalidInputError: files without a config, or a path outside the model folder.
             ModelConfigError: the override is not a valid config.
             ModelNotFoundError, ModelLoadError: as `ModelManager.load`.
         """
         self._require_explicit("load")
+        pushed = parse_file_parameters(
+            files or {}, has_config=config is not None, max_bytes=self._max_request_bytes
+        )
         override = config_from_json(config) if config is not None else None
-        strategy = await self.manager.load(name, override)
+        if pushed is not None:
+            if self.pushed is None:
+                raise ModelControlError("this agent does not load models from request files")
+            assert override is not None  # parse_file_parameters requires the config
+            strategy = await self.pushed.load(self.manager, name, override, pushed)
+        else:
+            strategy = await self.manager.load(name, override)
+            if self.pushed is not None:  # served from the repository again
+                await self.pushed.forget(name)
         if self._cache is not None:
             self._cache.invalidate(name)
         return strategy
 
     async def unload_model(self, name: str) -> None:
-        """Explicit unload; queued requests finish first."""
+        """Explicit unload; queued requests finish first (a pushed model's files are removed)."""
         self._require_explicit("unload")
         await self.manager.unload(name)
+        if self.pushed is not None:
+            await self.pushed.forget(name)
         if self._cache is not None:
             self._cache.invalidate(name)
 
@@ -254,13 +291,21 @@ class DataPlane:
         return self.tracer.update(model, changes)
 
     async def infer(
-        self, name: str, version: str | None, request: InferRequest, trace: Trace | None = None
+        self,
+        name: str,
+        version: str | None,
+        request: InferRequest,
+        trace: Trace | None = None,
+        *,
+        refusal: str | None = None,
     ) -> InferResponse:
         """Validate a request, answer from the response cache or queue it on the scheduler.
 
         `trace` (tracing on and this request sampled) collects the request's timestamps. A
         request with a `parent_trace` (an ensemble step or a BLS request of a traced request)
         gets a child trace, finished here.
+        `refusal`: the transport's wording when the model is decoupled (one response per call
+        cannot serve it: `infer_stream` does).
 
         Raises:
             ModelNotFoundError, ModelNotReadyError: the model or version cannot serve.
@@ -270,16 +315,22 @@ class DataPlane:
             ModelInstanceFailedError: an instance hung or died; the version is UNAVAILABLE now.
             InternalError: an unexpected exception (a bug), logged with its traceback; like
                 every failure it is counted in the statistics and told to the canary.
+            UnsupportedError: the model is decoupled.
         """
         start = time.perf_counter_ns()
         if trace is None and request.parent_trace is not None:
             trace = self._child_trace(name, request)
         if trace is not None:
             trace.stamp("REQUEST_START", start)
-        await self.manager.wait_if_swapping(name)
-        routed = None if version else self.canary.route(name)  # canary: unversioned only
-        served, number = self._registry.resolve(name, str(routed) if routed else version)
+        sequence = sequence_parameters(request.parameters)
+        owner = None if version else self._sequences.find(name, sequence)
+        if owner is None:  # a live sequence's old build is draining: its requests must not wait
+            await self.manager.wait_if_swapping(name)
+        routed = None if version or owner else self.canary.route(name)  # canary: unversioned only
+        served, number = owner or self._registry.resolve(name, str(routed) if routed else version)
         loaded = served.versions[number]
+        if served.config.model_transaction_policy.decoupled:
+            raise UnsupportedError(refusal or _decoupled_refusal(served.name))
         if trace is not None:
             trace.model_version = number
         stats = loaded.stats
@@ -315,7 +366,16 @@ class DataPlane:
                     return InferResponse(served.name, version_text, hit, request.id)
                 stats.record_cache_miss(ns=time.perf_counter_ns() - lookup)
             queued = time.perf_counter_ns() if trace is not None else 0
-            result = await loaded.scheduler.submit(valid, priority=priority, timeout_us=timeout_us)
+            if isinstance(loaded.scheduler, SequenceScheduler):
+                self._sequences.started(served.name, sequence, served, number)
+                submitted = loaded.scheduler.submit(valid, sequence, timeout_us=timeout_us)
+            elif isinstance(loaded.scheduler, EnsembleScheduler):
+                submitted = loaded.scheduler.submit(
+                    valid, priority=priority, timeout_us=timeout_us, sequence=sequence
+                )
+            else:
+                submitted = loaded.scheduler.submit(valid, priority=priority, timeout_us=timeout_us)
+            result = await submitted
             if trace is not None:
                 trace.executed(
                     queued,
@@ -362,6 +422,57 @@ class DataPlane:
             self._trace_end(trace, outputs)
         return InferResponse(served.name, version_text, outputs, request.id)
 
+    async def infer_stream(
+        self, name: str, version: str | None, request: InferRequest
+    ) -> AsyncGenerator[StreamedResponse, None]:
+        """Every response of a request, for any model (`agent.serving.response_stream`).
+
+        Errors before the model takes the request are raised (as `infer` raises them); after
+        that they come as items. Closing the iterator before the final item cancels the request
+        (the model's `request.is_cancelled()` turns true).
+        """
+        served, _ = self._registry.resolve(name, version)
+        if not served.config.model_transaction_policy.decoupled:
+            yield StreamedResponse(await self.infer(name, version, request))
+            return
+        start = time.perf_counter_ns()
+        await self.manager.wait_if_swapping(name)
+        served, number = self._registry.resolve(name, version)  # no canary split of streams
+        loaded = served.versions[number]
+        try:
+            if any(t.shm is not None for t in request.inputs) or shared_memory_outputs(request):
+                raise InvalidInputError(
+                    "shared-memory tensors are not supported with decoupled models"
+                )
+            valid = served.signature.validate(request)
+            priority, timeout_us = _scheduling_parameters(request.parameters)
+        except AgentError:
+            loaded.stats.record_failure(
+                request_ns=time.perf_counter_ns() - start, reason="OTHER", now_ms=_now_ms()
+            )
+            raise
+        responses = stream_responses(
+            served,
+            loaded,
+            valid,
+            request.id,
+            priority=priority,
+            timeout_us=timeout_us,
+            start_ns=start,
+        )
+        try:
+            async for item in responses:
+                if isinstance(item.error, ModelInstanceFailedError):
+                    self._registry.mark_failed(
+                        served.name, number, item.error.message, loaded=loaded
+                    )
+                yield item
+        except ModelInstanceFailedError as exc:
+            self._registry.mark_failed(served.name, number, exc.message, loaded=loaded)
+            raise
+        finally:
+            await responses.aclose()
+
     def _child_trace(self, name: str, request: InferRequest) -> Trace | None:
         parent = request.parent_trace
         if not isinstance(parent, Trace):
@@ -397,6 +508,13 @@ class DataPlane:
         """Tell the canary how a request it routed went (latency from arrival to answer)."""
         if routed is not None:
             self.canary.record(name, routed, (time.perf_counter_ns() - start_ns) // 1000, error)
+
+
+def _decoupled_refusal(name: str) -> str:
+    return (
+        f"model '{name}' uses the decoupled transaction policy: its responses are streamed "
+        "(gRPC ModelStreamInfer, HTTP generate_stream)"
+    )
 
 
 def _with_rejections(

@@ -296,11 +296,20 @@ class SharedMemoryRegistry:
 def _file_name(key: str) -> str:
     """The object's file name in the shm directory: POSIX keys are '/name' (one component)."""
     name = key.lstrip("/")
-    if not name or "/" in name or name in (".", "..") or "\0" in name:
+    if not name or "/" in name or name in (".", "..") or "\0" in name or not _encodable(name):
         raise InvalidInputError(
             f"invalid shared memory key {key!r}: expected '/name' of one path component"
         )
     return name
+
+
+def _encodable(name: str) -> bool:
+    """False for a name with a lone surrogate (JSON can carry one) that no file name can hold."""
+    try:
+        os.fsencode(name)
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _check_count(label: str, value: object, *, minimum: int) -> None:

@@ -28,6 +28,10 @@ from agent.tensors import datatypes
 
 _U32 = struct.Struct("<I")
 
+# numpy 1's NPY_MAXDIMS (numpy 2 allows 64): a tensor of higher rank cannot be an array here.
+MAX_RANK = 32
+_MAX_EXTENT = int(np.iinfo(np.intp).max)
+
 
 @dataclass(frozen=True, slots=True)
 class SharedMemoryRef:
@@ -98,12 +102,31 @@ def tensor_to_bytes(data: np.ndarray, datatype: str) -> bytes:
     return np.ascontiguousarray(data).tobytes()
 
 
+def check_shape(shape: Sequence[int], datatype: str) -> None:
+    """Refuse a shape (of non-negative dims) that no array can have, before anything is sized by
+    it: more than `MAX_RANK` dimensions, or dims whose product (zero dims left out, as numpy
+    counts them even for an empty tensor) times the element size passes the address space.
+
+    Raises:
+        InvalidInputError: the shape is too large; the message shows it.
+    """
+    if len(shape) > MAX_RANK:
+        raise InvalidInputError(
+            f"shape has {len(shape)} dimensions, more than the {MAX_RANK} supported"
+        )
+    extent = math.prod(d for d in shape if d) * datatypes.BY_KSERVE[datatype].numpy.itemsize
+    if extent > _MAX_EXTENT:
+        raise InvalidInputError(f"shape {list(shape)} is too large for any {datatype} tensor")
+
+
 def tensor_from_bytes(raw: bytes | memoryview, datatype: str, shape: Sequence[int]) -> np.ndarray:
     """Deserialize a binary-format tensor.
 
     Raises:
-        InvalidInputError: the byte length does not match the shape and datatype.
+        InvalidInputError: the shape is too large (`check_shape`), or the byte length does not
+            match the shape and datatype.
     """
+    check_shape(shape, datatype)
     count = math.prod(shape)
     dtype = datatypes.BY_KSERVE[datatype]
     if datatype == "BYTES":

@@ -6,6 +6,7 @@ dimension when max_batch_size > 0, and reshapes between what clients send and wh
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -147,9 +148,15 @@ class ModelSignature:
         return tuple(names)
 
     def shape_output(self, name: str, data: np.ndarray) -> np.ndarray:
-        """Undo an output reshape so clients see the config's dims."""
+        """Undo an output reshape so clients see the config's dims.
+
+        A scalar a model returns for an output whose dims are ones (Triton writes [1] for it) is
+        reported in those dims, as Triton's ONNX Runtime backend reports it.
+        """
         contract = self.outputs[name]
         if contract.reshape is None:
+            if data.ndim == 0 and not self.batched and math.prod(contract.dims) == 1:
+                return data.reshape(contract.dims)
             return data
         lead = data.shape[:1] if self.batched else ()
         return data.reshape((*lead, *contract.dims))

@@ -88,7 +88,7 @@ def test_config_values_are_kept() -> None:
     config = complete(
         'platform: "onnxruntime_onnx" max_batch_size: 16 '
         "version_policy { all { } } "
-        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "INPUT1" } ]'
     )
 
     assert config.max_batch_size == 16
@@ -122,13 +122,49 @@ def test_one_fixed_output_disables_batching() -> None:
     assert list(config.input[0].dims) == [-1, 4]
 
 
-def test_full_rank_dims_keep_max_batch_size_zero() -> None:
-    config = complete('input [ { name: "INPUT0" dims: [ -1, 4 ] } ]')
+def test_inputs_and_outputs_listed_keep_max_batch_size_zero() -> None:
+    # onnxruntime_backend AutoCompleteConfig returns before AutoCompleteMaxBatch when the config
+    # lists inputs and outputs: max_batch_size stays 0 and no dynamic_batching is added, so the
+    # listed dims are the full shapes.
+    config = complete(
+        'input [ { name: "INPUT0" dims: [ -1, 4 ] }, { name: "INPUT1" dims: [ -1, 2, -1 ] } ] '
+        'output [ { name: "OUTPUT0" dims: [ -1, 3 ] } ]'
+    )
 
     assert config.max_batch_size == 0
+    assert not config.HasField("dynamic_batching")
     assert list(config.input[0].dims) == [-1, 4]
     assert list(config.input[1].dims) == [-1, 2, -1]
     assert config.input[0].data_type == mc.TYPE_FP32
+
+
+def test_inputs_and_outputs_listed_without_batch_dim_and_no_max_batch_size_are_refused() -> None:
+    # Triton leaves max_batch_size 0 here too, so the dims without the batch dimension contradict
+    # the model (onnxruntime_backend CompareDimsSupported refuses the config).
+    text = (
+        'input [ { name: "INPUT0" dims: [ 4 ] }, { name: "INPUT1" dims: [ 2, -1 ] } ] '
+        'output [ { name: "OUTPUT0" dims: [ 3 ] } ]'
+    )
+
+    with pytest.raises(ModelConfigError) as info:
+        complete(text)
+
+    assert info.value.message == (
+        "model 'm', tensor 'INPUT0': the model expects 2 dimensions (shape [-1,4]) but the model "
+        "configuration specifies 1 dimensions (shape [4])"
+    )
+
+
+def test_a_partial_input_list_is_refused() -> None:
+    # onnxruntime_backend: AutoCompleteIO fills only an empty input list, then ValidateInputs
+    # compares the counts: "unable to load model '<m>', configuration expects <n> inputs, model
+    # provides <k>".
+    with pytest.raises(ModelConfigError) as info:
+        complete('input [ { name: "INPUT0" } ]')
+
+    assert info.value.message == (
+        "unable to load model 'm', configuration expects 1 inputs, model provides 2"
+    )
 
 
 def test_declared_outputs_are_a_subset() -> None:
@@ -159,7 +195,7 @@ def test_every_datatype_is_completed() -> None:
 
 def test_contradicting_dtype_names_both_types() -> None:
     with pytest.raises(ModelConfigError) as info:
-        complete('input [ { name: "INPUT0" data_type: TYPE_INT32 } ]')
+        complete('input [ { name: "INPUT0" data_type: TYPE_INT32 }, { name: "INPUT1" } ]')
 
     message = info.value.message
     assert "input 'INPUT0'" in message
@@ -181,27 +217,30 @@ def test_contradicting_output_dtype() -> None:
     ],
 )
 def test_contradicting_dims(dims: str) -> None:
-    text = f'max_batch_size: 8 input [ {{ name: "INPUT0" dims: {dims} }} ]'
+    text = f'max_batch_size: 8 input [ {{ name: "INPUT0" dims: {dims} }}, {{ name: "INPUT1" }} ]'
 
     with pytest.raises(ModelConfigError) as info:
         complete(text)
 
-    message = info.value.message
-    assert "input 'INPUT0'" in message
-    assert "config dims" in message
-    assert "[?, 4]" in message
-    assert "batch dimension excluded" in message
+    # onnxruntime_backend CompareDimsSupported.
+    full = "[-1," + dims.strip("[ ]").replace(" ", "") + "]"
+    assert info.value.message == (
+        "model 'm', tensor 'INPUT0': the model expects 2 dimensions (shape [-1,4]) but the model "
+        f"configuration specifies {full.count(',') + 1} dimensions (an initial batch dimension "
+        "because max_batch_size > 0 followed by the explicit tensor shape, making complete shape "
+        f"{full})"
+    )
 
 
 def test_dims_with_wildcards_are_compatible() -> None:
-    config = complete('input [ { name: "INPUT1" dims: [ -1, 7 ] } ]')
+    config = complete('input [ { name: "INPUT1" dims: [ -1, 7 ] }, { name: "INPUT0" } ]')
 
     assert list(config.input[0].dims) == [-1, 7]
 
 
 def test_unknown_config_input() -> None:
     with pytest.raises(ModelConfigError) as info:
-        complete('input [ { name: "IMAGE" data_type: TYPE_FP32 dims: [ 4 ] } ]')
+        complete('input [ { name: "IMAGE" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "INPUT1" } ]')
 
     message = info.value.message
     assert "config input 'IMAGE' is not an input of the model" in message
@@ -247,22 +286,39 @@ def test_negative_max_batch_size() -> None:
         complete("max_batch_size: -1")
 
 
+# onnxruntime_backend AutoCompleteMaxBatch, when it runs (inputs or outputs not listed).
+AUTOFILL_NO_BATCHING = (
+    "autofill failed for model 'm': model does not support batching while non-zero "
+    "max_batch_size is specified"
+)
+
+
 def test_max_batch_size_without_dynamic_batch_dim_is_refused() -> None:
     with pytest.raises(ModelConfigError) as info:
         complete("max_batch_size: 8", FIXED_INPUTS, FIXED_OUTPUTS)
 
-    message = info.value.message
-    assert "max_batch_size is 8" in message
-    assert "'X' has no dynamic batch dimension (shape [2, 6])" in message
+    assert info.value.message == AUTOFILL_NO_BATCHING
 
 
 def test_max_batch_size_with_a_scalar_model_tensor_is_refused() -> None:
     inputs = (tensor("S", "FP32", ()),)
 
-    with pytest.raises(
-        ModelConfigError, match=r"'S' has no dynamic batch dimension \(shape \[\]\)"
-    ):
+    with pytest.raises(ModelConfigError) as info:
         complete("max_batch_size: 2", inputs, BATCHING_OUTPUTS)
+
+    assert info.value.message == AUTOFILL_NO_BATCHING
+
+
+def test_max_batch_size_on_a_listed_model_that_cannot_batch_is_refused() -> None:
+    # Auto-complete skipped (both lists given): the refusal names the tensor at fault.
+    text = (
+        'max_batch_size: 8 input [ { name: "X" dims: [ 6 ] } ] output [ { name: "Y" dims: [ 6 ] } ]'
+    )
+
+    with pytest.raises(ModelConfigError) as info:
+        complete(text, FIXED_INPUTS, FIXED_OUTPUTS)
+
+    assert "'X' has no dynamic batch dimension (shape [2, 6])" in info.value.message
 
 
 def test_unsupported_model_type() -> None:
@@ -293,8 +349,8 @@ def test_reshape_contradicting_model_shape() -> None:
         complete(text, FIXED_INPUTS, FIXED_OUTPUTS)
 
     message = info.value.message
-    assert "config reshape [3, 4]" in message
-    assert "[2, 6]" in message
+    assert "specifies 2 dimensions (shape [3,4])" in message
+    assert "the model expects 2 dimensions (shape [2,6])" in message
 
 
 def test_reshape_with_batching_excludes_batch_dim() -> None:
@@ -353,43 +409,53 @@ def test_strict_refuses_missing_input() -> None:
     text = STRICT_FULL.replace('input { name: "INPUT1" data_type: TYPE_INT64 dims: [ 2, -1 ] }', "")
     assert "INPUT1" not in text
 
-    with pytest.raises(
-        ModelConfigError, match=r"config has no input 'INPUT1'.*\(auto-complete is off\)"
-    ):
+    with pytest.raises(ModelConfigError) as info:
         complete(text, auto_complete=False)
+
+    # onnxruntime_backend ValidateInputs, with or without auto-complete.
+    assert info.value.message == (
+        "unable to load model 'm', configuration expects 1 inputs, model provides 2"
+    )
 
 
 def test_strict_refuses_missing_outputs() -> None:
     text = STRICT_FULL.replace('output { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 3 ] }', "")
     assert "OUTPUT0" not in text
 
-    with pytest.raises(ModelConfigError, match="config has no output 'OUTPUT0'"):
+    # Triton has no output count check (it would serve a model that answers nothing): refused
+    # here, in the words of its input count check.
+    with pytest.raises(ModelConfigError) as info:
         complete(text, auto_complete=False)
+
+    assert info.value.message.startswith(
+        "unable to load model 'm', configuration expects 0 outputs, model provides 1"
+    )
+    assert "'OUTPUT0'" in info.value.message
 
 
 def test_strict_refuses_missing_data_type() -> None:
     text = STRICT_FULL.replace('name: "INPUT0" data_type: TYPE_FP32', 'name: "INPUT0"')
 
-    with pytest.raises(
-        ModelConfigError,
-        match="input 'INPUT0': config sets no data_type \\(auto-complete is off\\)",
-    ):
+    with pytest.raises(ModelConfigError) as info:
         complete(text, auto_complete=False)
+
+    # Triton core ValidateIOShape.
+    assert info.value.message == "model input 'INPUT0' must specify 'data_type' for m"
 
 
 def test_strict_refuses_missing_dims() -> None:
     text = STRICT_FULL.replace("TYPE_FP32 dims: [ 3 ]", "TYPE_FP32")
 
-    with pytest.raises(
-        ModelConfigError, match="output 'OUTPUT0': config sets no dims \\(auto-complete is off\\)"
-    ):
+    with pytest.raises(ModelConfigError) as info:
         complete(text, auto_complete=False)
+
+    assert info.value.message == "model output 'OUTPUT0' must specify 'dims' for m"
 
 
 def test_strict_does_not_fill_max_batch_size() -> None:
     text = STRICT_FULL.replace("max_batch_size: 8", "")
 
-    with pytest.raises(ModelConfigError, match=r"config dims \[4\] do not match .*\[\?, 4\]"):
+    with pytest.raises(ModelConfigError, match=r"expects 2 dimensions \(shape \[-1,4\]\)"):
         complete(text, auto_complete=False)
 
 

@@ -17,7 +17,10 @@ repositories; the facts, not their code):
   dynamic; max_batch_size 0 becomes the server's default-max-batch-size; an empty
   `dynamic_batching` is added when max_batch_size > 1 and no scheduler is set),
   `AutoCompleteIO` (dims without the batch dim; none left: dims [1] and, when batching, an empty
-  reshape).
+  reshape; an input list is filled only when empty), `ValidateInputs` (the config's input count
+  against the model's: "unable to load model 'M', configuration expects N inputs, model provides
+  K"; a scalar model tensor takes dims of ones, fed as rank 0, and an output is reported in the
+  config's dims).
 - [core] core `src/backend_model.cc`: `default-max-batch-size` defaults to 4;
   `UpdateModelConfig` takes max_batch_size, inputs, outputs and the scheduler from the backend
   and normalises again.
@@ -42,6 +45,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 import pytest
 import tritonclient.http as httpclient
@@ -49,6 +53,7 @@ from onnx import TensorProto, helper
 
 from agent.backends.onnx import OnnxBackend
 from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
+from agent.errors import ModelConfigError
 from agent.repository.autocomplete import complete_config
 from agent.repository.model_config import config_to_json, parse_model_config
 from agent.runtime.daemon import RunningAgent
@@ -86,6 +91,17 @@ def argmax_model() -> onnx.ModelProto:
         "argmax",
         [helper.make_tensor_value_info("SCORES", TensorProto.FLOAT, ["batch", 3])],
         [helper.make_tensor_value_info("CLASS", TensorProto.INT64, ["batch"])],
+    )
+    return save_ready(graph)
+
+
+def scalar_model() -> onnx.ModelProto:
+    """A FP32 scalar -> B FP32 scalar (B = A + A): rank-0 tensors, so no batching."""
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["A", "A"], ["B"])],
+        "scalar",
+        [helper.make_tensor_value_info("A", TensorProto.FLOAT, [])],
+        [helper.make_tensor_value_info("B", TensorProto.FLOAT, [])],
     )
     return save_ready(graph)
 
@@ -256,6 +272,31 @@ def case_batch_dim_only_output(name: str) -> tuple[onnx.ModelProto, str | None, 
     return argmax_model(), None, expected
 
 
+def case_batch_full_config_no_max_batch(name: str) -> tuple[onnx.ModelProto, str | None, Any]:
+    # [ort AutoCompleteConfig] inputs and outputs listed: auto-complete is skipped before
+    # AutoCompleteMaxBatch, so max_batch_size stays 0 on a batchable model (dims are then the full
+    # shapes) and the config's dynamic_batching is kept as written; [mcu NormalizeModelConfig]
+    # prefers max_batch_size only when it is > 0, so preferred_batch_size stays empty.
+    text = (
+        FULL_IO.replace("[ 16 ]", "[ -1, 16 ]")
+        + "dynamic_batching { max_queue_delay_microseconds: 100 }"
+    )
+    inputs, outputs = copy.deepcopy(ADD_SUB_IO)
+    for tensor in (*inputs, *outputs):
+        tensor["dims"] = [-1, 16]
+    expected = triton_config(name, 0, inputs, outputs)
+    expected["dynamic_batching"] = dynamic_batching([], delay_us=100)
+    return add_sub_model(batch=True), text, expected
+
+
+def case_no_batch_scalar(name: str) -> tuple[onnx.ModelProto, str | None, Any]:
+    # [ort AutoCompleteIO]: a rank-0 tensor has no dims, so it gets dims [1]; the empty reshape
+    # is added only when max_batch_size > 0 (without batching it would be an invalid config).
+    inputs = [io("A", "TYPE_FP32", [1])]
+    outputs = [io("B", "TYPE_FP32", [1], output=True)]
+    return scalar_model(), None, triton_config(name, 0, inputs, outputs)
+
+
 CASES = {
     "batch_no_config": case_batch_no_config,
     "batch_empty_config": case_batch_empty_config,
@@ -265,6 +306,8 @@ CASES = {
     "no_batch_cpu_group": case_no_batch_cpu_group,
     "no_batch_no_config": case_no_batch_no_config,
     "batch_dim_only_output": case_batch_dim_only_output,
+    "batch_full_config_no_max_batch": case_batch_full_config_no_max_batch,
+    "no_batch_scalar": case_no_batch_scalar,
 }
 
 
@@ -324,6 +367,36 @@ def test_auto_complete_off_adds_no_batcher(tmp_path: Path) -> None:
     assert_same_fields(actual, expected)
 
 
+def test_a_partial_input_list_is_refused_as_triton_refuses_it(tmp_path: Path) -> None:
+    # [ort] AutoCompleteIO fills only an empty input list; ValidateInputs then counts.
+    text = 'input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] } ]'
+
+    with pytest.raises(ModelConfigError) as info:
+        completed_json(tmp_path, "partial", add_sub_model(batch=True), text, auto_complete=True)
+
+    assert info.value.message == (
+        "unable to load model 'partial', configuration expects 1 inputs, model provides 2"
+    )
+
+
+@pytest.mark.parametrize("dims", ["[ 2 ]", "[ 1, 3 ]"])
+def test_a_scalar_given_dims_other_than_ones_is_refused_as_triton_refuses_it(
+    tmp_path: Path, dims: str
+) -> None:
+    # [ort ValidateInputs] on a rank-0 model input.
+    text = f'input [ {{ name: "A" data_type: TYPE_FP32 dims: {dims} }} ]'
+    shown = dims.replace(" ", "")  # Triton's ShapeToString: [1,3]
+
+    with pytest.raises(ModelConfigError) as info:
+        completed_json(tmp_path, "scalar", scalar_model(), text, auto_complete=True)
+
+    assert info.value.message == (
+        "unable to load model 'scalar', scalar tensor 'A', should only provide 1 in the model "
+        f"configuration when the model doesn't support batching. Model configuration provided: "
+        f"{shown}."
+    )
+
+
 # --- end to end: the config endpoint of a running agent --------------------------------------
 
 
@@ -351,3 +424,19 @@ def test_config_endpoint_returns_tritons_config(triton_repo_agent: RunningAgent,
         client.close()
 
     assert_same_fields(actual, CASES[case](case)[2])
+
+
+def test_a_scalar_model_serves_its_dims_of_one(triton_repo_agent: RunningAgent) -> None:
+    # [ort]: the request's [1] is fed as a scalar and the scalar result comes back as [1].
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{triton_repo_agent.http_port}")
+    try:
+        a = httpclient.InferInput("A", [1], "FP32")
+        a.set_data_from_numpy(np.array([1.5], dtype=np.float32))
+        result = client.infer("no_batch_scalar", [a])
+    finally:
+        client.close()
+
+    b = result.as_numpy("B")
+    assert b is not None
+    assert b.shape == (1,)
+    assert b.tolist() == [3.0]

@@ -311,11 +311,47 @@ instance_group [ { kind: KIND_CPU } ]
 """
 
 
+# Two instances (two worker processes) share one labelled counter: each execute adds 1 and
+# answers value() and its worker's pid.
+SHARED_MODEL = """
+import os
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.counter = pb_utils.MetricFamily(
+            name="custom_shared_total", description="Shared by every instance",
+            kind=pb_utils.MetricFamily.COUNTER,
+        ).Metric(labels={"model": args["model_name"]})
+        self.started = self.counter.value()
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            self.counter.increment(1)
+            y = np.array([self.counter.value(), os.getpid()], dtype=np.float64)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", y)]))
+        return responses
+"""
+
+SHARED_CONFIG = """
+name: "metrics_shared"
+backend: "python"
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_FP64 dims: [ 2 ] } ]
+instance_group [ { kind: KIND_CPU count: 2 } ]
+"""
+
+
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningAgent]:
     repo = tmp_path_factory.mktemp("custom_metrics") / "models"
     write_python_model(repo, "metrics_model", METRICS_MODEL, METRICS_CONFIG)
     write_python_model(repo, "custom_metrics", EXAMPLE_MODEL, EXAMPLE_CONFIG)
+    write_python_model(repo, "metrics_shared", SHARED_MODEL, SHARED_CONFIG)
     with explicit_agent(repo, metrics_port=0) as running:
         yield running
 
@@ -436,3 +472,20 @@ def test_unloading_the_model_removes_its_series_but_keeps_the_family(
     assert "custom_requests" not in families  # no series left: nothing rendered
     client.load_model("metrics_model")
     assert sample(metrics(agent), "custom_requests", model="metrics_model") == 0
+
+
+def test_value_is_the_total_of_every_instance(
+    agent: RunningAgent, client: httpclient.InferenceServerClient
+) -> None:
+    # As in Triton, where the metric lives once in the server: each instance's value() is the
+    # sum of every instance's increments, not its own share.
+    answers = []
+    for _ in range(6):
+        inputs = [httpclient.InferInput("X", [1], "FP32")]
+        inputs[0].set_data_from_numpy(np.array([0.0], dtype=np.float32))
+        y = client.infer("metrics_shared", inputs).as_numpy("Y")
+        assert y is not None
+        answers.append((int(y[0]), int(y[1])))
+    assert len({pid for _, pid in answers}) == 2  # both workers answered
+    assert [value for value, _ in answers] == [1, 2, 3, 4, 5, 6]
+    assert sample(metrics(agent), "custom_shared_total", model="metrics_shared") == 6

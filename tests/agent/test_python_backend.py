@@ -16,6 +16,7 @@ from tritonclient.utils import InferenceServerException
 
 from agent.backends.python import PythonBackend
 from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
+from agent.repository.model_config import load_model_config
 from agent.runtime.daemon import RunningAgent
 from tests.models import FLAT_CONFIG, IDENTITY_TYPES, flat_model, write_model
 from tests.python_models import (
@@ -441,3 +442,53 @@ def test_unload_ends_a_worker_stuck_in_finalize(
     assert gone(pids)
     assert not client.is_model_ready("stuck_fin")
     assert_others_serve(client)
+
+
+KINDS_MODEL = """
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.args = dict(args, model_dir=pb_utils.get_model_dir())
+
+    def execute(self, requests):
+        text = np.array([json.dumps(self.args).encode()], dtype=np.object_)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("ARGS", text)]) for _ in requests]
+"""
+
+KINDS_CONFIG = """
+name: "kinds"
+backend: "python"
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "ARGS" data_type: TYPE_STRING dims: [ 1 ] } ]
+instance_group [
+  { name: "on_gpu" kind: KIND_GPU gpus: [ 1 ] },
+  { name: "on_model" kind: KIND_MODEL }
+]
+"""
+
+
+def test_gpu_and_model_instance_args_as_triton_passes_them_without_a_gpu(tmp_path: Path) -> None:
+    # Only the args are checked: the worker touches no GPU, so none is needed here.
+    model_dir = write_python_model(tmp_path, "kinds", KINDS_MODEL, KINDS_CONFIG)
+    config = load_model_config(model_dir)
+    assert config is not None
+    backend = PythonBackend(model_dir / "1", config, model_name="kinds", version=1)
+    try:
+        seen = {}
+        for _ in range(2):  # a free worker each time: one of each group
+            (out,) = backend.run({"X": np.array([1], dtype=np.int32)}, ["ARGS"])
+            args = json.loads(out[0])
+            seen[args["model_instance_name"]] = args
+    finally:
+        backend.close()
+    assert set(seen) == {"on_gpu_0", "on_model_0"}
+    gpu, model = seen["on_gpu_0"], seen["on_model_0"]
+    assert (gpu["model_instance_kind"], gpu["model_instance_device_id"]) == ("GPU", "1")
+    assert (model["model_instance_kind"], model["model_instance_device_id"]) == ("MODEL", "0")
+    assert gpu["model_dir"] == str(model_dir / "1")  # pb_utils.get_model_dir(): its version folder
+    assert gpu["model_repository"] == str(model_dir)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import multiprocessing
+import threading
 import time
 
 import numpy as np
 import pytest
 
 from agent.backends import python_ipc as ipc
+from agent.backends.python_mailbox import Mailbox
 from tests.models import IDENTITY_TYPES
 
 
@@ -63,3 +65,41 @@ def test_malformed_header_is_refused() -> None:
     ours.send_bytes(b'{"kind": "result"}')
     with pytest.raises(ipc.WireError, match="kind, meta and tensors"):
         ipc.receive(theirs)
+
+
+def test_large_messages_cross_both_ways_at_once_without_deadlock() -> None:
+    # The agent writes a 16 MB result nobody waits for (an abandoned BLS call), then reads; the
+    # worker writes its own 16 MB answer meanwhile. Each alone overflows the socket buffer: only
+    # the worker's reader thread keeps both writes moving.
+    agent_end, worker_end = multiprocessing.Pipe(duplex=True)
+    mailbox = Mailbox(worker_end)
+    mailbox.start()
+    big = np.arange(4 * 1024 * 1024, dtype=np.float32)
+    expected = mailbox.expect(2)
+    received: list[ipc.Message] = []
+
+    def agent_side() -> None:
+        ipc.send(agent_end, ipc.Message(ipc.BLS_RESULT, {"id": 1}, [("Y", big)]))  # abandoned
+        ipc.send(agent_end, ipc.Message(ipc.BLS_RESULT, {"id": 2}, [("Y", big[:3])]))
+        received.append(ipc.receive(agent_end, time.monotonic() + 30))
+
+    def worker_side() -> None:
+        ipc.send(worker_end, ipc.Message(ipc.RESULT, {"responses": []}, [("Y", big)]))
+
+    threads = [threading.Thread(target=agent_side), threading.Thread(target=worker_side)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not any(thread.is_alive() for thread in threads), "both sides stuck writing"
+    assert received[0].kind == ipc.RESULT
+    np.testing.assert_array_equal(received[0].tensors[0][1], big)
+    assert expected.result(timeout=5).tensors[0][1].tolist() == [0.0, 1.0, 2.0]
+    # Control messages still reach the main loop, in order; a closed pipe ends it.
+    ipc.send(agent_end, ipc.Message(ipc.FINALIZE))
+    assert mailbox.receive().kind == ipc.FINALIZE
+    waiting = mailbox.expect(3)
+    agent_end.close()
+    with pytest.raises(EOFError):
+        mailbox.receive()
+    assert "the agent is gone" in str(waiting.result(timeout=5).meta["error"])

@@ -12,8 +12,9 @@ import numpy as np
 import onnx
 import pytest
 
+from agent.backends.cancellation import CancelSignal
 from agent.backends.onnx import OnnxBackend
-from agent.errors import BackendError
+from agent.errors import AgentError, BackendError
 from agent.proto import model_config_pb2 as mc
 from agent.runtime.demo import mlp_model
 from agent.scheduling.batching import BatchingPolicy
@@ -234,3 +235,59 @@ def test_a_model_that_waits_without_cpu_stays_on_the_executor(onnx_backend: Onnx
     assert not inline
     assert loop_thread not in backend.threads
     assert len(outputs) == 6
+
+
+class GatedRequestsBackend(RecordingBackend):
+    """Takes a batch's requests unmerged (as the Python backend), holds each execution until
+    `gate` opens, and records each request's cancel signal as it finishes."""
+
+    def __init__(self, inner: OnnxBackend) -> None:
+        super().__init__(inner)
+        self.gate = threading.Event()
+        self.started = threading.Event()
+        self.seen: list[list[bool]] = []  # per execution: was each request cancelled
+
+    def run_requests(
+        self,
+        requests: Sequence[tuple[Mapping[str, np.ndarray], Sequence[str]]],
+        cancelled: Sequence[CancelSignal] = (),
+        *,
+        traces: Sequence[object | None] = (),
+    ) -> list[list[np.ndarray] | AgentError]:
+        self.started.set()
+        self.gate.wait(30)
+        self.seen.append([signal.cancelled for signal in cancelled])
+        return [self.inner.run(feeds, names) for feeds, names in requests]
+
+
+def test_cancelled_requests_are_skipped_in_the_queue_and_signalled_while_running(
+    onnx_backend: OnnxBackend,
+) -> None:
+    backend = GatedRequestsBackend(onnx_backend)
+    with ThreadPoolExecutor(1) as executor:
+
+        async def main() -> None:
+            scheduler = ModelScheduler(
+                model="mlp",
+                version=1,
+                backend=backend,
+                policy=BatchingPolicy(max_batch_size=8, dynamic_batching=False),
+                instances=1,
+                executor=executor,
+                inline_below_ns=0,
+            )
+            running = asyncio.ensure_future(scheduler.submit(request(1)))
+            await asyncio.to_thread(backend.started.wait, 30)
+            queued = asyncio.ensure_future(scheduler.submit(request(2)))
+            await asyncio.sleep(0)  # let it reach the queue
+            queued.cancel()
+            running.cancel()  # its client went away while it ran
+            await asyncio.gather(running, queued, return_exceptions=True)
+            backend.gate.set()
+            await scheduler.drain()
+            after = await scheduler.submit(request(3))  # the instance is free again
+            assert after.outputs[0].shape == (1, 10)
+
+        asyncio.run(main())
+    # Three executions would mean the cancelled queued request ran: it must not.
+    assert backend.seen == [[True], [False]]

@@ -320,3 +320,38 @@ def test_dynamic_batching_refused_beside_sequence_batching() -> None:
     config = _config(sequence_batching={})
     with pytest.raises(ValueError, match="tries to set scheduling_choice as 'dynamic_batching'"):
         config.set_dynamic_batching()
+
+
+def test_bytes_and_type_code_helpers_follow_triton() -> None:
+    tensor = np.array([[b"ab", b""], ["\u00e9", 7]], dtype=np.object_)
+    serialized = pb_utils.serialize_byte_tensor(tensor)
+    assert serialized is not None
+    assert serialized.dtype == np.object_
+    raw = serialized.item()
+    assert raw == b"\x02\x00\x00\x00ab\x00\x00\x00\x00\x02\x00\x00\x00\xc3\xa9\x01\x00\x00\x007"
+    assert pb_utils.deserialize_bytes_tensor(raw).tolist() == [b"ab", b"", b"\xc3\xa9", b"7"]
+    empty = pb_utils.serialize_byte_tensor(np.empty([0], dtype=np.object_))
+    assert empty is not None
+    assert empty.size == 0
+    assert pb_utils.serialize_byte_tensor(np.zeros(2, dtype=np.float32)) is None
+    with pytest.raises(ValueError, match="truncated"):
+        pb_utils.deserialize_bytes_tensor(b"\x05\x00\x00\x00ab")
+    assert pb_utils.triton_to_numpy_type(11) is np.float32
+    assert pb_utils.triton_to_numpy_type(13) is np.object_
+    assert pb_utils.triton_to_numpy_type(99) is None
+    assert pb_utils.numpy_to_triton_type(np.float32) == 11
+    assert pb_utils.numpy_to_triton_type(np.bool_) == 1
+    assert pb_utils.numpy_to_triton_type(np.object_) == 13
+    assert pb_utils.numpy_to_triton_type(np.bytes_) == 13
+    for code in range(1, 13):
+        assert pb_utils.numpy_to_triton_type(pb_utils.triton_to_numpy_type(code)) == code
+
+
+def test_triton_error_codes_and_request_cancellation_flag() -> None:
+    error = pb_utils.TritonError("stop", pb_utils.TritonError.CANCELLED)
+    assert (error.message(), error.code()) == ("stop", 7)
+    assert pb_utils.TritonError("x").code() == pb_utils.TritonError.INTERNAL
+    request = pb_utils.InferenceRequest([], ["Y"])
+    assert request.is_cancelled() is False
+    request.set_cancelled()
+    assert request.is_cancelled() is True

@@ -20,7 +20,8 @@ from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.ensemble.plan import build_plan
 from agent.errors import ModelConfigError
 from agent.proto import model_config_pb2 as mc
-from agent.repository.triton_rules import check_against_model, validate_completed
+from agent.repository.model_rules import check_against_model
+from agent.repository.triton_rules import validate_completed
 from agent.repository.validation import validate_config
 from agent.runtime.demo import mlp_model
 from agent.tensors import datatypes
@@ -447,9 +448,25 @@ def _tensor(name: str, config_type: str = "TYPE_FP32") -> ModelTensor:
             "unexpected inference output 'zz', allowed outputs are: y for m",
         ),
         (
-            'input [ { name: "b" data_type: TYPE_INT32 } ]',
+            'input [ { name: "a" }, { name: "b" data_type: TYPE_INT32 } ]',
             "unable to load model 'm', configuration expects datatype TYPE_INT32 for input 'b', "
             "model provides TYPE_FP32",
+        ),
+        # onnxruntime_backend ValidateInputs: the count first, whatever the names.
+        (
+            'input [ { name: "b" } ]',
+            "unable to load model 'm', configuration expects 1 inputs, model provides 2",
+        ),
+        (
+            'input [ { name: "a" }, { name: "b" }, { name: "c" } ]',
+            "unable to load model 'm', configuration expects 3 inputs, model provides 2",
+        ),
+        (
+            'input [ { name: "a" } ] batch_input [ { kind: BATCH_ELEMENT_COUNT '
+            'target_name: "b" data_type: TYPE_FP32 source_input: "a" } ] '
+            'sequence_batching { control_input [ { name: "s" control [ { kind: '
+            "CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ] } ] } ] }",
+            "unable to load model 'm', configuration expects 3 inputs, model provides 2",
         ),
     ],
 )
@@ -459,20 +476,55 @@ def test_a_partial_tensor_list_that_contradicts_the_model_is_refused(
     with pytest.raises(ModelConfigError) as caught:
         check_against_model(_config(text), "m", [_tensor("a"), _tensor("b")], [_tensor("y")])
     assert message in caught.value.message
-    check_against_model(_config('input [ { name: "b" } ]'), "m", [_tensor("a"), _tensor("b")], [])
+    check_against_model(
+        _config('input [ { name: "b" }, { name: "a" } ]'), "m", [_tensor("a"), _tensor("b")], []
+    )
+    # A partial output list is fine; the Python backend's inputs come from its own config.
+    check_against_model(_config('output [ { name: "y" } ]'), "m", [_tensor("a")], [_tensor("y")])
+    check_against_model(
+        _config('backend: "python" input [ { name: "b" } ]'), "m", [_tensor("a"), _tensor("b")], []
+    )
+
+
+# Triton core ModelRepositoryManager::CheckNode: a step's model_version other than -1 must be
+# loaded: "ensemble 'E' depends on 'M' whose required version N is not loaded."
+def _step_version(version: int) -> mc.ModelConfig:
+    return _config(_ENSEMBLE_IO + 'name: "e" ' + _ONE_STEP.replace("-1", str(version)))
 
 
 def test_an_ensemble_step_version_no_version_policy_serves_is_refused() -> None:
     composing = _config(
         'name: "a" max_batch_size: 8 version_policy { specific { versions: [ 1, 2 ] } } ' + _X + _Y
     )
-    ensemble = _config(_ENSEMBLE_IO + 'name: "e" ' + _ONE_STEP.replace("-1", "3"))
     with pytest.raises(ModelConfigError) as caught:
-        build_plan(ensemble, {"a": composing}.get)
-    assert "ensemble 'e' depends on 'a' whose required version 3 is not served" in str(caught.value)
-    build_plan(
-        _config(_ENSEMBLE_IO + 'name: "e" ' + _ONE_STEP.replace("-1", "2")), {"a": composing}.get
+        build_plan(_step_version(3), {"a": composing}.get)
+    assert (
+        caught.value.message
+        == "ensemble 'e' depends on 'a' whose required version 3 is not loaded."
     )
+    build_plan(_step_version(2), {"a": composing}.get)
+
+
+@pytest.mark.parametrize(
+    ("policy", "loaded", "refused", "accepted"),
+    [
+        ("", (3,), 2, 3),  # no policy: latest 1, the newest of versions 1..3
+        ("version_policy { latest { num_versions: 2 } }", (2, 3), 1, 2),
+        ("version_policy { all { } }", (1, 2, 3), 4, 1),
+    ],
+)
+def test_an_ensemble_step_version_the_model_has_not_loaded_is_refused(
+    policy: str, loaded: tuple[int, ...], refused: int, accepted: int
+) -> None:
+    composing = _config(f'name: "a" max_batch_size: 8 {policy} {_X} {_Y}')
+    versions = {"a": loaded}.get
+    with pytest.raises(ModelConfigError) as caught:
+        build_plan(_step_version(refused), {"a": composing}.get, versions)
+    assert caught.value.message == (
+        f"ensemble 'e' depends on 'a' whose required version {refused} is not loaded."
+    )
+    build_plan(_step_version(accepted), {"a": composing}.get, versions)
+    build_plan(_step_version(-1), {"a": composing}.get, versions)
 
 
 @pytest.mark.parametrize(
@@ -534,6 +586,18 @@ def test_triton_refusals_fail_their_model_and_the_good_one_serves(tmp_path: Path
     for name, (config, _) in E2E.items():
         write_model(tmp_path, name, model)
         (tmp_path / name / "config.pbtxt").write_text(config)
+    # Versions 1 and 2 under the default policy (latest 1): only 2 is loaded.
+    write_model(tmp_path, "two", model, versions=(1, 2))
+    for name, version in (("ensemble_v1", 1), ("ensemble_v2", 2)):
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "config.pbtxt").write_text(
+            f'platform: "ensemble" max_batch_size: 4 '
+            'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 64 ] } ] '
+            'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 10 ] } ] '
+            f'ensemble_scheduling {{ step [ {{ model_name: "two" model_version: {version} '
+            'input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "OUT" } '
+            "} ] }"
+        )
     settings = AgentConfig(
         server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1),
         models=ModelsConfig(repository=tmp_path, exit_on_error=False, load_models=("*",)),
@@ -545,6 +609,11 @@ def test_triton_refusals_fail_their_model_and_the_good_one_serves(tmp_path: Path
             assert index[name]["state"] == "UNAVAILABLE", (name, index[name])
             assert reason in index[name]["reason"], (name, index[name]["reason"])
         assert index["good"]["state"] == "READY"
+        assert index["ensemble_v2"]["state"] == "READY"
+        assert index["ensemble_v1"]["state"] == "UNAVAILABLE"
+        assert index["ensemble_v1"]["reason"] == (
+            "ensemble 'ensemble_v1' depends on 'two' whose required version 1 is not loaded."
+        )
         data = httpclient.InferInput("INPUT0", [2, 64], "FP32")
         data.set_data_from_numpy(np.full((2, 64), 0.25, np.float32))
         out = client.infer("good", [data]).as_numpy("OUTPUT0")

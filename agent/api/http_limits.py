@@ -1,0 +1,233 @@
+"""Connection and body limits of the HTTP listeners: hostile or broken clients cost a bounded
+amount of memory, file descriptors and time, and never block the others.
+
+aiohttp bounds the body size (`client_max_size`) and header sizes, but not how many connections
+stay open nor how slowly a client may send. `ConnectionGuard` is the protocol factory of the
+listening socket and adds both:
+
+* at most `max_connections` connections are open; one more is answered 503 (JSON) and closed;
+* a connection whose request line and headers do not arrive within `header_timeout_s` of its
+  first byte (slow-loris), or that stays idle `idle_timeout_s` without a request (a fresh
+  connection that sends nothing, or keep-alive after a response), is closed.
+
+A request "runs" from the moment its handler is entered (headers complete) until it returns:
+`guard_middleware` tells the guard. `body_middleware` then bounds the body: a declared
+Content-Length over the limit is refused (413) before a byte of it is read, and a body that does
+not arrive within `body_timeout_s` gets 408; both close the connection, since the rest of the
+body is never read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from agent.errors import AgentError, PayloadTooLargeError
+
+logger = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class ClientTimeoutError(AgentError):
+    """The client sent its request body too slowly (HTTP 408)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """How many connections may be open and how long a client may take (`[server]` settings)."""
+
+    max_connections: int = 2048
+    header_timeout_s: float = 30.0
+    idle_timeout_s: float = 75.0
+    body_timeout_s: float = 60.0
+
+
+_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+    b"Connection: close\r\nContent-Length: %d\r\n\r\n%s"
+)
+
+
+class _Refused(asyncio.Protocol):
+    """A connection over the cap: one 503 answer, then closed."""
+
+    def __init__(self, limit: int) -> None:
+        self._body = json.dumps(
+            {"error": f"too many open connections (server.max_connections = {limit})"}
+        ).encode()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A cast, not isinstance: uvloop's transports are not asyncio.Transport subclasses.
+        cast(asyncio.Transport, transport).write(_BUSY % (len(self._body), self._body))
+        transport.close()
+
+
+class _Tracked(asyncio.Protocol):
+    """aiohttp's request handler behind the guard's clock; every event is passed on."""
+
+    def __init__(self, inner: asyncio.Protocol, guard: ConnectionGuard) -> None:
+        self.inner = inner
+        self._guard = guard
+        self._transport: asyncio.BaseTransport | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._running = 0  # requests whose handler is running
+        self._partial = False  # bytes of a request arrived, its headers are not complete yet
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport
+        self._guard.opened(self)
+        self._arm(self._guard.limits.idle_timeout_s)
+        self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if not self._running and not self._partial:
+            self._partial = True
+            self._arm(self._guard.limits.header_timeout_s)
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel()
+        self._guard.closed(self)
+        self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+    def request_started(self) -> None:
+        self._running += 1
+        self._partial = False
+        self._cancel()
+
+    def request_finished(self) -> None:
+        self._running -= 1
+        if not self._running:
+            self._arm(self._guard.limits.idle_timeout_s)
+
+    def _arm(self, delay: float) -> None:
+        self._cancel()
+        self._timer = asyncio.get_running_loop().call_later(delay, self._expire)
+
+    def _cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expire(self) -> None:
+        self._timer = None
+        if self._running or self._transport is None:
+            return
+        logger.debug(
+            "closing a connection: %s",
+            "headers too slow" if self._partial else "idle",
+        )
+        self._transport.close()
+
+
+class ConnectionGuard:
+    """Protocol factory for a listener in front of aiohttp's `web.Server` (see the module doc)."""
+
+    def __init__(self, limits: ConnectionLimits) -> None:
+        self.limits = limits
+        self._server: web.Server | None = None
+        self._open: dict[Any, _Tracked] = {}  # aiohttp handler -> its tracker
+        self.refused = 0
+
+    def bind(self, server: web.Server) -> None:
+        """Serve through `server` (the `AppRunner`'s, once set up)."""
+        self._server = server
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._open)
+
+    def __call__(self) -> asyncio.Protocol:
+        assert self._server is not None, "bind() the aiohttp server first"
+        if len(self._open) >= self.limits.max_connections:
+            self.refused += 1
+            if self.refused == 1 or self.refused % 1000 == 0:
+                logger.warning(
+                    "refused %d connection(s): server.max_connections = %d reached",
+                    self.refused,
+                    self.limits.max_connections,
+                )
+            return _Refused(self.limits.max_connections)
+        handler = self._server()
+        tracked = _Tracked(handler, self)
+        # Counted at once, not at connection_made: a burst of accepts cannot overshoot.
+        self._open[handler] = tracked
+        return tracked
+
+    def opened(self, tracked: _Tracked) -> None:
+        """`connection_made` (already counted when created)."""
+
+    def closed(self, tracked: _Tracked) -> None:
+        self._open.pop(tracked.inner, None)
+
+    def middleware(self) -> Middleware:
+        """Marks each request as running on its connection (so the clock does not close it)."""
+
+        @web.middleware
+        async def guard_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+            tracked = self._open.get(request.protocol)
+            if tracked is None:
+                return await handler(request)
+            tracked.request_started()
+            try:
+                return await handler(request)
+            finally:
+                tracked.request_finished()
+
+        return guard_middleware
+
+
+def body_middleware(max_bytes: int, body_timeout_s: float) -> Middleware:
+    """Read each body up front, within the size limit and the body timeout (see module doc).
+
+    Raises (to the error middleware):
+        PayloadTooLargeError: the declared Content-Length is over `max_bytes` (nothing read).
+        ClientTimeoutError: the body did not arrive in time.
+    """
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.body_exists:
+            declared = request.content_length
+            if declared is not None and declared > max_bytes:
+                raise PayloadTooLargeError(
+                    f"request body of {declared} bytes is over the limit of {max_bytes} bytes "
+                    "(server.max_request_bytes)"
+                )
+            if request.content.is_eof():  # all arrived with the headers: no timer needed
+                await request.read()  # aiohttp keeps the body: the handler's read() returns it
+                return await handler(request)
+            started = time.monotonic()
+            try:
+                await asyncio.wait_for(request.read(), body_timeout_s)
+            except asyncio.TimeoutError:  # TimeoutError from 3.11 on
+                raise ClientTimeoutError(
+                    f"request body not received within {time.monotonic() - started:.1f} s "
+                    f"(server.body_timeout_ms)"
+                ) from None
+        return await handler(request)
+
+    return middleware
+
+
+def must_close(error: BaseException) -> bool:
+    """Whether an answer to this error must close the connection: the body was not read whole."""
+    return isinstance(error, PayloadTooLargeError | ClientTimeoutError)

@@ -1,0 +1,401 @@
+"""Asyncio driver of the sequence batcher for one model version.
+
+The policy lives in `agent.scheduling.sequence_policy` (pure, fed timestamps). This module drives
+it: `expire`/`take` on each arrival, each finished execution and at the policy's deadline (a loop
+timer); each batch runs on the model's executor with the control tensors and the sequences' state
+added to its inputs; the state outputs are kept per sequence for its next request and dropped
+when the sequence ends or idles out. Tiny models run inline on the event loop once measured
+cheaper than the hand-off to a thread, by the dynamic scheduler's rule
+(`agent.scheduling.scheduler`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+import numpy as np
+
+from agent.backends.base import Backend
+from agent.errors import (
+    AgentError,
+    BackendError,
+    InvalidInputError,
+    ModelNotReadyError,
+    OverloadedError,
+)
+from agent.scheduling.batching import BatchingPolicy
+from agent.scheduling.deadline_timer import DeadlineTimer
+from agent.scheduling.scheduler import INLINE_BELOW_NS, ExecutionResult
+from agent.scheduling.sequence_policy import (
+    CorrelationId,
+    SequenceBatcher,
+    SequencePolicy,
+    SequenceRequest,
+    Step,
+)
+from agent.scheduling.sequence_tensors import SequenceTensors
+from agent.scheduling.statistics import ModelStatistics
+from agent.tensors.signature import ValidatedRequest
+
+logger = logging.getLogger(__name__)
+
+_PROBE_RUNS = 4  # executions measured on the executor before inline is considered
+_WALL_FACTOR = 10  # wall-time limit for inline, as a multiple of the CPU-time limit
+# A batch's outputs per request, and the state each of its sequences returned.
+_Outcome = tuple[list[ExecutionResult | BaseException], list[dict[str, np.ndarray]]]
+
+
+@dataclass(slots=True)
+class _Job:
+    request: ValidatedRequest
+    future: asyncio.Future[ExecutionResult]
+    enqueued_ns: int
+
+
+class SequenceScheduler:
+    """Queues and executes the requests of one version of a stateful model."""
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        version: int,
+        backend: Backend,
+        policy: SequencePolicy,
+        tensors: SequenceTensors,
+        instances: int,
+        executor: Executor,
+        stats: ModelStatistics | None = None,
+        inline_below_ns: int = INLINE_BELOW_NS,
+    ) -> None:
+        self.model = model
+        self.version = version
+        self.sequence_policy = policy
+        self.tensors = tensors
+        self._backend = backend
+        self._batcher: SequenceBatcher[_Job] = SequenceBatcher(policy, model)
+        self._free = max(1, instances)
+        self._instances = max(1, instances)
+        self._executor = executor
+        self._stats = stats
+        self._states: dict[CorrelationId, dict[str, np.ndarray]] = {}
+        self._timer: DeadlineTimer | None = None
+        self._closed = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._inline_below_ns = inline_below_ns
+        self._runs = 0
+        self._exec_ns = 0.0  # moving average of one execution's CPU time on its thread
+        self._wall_ns = 0.0  # and of its wall time
+
+    @property
+    def policy(self) -> BatchingPolicy:
+        """The request-size limits, as the dynamic scheduler reports them."""
+        return BatchingPolicy.unbatched(self.sequence_policy.max_batch_size)
+
+    def set_policy(self, policy: BatchingPolicy) -> None:
+        """Dynamic-batching settings do not apply to a sequence batcher (kept for the reload)."""
+        logger.info("model %s: sequence batcher keeps its settings", self.model)
+
+    @property
+    def pending(self) -> int:
+        """Requests queued or executing, plus live sequences (a drain waits for them to end)."""
+        return len(self._batcher) + (self._instances - self._free) + self._batcher.live
+
+    @property
+    def live_sequences(self) -> int:
+        """Sequences holding a slot."""
+        return self._batcher.live
+
+    @property
+    def waiting_sequences(self) -> int:
+        """New sequences waiting for a slot."""
+        return self._batcher.waiting
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of sequence state held now."""
+        return sum(a.nbytes for s in self._states.values() for a in s.values())
+
+    def owns(self, corrid: CorrelationId) -> bool:
+        """Whether a sequence with this id is live or waiting for a slot on this version."""
+        return not self._closed and self._batcher.owns(corrid)
+
+    async def submit(
+        self, request: ValidatedRequest, sequence: SequenceRequest | None, *, timeout_us: int | None
+    ) -> ExecutionResult:
+        """Queue a request of a sequence and wait for its outputs.
+
+        Raises:
+            InvalidInputError: no correlation id, missing START, wrong id type, batch size > 1.
+            OverloadedError: no sequence slot freed within the request's timeout (503).
+            ModelNotReadyError: the version is unloading.
+            BackendError: the runtime failed.
+        """
+        if self._closed:
+            raise ModelNotReadyError(f"model '{self.model}' version {self.version} is unloading")
+        if request.batch_size > 1:
+            raise InvalidInputError(
+                f"inference request to model '{self.model}' must specify batch-size 1 due to "
+                "requirements of sequence batcher"
+            )
+        seq = sequence or SequenceRequest(0)
+        self.tensors.check_corrid(seq.correlation_id)
+        job = _Job(request, asyncio.get_running_loop().create_future(), time.perf_counter_ns())
+        self._batcher.add(
+            seq.correlation_id,
+            job,
+            start=seq.start,
+            end=seq.end,
+            now=time.monotonic(),
+            timeout_us=timeout_us,
+        )
+        self._idle.clear()
+        if self._stats is not None:
+            self._stats.pending_inc()
+        self._dispatch()
+        try:
+            return await job.future
+        finally:
+            if self._stats is not None:
+                self._stats.pending_dec()
+
+    async def drain(self) -> None:
+        """Wait until every sequence has ended or idled out and nothing runs."""
+        while self.pending:
+            self._idle.clear()
+            await self._idle.wait()
+
+    def close(self, reason: str = "was unloaded") -> None:
+        """Refuse new work and fail whatever is still queued, saying why (`reason`)."""
+        self._closed = True
+        if self._timer is not None:
+            self._timer.close()
+        for job in self._batcher.drain():
+            _settle(job, ModelNotReadyError(f"model '{self.model}' {reason}"))
+        self._states.clear()
+        self._check_idle()
+
+    def _dispatch(self) -> None:
+        now = time.monotonic()
+        expired = self._batcher.expire(now)
+        for job in expired.refused:
+            _settle(
+                job,
+                OverloadedError(
+                    f"model '{self.model}': no sequence slot freed in time (all "
+                    f"{self.sequence_policy.slots} taken); timeout of the corresponding "
+                    "sequence has been expired"
+                ),
+            )
+        for corrid in expired.released:
+            self._states.pop(corrid, None)
+            logger.info(
+                "model %s: sequence %s released after %d us idle",
+                self.model,
+                corrid,
+                self.sequence_policy.max_sequence_idle_us,
+            )
+        while self._free > 0 and not self._closed:
+            steps = self._batcher.take(now)
+            if steps is None:
+                break
+            self._free -= 1
+            self._launch(steps)
+            now = time.monotonic()  # an inline execution moved the clock on
+        self._arm_timer()
+        self._check_idle()
+
+    @property
+    def inline(self) -> bool:
+        """Whether batches run on the event loop (measured cheaper than the hand-off to a
+        thread, as in the dynamic scheduler), not on the executor."""
+        return (
+            self._runs >= _PROBE_RUNS
+            and self._exec_ns < self._inline_below_ns
+            and self._wall_ns < self._inline_below_ns * _WALL_FACTOR
+        )
+
+    def _launch(self, steps: list[Step[_Job]]) -> None:
+        held = [None if s.start else self._states.get(s.correlation_id) for s in steps]
+        started = time.perf_counter_ns()
+        if self.inline:  # completes here; the caller's dispatch loop takes the next batch
+            try:
+                outcome: _Outcome | BaseException = self._execute(steps, held, started)
+            except Exception as exc:  # noqa: BLE001 - reported to the requests as BackendError
+                outcome = exc
+            self._complete(steps, outcome)
+            return
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self._executor, self._execute, steps, held, started)
+        future.add_done_callback(lambda f: self._on_done(steps, f))
+
+    def _execute(
+        self,
+        steps: list[Step[_Job]],
+        held: list[dict[str, np.ndarray] | None],
+        started_ns: int,
+    ) -> _Outcome:
+        """Run in an executor thread (or inline): one batch of one request per sequence."""
+        cpu_start = time.thread_time_ns()
+        run_ns = 0
+        results: list[ExecutionResult | BaseException | None] = [None] * len(steps)
+        states: list[dict[str, np.ndarray]] = [{} for _ in steps]
+        batched = self.tensors.batched
+        tensors = self.tensors
+        # A backend that takes a batch's requests one by one (Python models, as Triton's Python
+        # backend) gets each with its own control and state tensors.
+        run_requests = getattr(self._backend, "run_requests", None)
+        for group in self._group_by_shape(steps, held):
+            t0 = time.perf_counter_ns()
+            requests = [steps[i].item.request for i in group]
+            rows = [(steps[i].correlation_id, steps[i].start, steps[i].end) for i in group]
+            wanted: dict[str, None] = {}
+            for r in requests:
+                wanted.update(dict.fromkeys(r.output_names))
+            wanted.update(dict.fromkeys(tensors.state_outputs))
+            names = list(wanted)
+            per_row: list[dict[str, np.ndarray] | BaseException]
+            if run_requests is not None and len(group) > 1:
+                singles = [
+                    (
+                        {
+                            **r.feeds,
+                            **tensors.control_feeds([rows[k]]),
+                            **tensors.state_feeds([held[i]]),
+                        },
+                        names,
+                    )
+                    for k, (r, i) in enumerate(zip(requests, group, strict=True))
+                ]
+                t1 = time.perf_counter_ns()
+                answers = run_requests(singles)
+                t2 = time.perf_counter_ns()
+                per_row = [
+                    a if isinstance(a, BaseException) else dict(zip(names, a, strict=True))
+                    for a in answers
+                ]
+            else:
+                feeds = (
+                    dict(requests[0].feeds)
+                    if len(group) == 1
+                    else {
+                        n: np.concatenate([r.feeds[n] for r in requests]) for n in requests[0].feeds
+                    }
+                )
+                feeds.update(tensors.control_feeds(rows))
+                feeds.update(tensors.state_feeds([held[i] for i in group]))
+                t1 = time.perf_counter_ns()
+                outputs = dict(zip(names, self._backend.run(feeds, names), strict=True))
+                t2 = time.perf_counter_ns()
+                per_row = [
+                    {n: _row(outputs[n], k, batched) for n in names} for k in range(len(group))
+                ]
+            run_ns += t2 - t1
+            for k, i in enumerate(group):
+                answer = per_row[k]
+                if isinstance(answer, BaseException):
+                    results[i] = answer
+                    continue
+                results[i] = ExecutionResult(
+                    outputs=[answer[n] for n in requests[k].output_names],
+                    queue_ns=max(0, started_ns - steps[i].item.enqueued_ns),
+                    compute_input_ns=t1 - t0,
+                    compute_infer_ns=t2 - t1,
+                    compute_output_ns=0,
+                    batch_size=len(group),
+                )
+                states[i] = {
+                    n: np.array(answer[n][0] if batched else answer[n])
+                    for n in tensors.state_outputs
+                }
+            t3 = time.perf_counter_ns()
+            if self._stats is not None:
+                self._stats.record_execution(
+                    batch_size=len(group),
+                    compute_input_ns=t1 - t0,
+                    compute_infer_ns=t2 - t1,
+                    compute_output_ns=t3 - t2,
+                )
+        self._measured(time.thread_time_ns() - cpu_start, run_ns)
+        return [r for r in results if r is not None], states
+
+    def _measured(self, ns: int, wall_ns: int) -> None:
+        # One writer at a time per instance thread; a lost update only delays the switch.
+        first = self._runs == 0
+        self._exec_ns = ns if first else 0.75 * self._exec_ns + 0.25 * ns
+        self._wall_ns = wall_ns if first else 0.75 * self._wall_ns + 0.25 * wall_ns
+        self._runs += 1
+
+    def _on_done(self, steps: list[Step[_Job]], future: asyncio.Future[_Outcome]) -> None:
+        error = future.exception()
+        self._complete(steps, future.result() if error is None else error)
+        if not self._closed:
+            self._dispatch()
+        self._check_idle()
+
+    def _complete(self, steps: list[Step[_Job]], outcome: _Outcome | BaseException) -> None:
+        """Settle a batch's requests, keep the state it returned, free its instance."""
+        self._free += 1
+        if isinstance(outcome, BaseException):
+            failure = (
+                outcome
+                if isinstance(outcome, AgentError)
+                else BackendError(f"execution failed: {outcome}")
+            )
+            for step in steps:
+                _settle(step.item, failure)
+        else:
+            results, states = outcome
+            for step, result, state in zip(steps, results, states, strict=True):
+                if not step.end and not isinstance(result, BaseException):
+                    self._states[step.correlation_id] = state
+                _settle(step.item, result)
+        for corrid in self._batcher.done(steps, time.monotonic()):
+            self._states.pop(corrid, None)
+
+    def _group_by_shape(
+        self, steps: list[Step[_Job]], held: list[dict[str, np.ndarray] | None]
+    ) -> list[list[int]]:
+        """Rows can share a batch only when their inputs and states have the same shapes."""
+        initial = tuple((s.output_name, s.initial.shape) for s in self.tensors.states)
+        groups: dict[tuple[object, ...], list[int]] = {}
+        for i, step in enumerate(steps):
+            key = tuple((n, a.shape) for n, a in step.item.request.feeds.items())
+            state = held[i]
+            key += initial if state is None else tuple((n, a.shape) for n, a in state.items())
+            groups.setdefault(key, []).append(i)
+        return list(groups.values())
+
+    def _arm_timer(self) -> None:
+        if self._closed:
+            return
+        # With every instance busy the next batch waits for an execution to finish: a timer
+        # for a batch that is already due would only spin.
+        deadline = self._batcher.deadline(batches=self._free > 0)
+        if self._timer is None:
+            if deadline is None:
+                return
+            self._timer = DeadlineTimer(asyncio.get_running_loop(), self._dispatch)
+        self._timer.arm(deadline)
+
+    def _check_idle(self) -> None:
+        if not self.pending:
+            self._idle.set()
+
+
+def _row(data: np.ndarray, row: int, batched: bool) -> np.ndarray:
+    return data[row : row + 1] if batched else data
+
+
+def _settle(job: _Job, outcome: ExecutionResult | BaseException) -> None:
+    if job.future.done():  # the client went away
+        return
+    if isinstance(outcome, BaseException):
+        job.future.set_exception(outcome)
+    else:
+        job.future.set_result(outcome)
