@@ -24,6 +24,7 @@ from agent.api.http_codec import HEADER_LENGTH, decode_infer_request, encode_inf
 from agent.api.http_generate import REFUSAL, generate_routes
 from agent.api.http_limits import ClientTimeoutError, body_middleware, must_close
 from agent.api.tls import TlsError
+from agent.api.model_load import ModelLoadFailedError, load_model
 from agent.canary.control import policy_from_request
 from agent.errors import (
     AccessDeniedError,
@@ -35,13 +36,16 @@ from agent.errors import (
     InvalidInputError,
     MemoryBudgetError,
     ModelConfigError,
+    ModelControlDisabledError,
     ModelControlError,
     ModelInstanceFailedError,
     ModelLoadError,
     ModelNotFoundError,
     ModelNotReadyError,
+    NoReadyVersionError,
     OverloadedError,
     PayloadTooLargeError,
+    RegionExistsError,
     RequestTimeoutError,
     SharedMemoryNotFoundError,
     UnsupportedError,
@@ -58,15 +62,20 @@ TENSOR_LIMITS = web.AppKey("tensor_limits", TensorLimits)
 
 
 # The one place where error types become HTTP status codes (every type listed: a test checks).
+# The codes are Triton's for the same situation (its HttpCodeFromError: INVALID_ARG 400,
+# NOT_FOUND 404, INTERNAL 500, UNAVAILABLE 503).
 STATUS_FOR_ERROR: dict[type[AgentError], int] = {
     InvalidInputError: 400,
     ModelControlError: 400,
     ModelConfigError: 400,
     AccessDeniedError: 403,
     RestrictedApiError: 403,  # Triton's answer to a restricted API
+    ModelLoadFailedError: 400,
     ModelNotFoundError: 404,
+    NoReadyVersionError: 404,
     SharedMemoryNotFoundError: 404,
     ConflictError: 409,
+    RegionExistsError: 400,
     ClientTimeoutError: 408,
     PayloadTooLargeError: 413,
     BackendError: 500,
@@ -79,6 +88,7 @@ STATUS_FOR_ERROR: dict[type[AgentError], int] = {
     TlsError: 500,
     AgentError: 500,
     ModelNotReadyError: 503,
+    ModelControlDisabledError: 503,
     OverloadedError: 503,
     RequestTimeoutError: 503,
 }
@@ -103,7 +113,8 @@ def error_middleware(max_request_bytes: int) -> Middleware:
         try:
             return await handler(request)
         except AgentError as exc:
-            answer = error_response(status_for(exc), exc.message)
+            # no path of the device in what the client reads
+            answer = error_response(status_for(exc), request.app[DATAPLANE].scrub(exc.message))
             if must_close(exc):  # the rest of the body is never read
                 answer.force_close()
             return answer
@@ -118,7 +129,8 @@ def error_middleware(max_request_bytes: int) -> Middleware:
             return error_response(exc.status, exc.reason)
         except Exception as exc:  # a bug: answered in JSON, logged with its traceback
             logger.exception("%s %s failed", request.method, request.path)
-            return error_response(status_for(exc), InternalError.wrap(exc).message)
+            message = request.app[DATAPLANE].scrub(InternalError.wrap(exc).message)
+            return error_response(status_for(exc), message)
 
     return middleware
 
@@ -202,6 +214,12 @@ def create_app(
             web.post("/v2/systemsharedmemory/region/{region}/register", _shm_register),
             web.post("/v2/systemsharedmemory/unregister", _shm_unregister),
             web.post("/v2/systemsharedmemory/region/{region}/unregister", _shm_unregister),
+            # CUDA shared memory, as Triton without GPU support answers it (issue 26)
+            web.get("/v2/cudasharedmemory/status", _cuda_shm_status),
+            web.get("/v2/cudasharedmemory/region/{region}/status", _cuda_shm_status),
+            web.post("/v2/cudasharedmemory/region/{region}/register", _cuda_shm_register),
+            web.post("/v2/cudasharedmemory/unregister", _cuda_shm_unregister),
+            web.post("/v2/cudasharedmemory/region/{region}/unregister", _cuda_shm_unregister),
         ]
     )
     return app
@@ -221,14 +239,24 @@ def _json(body: Any) -> web.Response:
     )
 
 
+# Health bodies are the Open Inference Protocol's ({"live": true}, {"ready": true}, and name and
+# ready for a model): KServe's SDK reads them; Triton's clients read only the status.
 async def _live(request: web.Request) -> web.Response:
     ok = _dataplane(request).server_live()
-    return web.Response(status=200 if ok else 503)
+    return _json_status({"live": ok}, 200 if ok else 503)
 
 
 async def _ready(request: web.Request) -> web.Response:
     ok = _dataplane(request).server_ready()
-    return web.Response(status=200 if ok else 503)
+    return _json_status({"ready": ok}, 200 if ok else 503)
+
+
+def _json_status(body: dict[str, Any], status: int) -> web.Response:
+    return web.Response(
+        body=json.dumps(body, separators=(",", ":")),
+        status=status,
+        content_type="application/json",
+    )
 
 
 async def _server_metadata(request: web.Request) -> web.Response:
@@ -241,7 +269,7 @@ async def _model_metadata(request: web.Request) -> web.Response:
 
 async def _model_ready(request: web.Request) -> web.Response:
     ok = _dataplane(request).model_ready(*_target(request))
-    return web.Response(status=200 if ok else 503)
+    return _json_status({"name": request.match_info["model"], "ready": ok}, 200 if ok else 503)
 
 
 async def _model_config(request: web.Request) -> web.Response:
@@ -310,7 +338,7 @@ async def _load_model(request: web.Request) -> web.Response:
             files[key] = base64.b64decode(value, validate=True)
         except binascii.Error as exc:
             raise InvalidInputError(f"File parameter '{key}' is not valid base64: {exc}") from None
-    await _dataplane(request).load_model(request.match_info["model"], config, files)
+    await load_model(_dataplane(request), request.match_info["model"], config, files)
     # --- end load with files ---
     return web.Response(status=200)
 
@@ -395,6 +423,21 @@ async def _shm_unregister(request: web.Request) -> web.Response:
         regions.unregister_all()
     else:
         regions.unregister(name)
+    return web.Response(status=200)
+
+
+async def _cuda_shm_status(request: web.Request) -> web.Response:
+    return _json(_dataplane(request).cuda_shared_memory.status(request.match_info.get("region")))
+
+
+async def _cuda_shm_register(request: web.Request) -> web.Response:
+    await _optional_json(request)
+    _dataplane(request).cuda_shared_memory.register(request.match_info["region"])
+    return web.Response(status=200)
+
+
+async def _cuda_shm_unregister(request: web.Request) -> web.Response:
+    _dataplane(request).cuda_shared_memory.unregister(request.match_info.get("region"))
     return web.Response(status=200)
 
 

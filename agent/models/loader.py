@@ -128,7 +128,7 @@ class ModelLoader:
         """
         model_dir = model_dir or self.root / name
         if not model_dir.is_dir():
-            raise ModelNotFoundError(f"no model '{name}' in repository {self.root}")
+            raise ModelNotFoundError(f"no model directory '{name}' in the repository")
         record = ModelRecord()
         with self._lock:
             self._generation += 1
@@ -158,7 +158,7 @@ class ModelLoader:
         if config is None:
             if not self.settings.auto_complete:
                 raise ModelConfigError(
-                    f"model '{name}': {model_dir}/config.pbtxt is missing and auto-complete is off"
+                    f"model '{name}': config.pbtxt is missing and auto-complete is off"
                 )
             config = mc.ModelConfig()
         validate_config(config, name)
@@ -167,7 +167,7 @@ class ModelLoader:
         if is_ensemble(config):
             return self._load_ensemble(name, config, wanted or [1], record, generation)
         if not wanted:
-            raise ModelLoadError(f"model '{name}': no version folders (1/, 2/, ...) in {model_dir}")
+            raise ModelLoadError(f"model '{name}': no version folders (1/, 2/, ...) in its folder")
         loaded: dict[int, LoadedVersion] = {}
         completed: mc.ModelConfig | None = None
         for version in sorted(wanted, reverse=True):  # the newest version completes the config

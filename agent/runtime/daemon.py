@@ -223,6 +223,8 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         pushed=pushed,
         max_request_bytes=config.server.max_request_bytes,
         tracer=_tracer(config),
+        server_name=config.server.name,
+        private_paths=[config.cache.dir] if config.cache.dir is not None else [],
     )
     # Entered before the listeners: stopped after them, once no request can finish a trace.
     stack.push_async_callback(asyncio.to_thread, dataplane.tracer.close)

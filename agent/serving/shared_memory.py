@@ -10,7 +10,7 @@ carrying tensor bytes. The agent maps the window itself (`O_NOFOLLOW`, regular f
 * writes output tensors into the region once the inference is done; the response then carries
   only name, datatype and shape (as Triton's; its C++ client reads output parameters as binary).
 
-Invariants: region names are unique (registering a taken name is a `ConflictError`, as Triton's
+Invariants: region names are unique (registering a taken name is a `RegionExistsError`, as Triton's
 ALREADY_EXISTS); every registered window lies inside its object; at most `max_regions` regions.
 Unregistering an unknown name is not an error (Triton does the same). The registry is used from
 the event loop only, so it needs no lock.
@@ -32,8 +32,8 @@ import numpy as np
 
 from agent.errors import (
     AccessDeniedError,
-    ConflictError,
     InvalidInputError,
+    RegionExistsError,
     SharedMemoryNotFoundError,
 )
 from agent.tensors.request import (
@@ -107,7 +107,7 @@ class SharedMemoryRegistry:
         """Map `byte_size` bytes at `offset` of the shared-memory object `key` as region `name`.
 
         Raises:
-            ConflictError: a region of that name is registered already.
+            RegionExistsError: a region of that name is registered already.
             AccessDeniedError: the object belongs to another user.
             InvalidInputError: bad name, key, offset or size; the key names no shared-memory
                 object; the window runs past the object's end; too many regions.
@@ -116,7 +116,7 @@ class SharedMemoryRegistry:
         if not name:
             raise InvalidInputError("shared memory region name must not be empty")
         if name in self._regions:
-            raise ConflictError(f"shared memory region '{name}' already in manager")
+            raise RegionExistsError(f"shared memory region '{name}' already in manager")
         _check_count("offset", offset, minimum=0)
         _check_count("byte_size", byte_size, minimum=1)
         if len(self._regions) >= self._max_regions:
@@ -172,7 +172,14 @@ class SharedMemoryRegistry:
         """
         if name is None:
             return [r.status for r in self._regions.values()]
-        return [self._get(name).status]
+        region = self._regions.get(name)
+        if region is None:  # Triton's status wording names the kind of region
+            raise SharedMemoryNotFoundError(f"Unable to find system shared memory region: '{name}'")
+        return [region.status]
+
+    def has(self, name: str) -> bool:
+        """Whether a region of that name is registered."""
+        return name in self._regions
 
     def read(self, name: str, offset: int, byte_size: int) -> memoryview:
         """A view of `byte_size` bytes at `offset` in the region (valid until it is unregistered;
