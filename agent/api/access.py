@@ -73,6 +73,7 @@ _MODEL = "/v2/models/{model}"
 _VERSION = "/v2/models/{model}/versions/{version}"
 _REPO = "/v2/repository/models/{model}"
 _SHM = "/v2/systemsharedmemory"
+_CUDA_SHM = "/v2/cudasharedmemory"
 
 # THE table: every endpoint -> its group. HTTP keys are "<METHOD> <route>" (HEAD is answered as
 # GET), gRPC keys "grpc <Method>". Add each new route or RPC here (a test checks).
@@ -144,6 +145,14 @@ ENDPOINT_GROUPS: dict[str, str] = {
     "grpc SystemSharedMemoryStatus": SHARED_MEMORY,
     "grpc SystemSharedMemoryRegister": SHARED_MEMORY,
     "grpc SystemSharedMemoryUnregister": SHARED_MEMORY,
+    f"GET {_CUDA_SHM}/status": SHARED_MEMORY,
+    f"GET {_CUDA_SHM}/region/{{region}}/status": SHARED_MEMORY,
+    f"POST {_CUDA_SHM}/region/{{region}}/register": SHARED_MEMORY,
+    f"POST {_CUDA_SHM}/unregister": SHARED_MEMORY,
+    f"POST {_CUDA_SHM}/region/{{region}}/unregister": SHARED_MEMORY,
+    "grpc CudaSharedMemoryStatus": SHARED_MEMORY,
+    "grpc CudaSharedMemoryRegister": SHARED_MEMORY,
+    "grpc CudaSharedMemoryUnregister": SHARED_MEMORY,
 }
 
 
