@@ -28,6 +28,13 @@ def list_models(repository: Path) -> list[str]:
     return sorted(p.name for p in repository.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
+def is_model_name(name: str) -> bool:
+    """Whether `name` can name a model of a repository: one visible path component, as
+    `list_models` finds them (so never '..', 'a/b' or '../../elsewhere', which leave the
+    repository)."""
+    return bool(name) and not name.startswith(".") and "/" not in name and "\0" not in name
+
+
 def list_versions(model_dir: Path) -> list[int]:
     """Version numbers present as numeric sub-directories (`1/`, `2/`, ...), ascending."""
     versions = []

@@ -1,0 +1,101 @@
+"""Requests the HTTP fuzzer (test_http_fuzz.py) found answered with a 5xx, kept as regressions.
+
+Each sends the failing request as raw bytes (JSON text may carry numbers a float cannot hold and
+lone surrogates no file name can hold) and expects the documented 4xx with the JSON error body.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.models import scale_model, write_model
+from tests.server import explicit_agent
+
+
+def _post_raw(url: str, path: str, body: bytes) -> tuple[int, Any]:
+    request = urllib.request.Request(f"http://{url}{path}", data=body, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        error = exc
+    assert error.headers["Content-Type"].startswith("application/json")
+    return error.code, json.loads(error.read())
+
+
+@pytest.mark.parametrize(
+    ("body", "key"),
+    [
+        # max_p95_ms * 1000 overflowed to infinity: OverflowError, a 500.
+        (b'{"version": 2, "share": 0.5, "max_p95_ms": 1e308}', "max_p95_ms"),
+        # A 400-digit integer does not fit a float: OverflowError in float(), a 500.
+        (b'{"version": 2, "share": 1' + b"0" * 400 + b"}", "share"),
+        (b'{"version": 2, "share": 0.5, "max_error_rate": 1' + b"0" * 400 + b"}", "max_error_rate"),
+        # Python's json reads Infinity and 1e400 as float('inf').
+        (b'{"version": 2, "share": 0.5, "max_p95_ms": Infinity}', "max_p95_ms"),
+        (b'{"version": 2, "share": 1e400}', "share"),
+    ],
+)
+def test_canary_policy_with_numbers_beyond_a_float_is_a_400(
+    url: str, body: bytes, key: str
+) -> None:
+    status, doc = _post_raw(url, "/v2/models/mlp_classifier/canary", body)
+    assert status == 400, doc
+    assert set(doc) == {"error"}
+    assert key in str(doc["error"])
+
+
+def test_shared_memory_key_with_a_lone_surrogate_is_a_400(url: str) -> None:
+    # os.open could not encode the key: UnicodeEncodeError, a 500.
+    body = b'{"key": "/\\ud800", "offset": 0, "byte_size": 4}'
+    status, doc = _post_raw(url, "/v2/systemsharedmemory/region/fuzz/register", body)
+    assert status == 400, doc
+    assert "invalid shared memory key" in str(doc["error"])
+
+
+def test_bytes_input_with_a_lone_surrogate_is_a_400(url: str) -> None:
+    # str.encode() of the BYTES element raised UnicodeEncodeError: a 500.
+    body = b'{"inputs": [{"name": "A", "datatype": "BYTES", "shape": [1], "data": ["\\ud800"]}]}'
+    status, doc = _post_raw(url, "/v2/models/mixed_add/infer", body)
+    assert status == 400, doc
+    assert "input 'A': BYTES data must be valid Unicode" in str(doc["error"])
+
+
+def test_a_body_whose_content_encoding_does_not_decode_is_a_400(url: str) -> None:
+    # aiohttp's RequestPayloadError is no HTTPException: it was answered as an internal error.
+    request = urllib.request.Request(
+        f"http://{url}/v2/models/mixed_add/infer",
+        data=b"{}",
+        method="POST",
+        headers={"Content-Encoding": "gzip"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request, timeout=30)
+    assert caught.value.code == 400
+    doc = json.loads(caught.value.read())
+    assert doc == {
+        "error": "could not read the request body: Can not decode content-encoding: gzip"
+    }
+
+
+@pytest.mark.parametrize("name", ["..%2Foutside", "%2E%2E", "%2E", ".hidden"])
+def test_explicit_load_of_a_name_outside_the_repository_is_a_404(tmp_path: Path, name: str) -> None:
+    # root / "../outside" was loaded as a model (a Python model there would run its code);
+    # ".." was tried as a model folder and answered 500.
+    repo = tmp_path / "models"
+    write_model(repo, "m", scale_model(2.0))
+    write_model(tmp_path, "outside", scale_model(3.0))
+    write_model(repo, ".hidden", scale_model(4.0))
+    with explicit_agent(repo) as agent:
+        url = f"127.0.0.1:{agent.http_port}"
+        status, doc = _post_raw(url, f"/v2/repository/models/{name}/load", b"")
+        assert status == 404, doc
+        assert str(doc["error"]).startswith("no model ")
+        _, index = _post_raw(url, "/v2/repository/index", b"")
+    assert [row["name"] for row in index] == ["m"]
