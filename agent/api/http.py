@@ -458,7 +458,7 @@ async def _read_body(request: web.Request) -> bytes:
 
 
 def _version_number(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:  # not "²" (a digit)
         raise InvalidInputError(f"version must be a positive integer, got {text!r}")
     return int(text)
 

@@ -60,6 +60,8 @@ _CANARY_MODEL = "mlp_classifier"
 _INPUT_NAMES = ("A", "B", "X", "INPUT0", "IN_BYTES")
 # Names that must not reach outside the repository (a 404, never a load from elsewhere).
 _HOSTILE_MODELS = ("..", ".", "../..", ".hidden", "mixed_add/../flat")
+# "²" is a digit to str.isdigit() but not to int().
+_VERSIONS = ("1", "2", "\u00b2", "0", "01", "-1", "99999999999999999999")
 # A shared-memory object and a region on it, registered at start, for the requests to aim at.
 _SHM_KEY = f"/edge-agent-fuzz-{os.getpid()}"
 _SHM_REGION = "fuzz"
@@ -142,7 +144,7 @@ def _strategy(label: str) -> st.SearchStrategy[Any]:
         models = ("mixed_add",)
     fixed = st.fixed_dictionaries(
         {"model": st.sampled_from(models)}
-        | ({"version": st.just("1")} if "version" in names else {})
+        | ({"version": st.sampled_from(_VERSIONS)} if "version" in names else {})
     )
 
     def cases(mode: GenerationMode) -> st.SearchStrategy[Any]:

@@ -99,3 +99,43 @@ def test_explicit_load_of_a_name_outside_the_repository_is_a_404(tmp_path: Path,
         assert str(doc["error"]).startswith("no model ")
         _, index = _post_raw(url, "/v2/repository/index", b"")
     assert [row["name"] for row in index] == ["m"]
+
+
+def _get_raw(url: str, path: str) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(f"http://{url}{path}", timeout=30) as response:
+            body = response.read()
+            return response.status, json.loads(body) if body else None
+    except urllib.error.HTTPError as exc:
+        error = exc
+    assert error.headers["Content-Type"].startswith("application/json")
+    return error.code, json.loads(error.read())
+
+
+# "²" is a digit to str.isdigit() but not to int(): ValueError, a 500.
+SUPERSCRIPT_TWO = "%C2%B2"
+
+
+@pytest.mark.parametrize("route", ["", "/ready", "/config", "/stats"])
+def test_a_version_that_is_a_unicode_digit_is_a_404(url: str, route: str) -> None:
+    status, doc = _get_raw(url, f"/v2/models/mixed_add/versions/{SUPERSCRIPT_TWO}{route}")
+    assert status == 404, doc
+    assert doc == {"error": "model 'mixed_add' has no version '\u00b2'"}
+
+
+def test_activating_a_version_that_is_a_unicode_digit_is_a_400(url: str) -> None:
+    path = f"/v2/repository/models/mixed_add/versions/{SUPERSCRIPT_TWO}/activate"
+    status, doc = _post_raw(url, path, b"")
+    assert status == 400, doc
+    assert doc == {"error": "version must be a positive integer, got '\u00b2'"}
+
+
+def test_a_version_folder_named_with_a_unicode_digit_is_not_a_version(tmp_path: Path) -> None:
+    # list_versions took "²/" for a version folder, and int() failed the whole model.
+    repo = tmp_path / "models"
+    write_model(repo, "m", scale_model(2.0))
+    (repo / "m" / "\u00b2").mkdir()
+    with explicit_agent(repo) as agent:
+        status, doc = _get_raw(f"127.0.0.1:{agent.http_port}", "/v2/models/m")
+    assert status == 200, doc
+    assert doc["versions"] == ["1"]
