@@ -9,12 +9,15 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.models import scale_model, write_model
+from agent.runtime.demo import mlp_model
+from tests.agent.test_cache_swap import cli, start_agent, stop_agent
+from tests.models import M_CONFIG, scale_model, write_model
 from tests.server import explicit_agent
 
 
@@ -139,3 +142,60 @@ def test_a_version_folder_named_with_a_unicode_digit_is_not_a_version(tmp_path: 
         status, doc = _get_raw(f"127.0.0.1:{agent.http_port}", "/v2/models/m")
     assert status == 200, doc
     assert doc["versions"] == ["1"]
+
+
+@pytest.fixture(scope="module")
+def cache_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """An agent serving model m version 1 from a model cache; its host:port."""
+    tmp = tmp_path_factory.mktemp("cache")
+    write_model(tmp / "src", "m", mlp_model(seed=1), M_CONFIG, (1,))
+    cache = str(tmp / "cache")
+    result = cli(
+        "cache", "install", "m", "1", str(tmp / "src/m"), "--cache-dir", cache, "--activate"
+    )
+    assert result.returncode == 0, result.stderr
+    proc, port = start_agent(tmp / "cache")
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        stop_agent(proc)
+
+
+# The cache refused these names and numbers with its InvalidVersionError, which the agent
+# answered as a 500 (a failed load, or an internal error).
+@pytest.mark.parametrize(
+    ("path", "body", "message"),
+    [
+        ("/v2/repository/models/%2E%2E/rollback", b"", "invalid model name '..'"),
+        ("/v2/repository/models/%2E%2E/clear-rejected", b"", "invalid model name '..'"),
+        ("/v2/repository/models/..%2Fx/versions/1/activate", b"", "invalid model name '../x'"),
+        (
+            "/v2/repository/models/m/versions/99999999999999999999999/activate",
+            b"",
+            "invalid version number 99999999999999999999999",
+        ),
+        (
+            "/v2/repository/models/m/rollback",
+            b'{"version": 99999999999999999999999}',
+            "invalid version number 99999999999999999999999",
+        ),
+        (
+            "/v2/repository/models/m/clear-rejected",
+            b'{"version": 1000000000000000000}',
+            "invalid version number 1000000000000000000",
+        ),
+    ],
+)
+def test_cache_requests_with_names_the_cache_cannot_hold_are_a_400(
+    cache_agent: str, path: str, body: bytes, message: str
+) -> None:
+    status, doc = _post_raw(cache_agent, path, body)
+    assert (status, doc) == (400, {"error": message})
+
+
+def test_cached_versions_of_a_name_the_cache_cannot_hold_is_a_400(cache_agent: str) -> None:
+    status, doc = _get_raw(cache_agent, "/v2/repository/models/%2E%2E/versions")
+    assert (status, doc) == (400, {"error": "invalid model name '..'"})
+    status, doc = _get_raw(cache_agent, "/v2/repository/models/m/versions")
+    assert status == 200
+    assert [(row["version"], row["state"]) for row in doc] == [(1, "active")]
