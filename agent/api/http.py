@@ -22,7 +22,7 @@ from aiohttp.typedefs import Middleware
 from agent.api.access import ApiAccess, RestrictedApiError, http_endpoint, is_loopback_peer
 from agent.api.http_codec import HEADER_LENGTH, decode_infer_request, encode_infer_response
 from agent.api.http_generate import REFUSAL, generate_routes
-from agent.api.http_limits import ClientTimeoutError, body_middleware, must_close
+from agent.api.http_limits import ClientTimeoutError, body_middleware, must_close, read_body
 from agent.api.openapi import openapi_bytes
 from agent.api.tls import TlsError
 from agent.api.model_load import ModelLoadFailedError, load_model
@@ -303,7 +303,7 @@ async def _canary_stop(request: web.Request) -> web.Response:
 
 async def _repository_index(request: web.Request) -> web.Response:
     ready_only = False
-    body = await _read_body(request)
+    body = await read_body(request)
     if body.strip():
         try:
             doc = json.loads(body)
@@ -447,16 +447,6 @@ async def _cuda_shm_unregister(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
-async def _read_body(request: web.Request) -> bytes:
-    """The request body; one that cannot be read as sent (a bad gzip or deflate stream, a body
-    cut short) is the client's error, not the agent's."""
-    try:
-        return await request.read()
-    except web.RequestPayloadError as exc:
-        reason = " ".join(str(exc).split()).removeprefix("400, message: ")
-        raise InvalidInputError(f"could not read the request body: {reason}") from None
-
-
 def _version_number(text: str) -> int:
     if not (text.isascii() and text.isdigit()) or int(text) < 1:  # not "²" (a digit)
         raise InvalidInputError(f"version must be a positive integer, got {text!r}")
@@ -464,7 +454,7 @@ def _version_number(text: str) -> int:
 
 
 async def _optional_json(request: web.Request) -> dict[str, Any]:
-    body = await _read_body(request)
+    body = await read_body(request)
     if not body.strip():
         return {}
     try:
@@ -480,7 +470,7 @@ async def _infer(request: web.Request) -> web.Response:
     if _dataplane(request).tracer.active:
         return await _infer_traced(request)
     header_length = _header_length(request)
-    body = await _read_body(request)
+    body = await read_body(request)
     infer_request = decode_infer_request(body, header_length, limits=request.app[TENSOR_LIMITS])
     response = await _dataplane(request).infer(*_target(request), infer_request, refusal=REFUSAL)
     return _infer_response(*encode_infer_response(response, infer_request))
@@ -491,7 +481,7 @@ async def _infer_traced(request: web.Request) -> web.Response:
     dataplane = _dataplane(request)
     received = time.perf_counter_ns()
     header_length = _header_length(request)
-    body = await _read_body(request)
+    body = await read_body(request)
     infer_request = decode_infer_request(body, header_length, limits=request.app[TENSOR_LIMITS])
     trace = dataplane.tracer.start(request.match_info["model"], infer_request.id or "")
     if trace is None:

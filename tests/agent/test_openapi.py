@@ -94,8 +94,8 @@ def test_a_component_redefined_differently_is_refused() -> None:
 def test_a_new_area_merges_alongside_the_others() -> None:
     doc = openapi_document()
     op = {"post": {"responses": {"200": {"description": "ok"}}}}
-    merge(doc, {"paths": {"/v2/models/{model}/generate": op}}, "generate.json")
-    assert doc["paths"]["/v2/models/{model}/generate"] == op
+    merge(doc, {"paths": {"/v2/models/{model}/explain": op}}, "explain.json")
+    assert doc["paths"]["/v2/models/{model}/explain"] == op
     assert "get" in doc["paths"]["/v2/models/{model}"]
 
 
