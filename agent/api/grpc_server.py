@@ -22,8 +22,8 @@ from google.protobuf import json_format
 from agent.api import grpc_codec
 from agent.api.access import ApiAccess, RestrictedApiError, grpc_endpoint, is_loopback_peer
 from agent.api.http_limits import ClientTimeoutError, ConnectionLimits
-from agent.api.tls import ServerTls, TlsError
 from agent.api.model_load import ModelLoadFailedError, load_model
+from agent.api.tls import ServerTls, TlsError
 from agent.errors import (
     AccessDeniedError,
     AgentError,

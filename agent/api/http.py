@@ -23,9 +23,9 @@ from agent.api.access import ApiAccess, RestrictedApiError, http_endpoint, is_lo
 from agent.api.http_codec import HEADER_LENGTH, decode_infer_request, encode_infer_response
 from agent.api.http_generate import REFUSAL, generate_routes
 from agent.api.http_limits import ClientTimeoutError, body_middleware, must_close, read_body
+from agent.api.model_load import ModelLoadFailedError, load_model
 from agent.api.openapi import openapi_bytes
 from agent.api.tls import TlsError
-from agent.api.model_load import ModelLoadFailedError, load_model
 from agent.canary.control import policy_from_request
 from agent.errors import (
     AccessDeniedError,

@@ -289,15 +289,22 @@ def _binary_infer_bodies(draw: st.DrawFn) -> _Body:
     )
 
 
-def _documented_without_body(label: str, status: int) -> bool:
+def _documented_without_error_body(label: str, status: int) -> bool:
+    """The probes' 503s: no body, or {"ready": false}, not the Error body."""
     response = _OPERATIONS[label].definition.raw["responses"].get(str(status), {})
-    return "$ref" not in response and "content" not in response
+    return "$ref" not in response and "Error" not in json.dumps(response)
+
+
+# Triton answers a load of a model the repository does not have with INTERNAL (500) "failed to
+# poll from model repository"; the agent matches it on purpose (agent/api/model_load.py).
+_TRITON_500 = {"POST /v2/repository/models/{model}/load": "failed to poll from model repository"}
 
 
 def _check_error_body(label: str, response: schemathesis.Response) -> None:
     status = response.status_code
-    assert status < 500 or status == 503, f"{label}: {status} {response.text[:500]}"
-    if status < 400 or _documented_without_body(label, status):
+    expected_500 = status == 500 and _TRITON_500.get(label, "\0") in response.text
+    assert status < 500 or status == 503 or expected_500, f"{label}: {status} {response.text[:500]}"
+    if status < 400 or _documented_without_error_body(label, status):
         return
     content_type = response.headers.get("content-type", [""])[0]
     assert content_type.startswith("application/json"), (label, status, response.text[:500])
