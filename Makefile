@@ -6,7 +6,7 @@ KSERVE_VENV ?= .venv-kserve
 KSERVE_VERSION ?= 0.21.0
 BIN := $(VENV)/bin
 
-.PHONY: run test lint typecheck unit perf-analyzer kserve-sdk systemd-tools mosquitto lint-ansible bench proto clean
+.PHONY: run test fuzz lint typecheck unit perf-analyzer kserve-sdk systemd-tools mosquitto lint-ansible bench proto clean
 
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
@@ -34,6 +34,12 @@ typecheck: $(BIN)/.installed
 unit: $(BIN)/.installed mosquitto
 	PERF_ANALYZER=$(CURDIR)/$(PERF_VENV)/bin/perf_analyzer \
 	  KSERVE_PYTHON=$(CURDIR)/$(KSERVE_VENV)/bin/python $(BIN)/pytest
+
+# Schemathesis against the HTTP API (docs/api.md#fuzzing-the-http-api): a longer, random run
+# than the 10 examples per operation of `make test`.
+EDGE_AGENT_FUZZ_EXAMPLES ?= 200
+fuzz: $(BIN)/.installed
+	EDGE_AGENT_FUZZ_EXAMPLES=$(EDGE_AGENT_FUZZ_EXAMPLES) $(BIN)/pytest tests/agent/test_http_fuzz.py -p no:logging
 
 # Triton's load generator (Debian 12). Best effort: without it the perf_analyzer test skips
 # and says why.

@@ -88,6 +88,7 @@ ENDPOINT_GROUPS: dict[str, str] = {
     "grpc ModelReady": HEALTH,
     # metadata
     "GET /v2": METADATA,
+    "GET /v2/openapi.json": METADATA,  # the API's OpenAPI description
     f"GET {_MODEL}": METADATA,
     f"GET {_VERSION}": METADATA,
     "grpc ServerMetadata": METADATA,

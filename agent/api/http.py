@@ -22,8 +22,9 @@ from aiohttp.typedefs import Middleware
 from agent.api.access import ApiAccess, RestrictedApiError, http_endpoint, is_loopback_peer
 from agent.api.http_codec import HEADER_LENGTH, decode_infer_request, encode_infer_response
 from agent.api.http_generate import REFUSAL, generate_routes
-from agent.api.http_limits import ClientTimeoutError, body_middleware, must_close
+from agent.api.http_limits import ClientTimeoutError, body_middleware, must_close, read_body
 from agent.api.model_load import ModelLoadFailedError, load_model
+from agent.api.openapi import openapi_bytes
 from agent.api.tls import TlsError
 from agent.canary.control import policy_from_request
 from agent.errors import (
@@ -184,6 +185,7 @@ def create_app(
             web.get("/v2/health/live", _live),
             web.get("/v2/health/ready", _ready),
             web.get("/v2", _server_metadata),
+            web.get("/v2/openapi.json", _openapi),
             web.get("/v2/models/stats", _statistics),
             web.get(model, _model_metadata),
             web.get(version, _model_metadata),
@@ -263,6 +265,10 @@ async def _server_metadata(request: web.Request) -> web.Response:
     return _json(_dataplane(request).server_metadata())
 
 
+async def _openapi(request: web.Request) -> web.Response:
+    return web.Response(body=openapi_bytes(), content_type="application/json")
+
+
 async def _model_metadata(request: web.Request) -> web.Response:
     return _json(_dataplane(request).model_metadata(*_target(request)))
 
@@ -297,7 +303,7 @@ async def _canary_stop(request: web.Request) -> web.Response:
 
 async def _repository_index(request: web.Request) -> web.Response:
     ready_only = False
-    body = await request.read()
+    body = await read_body(request)
     if body.strip():
         try:
             doc = json.loads(body)
@@ -442,13 +448,13 @@ async def _cuda_shm_unregister(request: web.Request) -> web.Response:
 
 
 def _version_number(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:  # not "²" (a digit)
         raise InvalidInputError(f"version must be a positive integer, got {text!r}")
     return int(text)
 
 
 async def _optional_json(request: web.Request) -> dict[str, Any]:
-    body = await request.read()
+    body = await read_body(request)
     if not body.strip():
         return {}
     try:
@@ -464,7 +470,7 @@ async def _infer(request: web.Request) -> web.Response:
     if _dataplane(request).tracer.active:
         return await _infer_traced(request)
     header_length = _header_length(request)
-    body = await request.read()
+    body = await read_body(request)
     infer_request = decode_infer_request(body, header_length, limits=request.app[TENSOR_LIMITS])
     response = await _dataplane(request).infer(*_target(request), infer_request, refusal=REFUSAL)
     return _infer_response(*encode_infer_response(response, infer_request))
@@ -475,7 +481,7 @@ async def _infer_traced(request: web.Request) -> web.Response:
     dataplane = _dataplane(request)
     received = time.perf_counter_ns()
     header_length = _header_length(request)
-    body = await request.read()
+    body = await read_body(request)
     infer_request = decode_infer_request(body, header_length, limits=request.app[TENSOR_LIMITS])
     trace = dataplane.tracer.start(request.match_info["model"], infer_request.id or "")
     if trace is None:

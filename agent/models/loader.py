@@ -124,8 +124,11 @@ class ModelLoader:
             version's status kept for the repository index.
 
         Raises:
-            ModelNotFoundError: no such directory in the repository.
+            ModelNotFoundError: no such directory in the repository (or a name that would leave
+                it, such as '..').
         """
+        if model_dir is None and not repository.is_model_name(name):
+            raise ModelNotFoundError(f"no model '{name}' in repository {self.root}")
         model_dir = model_dir or self.root / name
         if not model_dir.is_dir():
             raise ModelNotFoundError(f"no model directory '{name}' in the repository")
