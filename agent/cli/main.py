@@ -18,6 +18,7 @@ from typing import Any
 
 from agent import __version__
 from agent.backends import tensorrt_build as engine_build
+from agent.cli import doctor as doctor_cli
 from agent.cli import fleet as fleet_cli
 from agent.config.loader import load_config
 from agent.config.schema import AgentConfig
@@ -191,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     quantize_args.add_commands(commands)
     engine_build.add_commands(commands)
     fleet_cli.add_commands(commands)
+    doctor_cli.add_commands(commands)
 
     for verb, text in (
         ("activate", "serve a cached version on a running agent (hot swap)"),
@@ -223,6 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_sync(args)
     if args.command == "fleet":
         return fleet_cli.run(args)
+    if args.command == "doctor":
+        return doctor_cli.run(args)
     if args.command == "quantize":
         from agent.quantize import command as quantize  # noqa: PLC0415 - onnx only here
 

@@ -27,11 +27,11 @@ from agent.api.http_limits import ConnectionGuard, ConnectionLimits
 from agent.api.metrics import build_registry, create_metrics_app
 from agent.canary.control import STATE_FILE, CanaryManager
 from agent.config.schema import AgentConfig
+from agent.device.gpu import detect_gpu
 from agent.errors import AgentError, ModelLoadError, ModelNotFoundError
 from agent.fleet.link import FleetLink
 from agent.fleet.mqtt import MqttError
 from agent.fleet.outbox import StoreError
-from agent.fleet.telemetry import detect_gpu
 from agent.models.cache_control import CachedVersions, CacheEvents
 from agent.models.control import ModelControlMode, ModelManager
 from agent.models.events import EventTee, LogEvents
