@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import __version__
+from agent.device.gpu import GpuProbe
 from agent.errors import AgentError, InternalError, OverloadedError
 from agent.fleet import commands as cmd
 from agent.fleet.config import MqttConfig, Topics
@@ -52,7 +53,7 @@ from agent.fleet.outbox import Kind, Outbox
 from agent.fleet.runner import CommandRunner, response_doc
 from agent.fleet.slo import SloEvaluator
 from agent.fleet.state import FleetState
-from agent.fleet.telemetry import GpuProbe, TelemetrySampler
+from agent.fleet.telemetry import TelemetrySampler
 from agent.models.memory_plan import MemoryLedger
 from agent.models.registry import ModelRegistry
 from agent.serving.dataplane import DataPlane

@@ -38,11 +38,11 @@ from agent.config.security import (
     http_restrictions,
     tls_files,
 )
+from agent.device.gpu import detect_gpu
 from agent.errors import AgentError, ModelLoadError, ModelNotFoundError
 from agent.fleet.link import FleetLink
 from agent.fleet.mqtt import MqttError
 from agent.fleet.outbox import StoreError
-from agent.fleet.telemetry import detect_gpu
 from agent.models.cache_control import CachedVersions, CacheEvents, ProvenanceOf
 from agent.models.control import ModelControlMode, ModelManager
 from agent.models.events import EventTee, LogEvents

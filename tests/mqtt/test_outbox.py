@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from agent.device.tegra import parse_tegrastats
 from agent.errors import AgentConfigError
 from agent.fleet.config import MqttConfig, validate_mqtt
 from agent.fleet.outbox import Outbox
 from agent.fleet.state import FleetState
-from agent.fleet.telemetry import parse_tegrastats
 
 
 def test_drops_oldest_telemetry_first_then_events_and_counts(tmp_path: Path) -> None:
