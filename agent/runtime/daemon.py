@@ -16,6 +16,7 @@ import logging
 import shutil
 import signal
 import tempfile
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,13 +28,13 @@ from agent.api.grpc_server import start_grpc_server
 from agent.api.http import create_app
 from agent.api.http_limits import ConnectionGuard, ConnectionLimits
 from agent.api.metrics import build_registry, create_metrics_app
+from agent.backends.gpu_telemetry import CachedGpuReader, GpuReader, detect_gpu_reader
 from agent.canary.control import STATE_FILE, CanaryManager
 from agent.config.schema import AgentConfig
 from agent.errors import AgentError, ModelLoadError, ModelNotFoundError
 from agent.fleet.link import FleetLink
 from agent.fleet.mqtt import MqttError
 from agent.fleet.outbox import StoreError
-from agent.fleet.telemetry import detect_gpu
 from agent.models.cache_control import CachedVersions, CacheEvents, ProvenanceOf
 from agent.models.control import ModelControlMode, ModelManager
 from agent.models.events import EventTee, LogEvents
@@ -233,8 +234,11 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         stack.push_async_callback(grpc_server.stop, DRAIN_TIMEOUT_S)
         logger.info("gRPC on %s:%d", config.server.host, grpc_port)
     metrics_port: int | None = None
+    found_gpu = await asyncio.to_thread(detect_gpu_reader)
+    # One reading per interval, shared by scrapes and telemetry (Triton's default interval).
+    gpu = CachedGpuReader(found_gpu, time.monotonic, 2.0) if found_gpu is not None else None
     if config.server.metrics_port >= 0:
-        metrics_app = create_metrics_app(build_registry(stats, ledger, canary=canary))
+        metrics_app = create_metrics_app(build_registry(stats, ledger, canary=canary, gpu=gpu))
         metrics_port = await _serve_http(
             stack, metrics_app, server.host, server.metrics_port, limits, drain=False
         )
@@ -242,7 +246,7 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
     fleet: FleetLink | None = None
     if config.mqtt.enabled:
         fleet = await _start_fleet_link(
-            stack, config, dataplane, registry, ledger, model_cache, sync, events
+            stack, config, dataplane, registry, ledger, model_cache, sync, events, gpu
         )
     if sync is not None:
         # Last in, first out: on shutdown the cycle in progress finishes before anything else
@@ -400,6 +404,7 @@ async def _start_fleet_link(
     model_cache: ModelCache | None,
     sync: _Sync | None,
     events: EventTee,
+    gpu: GpuReader | None,
 ) -> FleetLink:
     """Connect to the fleet manager's broker (returns at once; the broker may be away).
 
@@ -439,7 +444,7 @@ async def _start_fleet_link(
         on_desired=on_desired,
         sync_state=sync_state,
         cache_disk=model_cache.disk_usage if model_cache is not None else None,
-        gpu=await asyncio.to_thread(detect_gpu),
+        gpu=gpu,
     )
     # Entered before it starts: a start that fails half way (state database opened, TLS files
     # unreadable) is undone like the rest. Stopping publishes the retained "offline" status.
