@@ -55,6 +55,7 @@ from agent.runtime.systemd_notify import (
 from agent.scheduling.rate_limiter import RateLimiter
 from agent.scheduling.scheduler import LimiterGate
 from agent.scheduling.statistics import StatisticsRegistry
+from agent.serving.cuda_regions import open_cuda_regions
 from agent.serving.dataplane import DataPlane
 from agent.serving.response_cache import ResponseCache
 from agent.serving.shared_memory import SharedMemoryRegistry
@@ -197,6 +198,14 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         state_path=config.cache.dir / STATE_FILE if config.cache.dir is not None else None,
     )
     canary.startup(config.canary)
+    shared_memory = SharedMemoryRegistry(enabled=config.server.shared_memory)
+    if config.server.shared_memory:
+        # CUDA regions where cuda-python and a GPU are here (no CUDA context until a register).
+        cuda_regions, why = await asyncio.to_thread(
+            open_cuda_regions, lambda name: any(r.name == name for r in shared_memory.status())
+        )
+        shared_memory.device = cuda_regions
+        logger.info("CUDA shared memory: %s", why if cuda_regions is not None else f"off, {why}")
     dataplane = DataPlane(
         registry,
         ResponseCache(config.models.response_cache_bytes),
@@ -204,7 +213,7 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         mode,
         versions,
         canary,
-        shared_memory=SharedMemoryRegistry(enabled=config.server.shared_memory),
+        shared_memory=shared_memory,
         pushed=pushed,
         max_request_bytes=config.server.max_request_bytes,
         tracer=_tracer(config),

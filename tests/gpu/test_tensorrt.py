@@ -20,6 +20,8 @@ from agent.quantize.command import main as quantize_main
 from tests.quantize.digits import Digits, train_digits, write_calibration
 from tests.server import running_agent
 
+pytestmark = pytest.mark.needs_tensorrt
+
 
 @pytest.fixture(scope="module")
 def digits() -> Digits:
