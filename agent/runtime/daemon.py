@@ -37,6 +37,7 @@ from agent.fleet.mqtt import MqttError
 from agent.fleet.outbox import StoreError
 from agent.models.cache_control import CachedVersions, CacheEvents, ProvenanceOf
 from agent.models.control import ModelControlMode, ModelManager
+from agent.models.device_memory import detect_device_memory
 from agent.models.events import EventTee, LogEvents
 from agent.models.loader import LoadSettings
 from agent.models.memory_plan import MemoryLedger, detect_budget_bytes, process_rss_bytes
@@ -156,6 +157,10 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         ledger=ledger,
         gate=LimiterGate(RateLimiter()),
     )
+    # GPU memory checked at each GPU version's load, beside the host budget (none on Jetson).
+    device_memory, device_why = await asyncio.to_thread(detect_device_memory)
+    registry.loader.device_memory = device_memory
+    logger.info("device memory: %s", device_why)
     # Folders of models loaded from request files: removed after the models are unloaded.
     pushed = (
         _pushed_models(config, stack)
