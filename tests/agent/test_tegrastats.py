@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
+from agent.backends.gpu_telemetry import TegrastatsReader
 from agent.backends.tegrastats import TegraReading, parse_tegrastats
 
 MIB = 1 << 20
@@ -73,3 +76,14 @@ def test_a_line_without_ram_or_power_keeps_the_load() -> None:
 @pytest.mark.parametrize("line", ["", "no gpu here", "RAM 2345/7620MB SWAP 0/3810MB"])
 def test_not_a_stats_line(line: str) -> None:
     assert parse_tegrastats(line) is None
+
+
+def test_fake_tegrastats_command_gives_one_gpu_reading() -> None:
+    """The reader runs the command for one line; a Python one-liner stands in for tegrastats."""
+    reader = TegrastatsReader([sys.executable, "-c", f"print({JETPACK_6_ORIN_NANO!r})"])
+    (reading,) = reader.read()
+    assert (reading.uuid, reading.utilization, reading.power_w) == ("tegra-0", 0.12, 0.484)
+    assert reading.memory_total_bytes == 7620 * MIB
+    assert (reading.power_limit_w, reading.energy_j) == (None, None)
+    assert TegrastatsReader([sys.executable, "-c", "pass"]).read() == []
+    assert TegrastatsReader(["/nonexistent/tegrastats"]).read() == []
