@@ -54,7 +54,7 @@ MAX_REGIONS = 64
 class DeviceBuffer(Protocol):
     """Device memory opened from an IPC handle."""
 
-    def read(self, offset: int, nbytes: int) -> bytes:
+    def read(self, offset: int, nbytes: int) -> bytes | bytearray:
         """Copy `nbytes` at `offset` to the host."""
         ...
 
@@ -292,19 +292,22 @@ class _IpcBuffer:
         self._ptr = ptr
         self._device = device_id
 
-    def read(self, offset: int, nbytes: int) -> bytes:
-        host = ctypes.create_string_buffer(nbytes)
+    def read(self, offset: int, nbytes: int) -> bytes | bytearray:
+        host = bytearray(nbytes)
         if nbytes:
+            target = (ctypes.c_char * nbytes).from_buffer(host)
+            # cudaMemcpyDefault: unified addressing gives the direction, whatever device is current.
             _checked(
                 self._rt.cudaMemcpy(
-                    ctypes.addressof(host),
+                    ctypes.addressof(target),
                     self._ptr + offset,
                     nbytes,
-                    self._rt.cudaMemcpyKind.cudaMemcpyDeviceToHost,
+                    self._rt.cudaMemcpyKind.cudaMemcpyDefault,
                 ),
                 "cudaMemcpy",
             )
-        return host.raw
+            del target  # release the export so the bytearray is a plain buffer again
+        return host
 
     def write(self, offset: int, data: memoryview) -> None:
         if not data.nbytes:
@@ -315,7 +318,7 @@ class _IpcBuffer:
                 self._ptr + offset,
                 ctypes.addressof(host),
                 data.nbytes,
-                self._rt.cudaMemcpyKind.cudaMemcpyHostToDevice,
+                self._rt.cudaMemcpyKind.cudaMemcpyDefault,
             ),
             "cudaMemcpy",
         )

@@ -7,11 +7,12 @@
 #   test_cuda_shared_memory.py  tritonclient CUDA shared memory over HTTP and gRPC (cuda-python)
 #   test_tensorrt.py            engine builds and serving (tensorrt; not installable offline)
 #
-# The machine may have no network: the project is installed into a virtualenv that sees the
-# system's packages (cuda-bindings, nvidia-ml-py, onnxruntime, numpy already there), from the
-# wheelhouse in $WHEELS when it exists (make it where the network is, with
-# tests/gpu/wheelhouse.sh), else from the configured index. The checks run under `timeout
-# $LIMIT_S` so that a hung one still leaves device time for a second run.
+# The machine may have no network: a virtualenv that sees the system's packages (cuda-bindings,
+# nvidia-ml-py, onnxruntime, numpy already there) gets the wheels in $WHEELS when that folder
+# exists (made where the network is, with tests/gpu/wheelhouse.sh; installed without resolving,
+# so nothing is fetched) and the project runs from this checkout (PYTHONPATH); without the
+# folder the project is installed from the configured index. The checks run under
+# `timeout $LIMIT_S` so that a hung one still leaves device time for a second run.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 LIMIT_S=${LIMIT_S:-240}
@@ -22,9 +23,9 @@ started=$(date +%s)
 nvidia-smi --query-gpu=name,uuid,memory.total,power.limit,driver_version --format=csv || true
 [ -x "$VENV/bin/python" ] || python3 -m venv --system-site-packages "$VENV"
 PY="$VENV/bin/python"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if [ -d "$WHEELS" ]; then
-  "$PY" -m pip install -q --no-index --find-links "$WHEELS" --no-build-isolation -e . \
-    'tritonclient[http,grpc]' pytest pytest-timeout
+  "$PY" -m pip install -q --no-index --no-deps "$WHEELS"/*.whl
 else
   "$PY" -m pip install -q -e . 'tritonclient[http,grpc]' pytest pytest-timeout \
     || echo "pip install failed (offline?): running with what is installed"
