@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import __version__
-from agent.device.gpu import GpuProbe
+from agent.backends.gpu_telemetry import GpuReader
 from agent.errors import AgentError, InternalError, OverloadedError
 from agent.fleet import commands as cmd
 from agent.fleet.config import MqttConfig, Topics
@@ -87,7 +87,7 @@ class FleetLink:
         on_desired: Called with `MODEL=POLICY` lines after `set-desired` (and at start).
         sync_state: The sync loop's state, for telemetry.
         cache_disk: Bytes the model cache uses, for telemetry.
-        gpu: A GPU probe, for telemetry.
+        gpu: A GPU reader, for telemetry.
         clock: Monotonic seconds (telemetry cadence, SLO windows).
     """
 
@@ -103,7 +103,7 @@ class FleetLink:
         on_desired: Callable[[tuple[str, ...]], None] | None = None,
         sync_state: Callable[[], Mapping[str, Any]] | None = None,
         cache_disk: Callable[[], int] | None = None,
-        gpu: GpuProbe | None = None,
+        gpu: GpuReader | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config

@@ -6,9 +6,9 @@ It keeps the previous counters per model version to turn them into rates; `now` 
 seconds passed in. The probes may do I/O (disk usage, NVML, tegrastats): call `sample` from a
 worker thread.
 
-GPU figures come from NVML (through ctypes, so no extra dependency) where `libnvidia-ml.so.1`
-loads, else from one line of `tegrastats` on Jetson (whose GPU shares the RAM); otherwise the
-`gpu` key is omitted.
+GPU figures come from an `agent.backends.gpu_telemetry.GpuReader` (NVML through nvidia-ml-py,
+else one line of `tegrastats` on Jetson, whose GPU shares the RAM), the same figures `/metrics`
+reports; without one, or when it reads nothing, the `gpu` key is omitted.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from agent.device.gpu import GpuProbe
+from agent.backends.gpu_telemetry import GpuReader
 from agent.fleet.slo import Sample
 from agent.models.memory_plan import MemoryLedger
 from agent.models.registry import ModelRegistry
@@ -42,7 +42,7 @@ class TelemetrySampler:
         ledger: The memory budget, when the agent has one.
         cache_disk: Bytes the model cache uses on disk (None: no cache).
         sync_state: The sync loop's last state (None: no sync configured).
-        gpu: A GPU probe (None: the `gpu` key is omitted).
+        gpu: A GPU reader (None: the `gpu` key is omitted).
         started: Monotonic seconds when the agent started (for `uptime_s`).
         rejected: Versions rejected on this device, with cause and reason (None: omitted).
     """
@@ -55,7 +55,7 @@ class TelemetrySampler:
         started: float,
         cache_disk: Callable[[], int] | None = None,
         sync_state: Callable[[], Mapping[str, Any]] | None = None,
-        gpu: GpuProbe | None = None,
+        gpu: GpuReader | None = None,
         rejected: Callable[[], list[dict[str, Any]]] | None = None,
     ) -> None:
         self._registry = registry
@@ -91,9 +91,9 @@ class TelemetrySampler:
         body["sync"] = dict(self._sync_state()) if self._sync_state is not None else None
         if self._rejected is not None:
             body["rejected"] = self._rejected()
-        gpu = self._gpu.read() if self._gpu is not None else None
+        gpu = self._gpu.read() if self._gpu is not None else []
         if gpu:
-            body["gpu"] = gpu
+            body["gpu"] = [reading.to_json() for reading in gpu]
         return body, samples
 
 
