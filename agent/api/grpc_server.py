@@ -20,8 +20,12 @@ import grpc
 from google.protobuf import json_format
 
 from agent.api import grpc_codec
+from agent.api.access import ApiAccess, RestrictedApiError, grpc_endpoint, is_loopback_peer
 from agent.api.http_limits import ClientTimeoutError, ConnectionLimits
+from agent.api.model_load import ModelLoadFailedError, load_model
+from agent.api.tls import ServerTls, TlsError
 from agent.errors import (
+    AccessDeniedError,
     AgentError,
     BackendError,
     CacheCommitError,
@@ -30,13 +34,16 @@ from agent.errors import (
     InvalidInputError,
     MemoryBudgetError,
     ModelConfigError,
+    ModelControlDisabledError,
     ModelControlError,
     ModelInstanceFailedError,
     ModelLoadError,
     ModelNotFoundError,
     ModelNotReadyError,
+    NoReadyVersionError,
     OverloadedError,
     PayloadTooLargeError,
+    RegionExistsError,
     RequestTimeoutError,
     SharedMemoryNotFoundError,
     UnsupportedError,
@@ -54,12 +61,18 @@ STATUS_FOR_ERROR: dict[type[AgentError], grpc.StatusCode] = {
     InvalidInputError: grpc.StatusCode.INVALID_ARGUMENT,
     ModelConfigError: grpc.StatusCode.INVALID_ARGUMENT,
     ModelControlError: grpc.StatusCode.FAILED_PRECONDITION,
+    ModelLoadFailedError: grpc.StatusCode.INVALID_ARGUMENT,
     ModelNotFoundError: grpc.StatusCode.NOT_FOUND,
+    AccessDeniedError: grpc.StatusCode.PERMISSION_DENIED,
+    RestrictedApiError: grpc.StatusCode.UNAVAILABLE,  # Triton's answer to a restricted protocol
+    NoReadyVersionError: grpc.StatusCode.NOT_FOUND,
     SharedMemoryNotFoundError: grpc.StatusCode.NOT_FOUND,
     ConflictError: grpc.StatusCode.ALREADY_EXISTS,
+    RegionExistsError: grpc.StatusCode.ALREADY_EXISTS,
     ClientTimeoutError: grpc.StatusCode.DEADLINE_EXCEEDED,
     PayloadTooLargeError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ModelNotReadyError: grpc.StatusCode.UNAVAILABLE,
+    ModelControlDisabledError: grpc.StatusCode.UNAVAILABLE,
     OverloadedError: grpc.StatusCode.UNAVAILABLE,
     RequestTimeoutError: grpc.StatusCode.UNAVAILABLE,
     BackendError: grpc.StatusCode.INTERNAL,
@@ -69,6 +82,7 @@ STATUS_FOR_ERROR: dict[type[AgentError], grpc.StatusCode] = {
     MemoryBudgetError: grpc.StatusCode.INTERNAL,
     InternalError: grpc.StatusCode.INTERNAL,
     UnsupportedError: grpc.StatusCode.UNIMPLEMENTED,
+    TlsError: grpc.StatusCode.INTERNAL,
     AgentError: grpc.StatusCode.INTERNAL,
 }
 
@@ -103,7 +117,8 @@ def _mapped(
             if not isinstance(exc, AgentError):
                 logger.exception("gRPC %s failed", handler.__name__)
             error = InternalError.wrap(exc)
-            await context.abort(status_for(error), error.message)
+            # no path of the device in what the client reads
+            await context.abort(status_for(error), self._dp.scrub(error.message))
             raise  # abort raises; this keeps type checkers satisfied
 
     return wrapper
@@ -207,7 +222,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             infer_request = grpc_codec.decode_infer_request(request, limits=self._limits)
             async for item in self._dp.infer_stream(request.model_name, version, infer_request):
                 if item.error is not None:
-                    yield pb.ModelStreamInferResponse(error_message=item.error.message)
+                    yield pb.ModelStreamInferResponse(
+                        error_message=self._dp.scrub(item.error.message)
+                    )
                     continue
                 if item.response is None:
                     if not (item.final and empty_final):
@@ -222,10 +239,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 message.parameters["triton_final_response"].bool_param = item.final
                 yield pb.ModelStreamInferResponse(infer_response=message)
         except AgentError as exc:
-            yield pb.ModelStreamInferResponse(error_message=exc.message)
+            yield pb.ModelStreamInferResponse(error_message=self._dp.scrub(exc.message))
         except Exception as exc:
             logger.exception("gRPC ModelStreamInfer failed")
-            yield pb.ModelStreamInferResponse(error_message=InternalError.wrap(exc).message)
+            text = self._dp.scrub(InternalError.wrap(exc).message)
+            yield pb.ModelStreamInferResponse(error_message=text)
 
     @_mapped
     async def ModelConfig(self, request: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
@@ -288,7 +306,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 files[key] = param.bytes_param
             else:
                 raise InvalidInputError(f"unrecognized load parameter '{key}'.")
-        await self._dp.load_model(request.model_name, config, files)
+        await load_model(self._dp, request.model_name, config, files)
         return pb.RepositoryModelLoadResponse()
 
     @_mapped
@@ -318,6 +336,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def SystemSharedMemoryRegister(
         self, request: pb.SystemSharedMemoryRegisterRequest
     ) -> pb.SystemSharedMemoryRegisterResponse:
+        call = _call.get(None)
+        peer = call.peer() if call is not None else None
+        if not is_loopback_peer(peer):
+            raise AccessDeniedError(
+                f"shared memory registration is for local clients only; refused for {peer}"
+            )
         self._dp.shared_memory.register(
             request.name, request.key, request.offset, request.byte_size
         )
@@ -332,6 +356,31 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         else:
             self._dp.shared_memory.unregister_all()
         return pb.SystemSharedMemoryUnregisterResponse()
+
+    # CUDA shared memory, as Triton without GPU support answers it (issue 26) ------------------
+
+    @_mapped
+    async def CudaSharedMemoryStatus(
+        self, request: pb.CudaSharedMemoryStatusRequest
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        self._dp.cuda_shared_memory.status(request.name or None)  # raises for a named region
+        return pb.CudaSharedMemoryStatusResponse()
+
+    @_mapped
+    async def CudaSharedMemoryRegister(
+        self, request: pb.CudaSharedMemoryRegisterRequest
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        self._dp.cuda_shared_memory.register(request.name)
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    @_mapped
+    async def CudaSharedMemoryUnregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        self._dp.cuda_shared_memory.unregister(request.name or None)
+        return pb.CudaSharedMemoryUnregisterResponse()
+
+    # ------------------------------------------------------------------------------------------
 
     @_mapped
     async def TraceSetting(self, request: pb.TraceSettingRequest) -> pb.TraceSettingResponse:
@@ -390,6 +439,49 @@ def _bool_parameter(request: pb.ModelInferRequest, key: str) -> bool:
     )
 
 
+class _RestrictionInterceptor(grpc.aio.ServerInterceptor):
+    """Refuses calls to a restricted protocol group without its metadata (`agent.api.access`)."""
+
+    def __init__(self, access: ApiAccess) -> None:
+        self._access = access
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
+        ],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        pairs = details.invocation_metadata or ()
+        metadata = {str(k).lower(): v for k, v in pairs if isinstance(v, str)}
+        refusal = self._access.grpc.refusal(grpc_endpoint(details.method), metadata)
+        handler = await continuation(details)
+        if refusal is None or handler is None:
+            return handler
+        return _refusing(handler, refusal)
+
+
+def _refusing(
+    handler: grpc.RpcMethodHandler[Any, Any], message: str
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """A handler of the same shape that answers Triton's refusal without running the method."""
+
+    async def refuse(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        await context.abort(status_for(RestrictedApiError(message)), message)
+
+    codec = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(refuse, **codec)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(refuse, **codec)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(refuse, **codec)
+    return grpc.unary_unary_rpc_method_handler(refuse, **codec)
+
+
 async def start_grpc_server(
     dataplane: DataPlane,
     host: str,
@@ -398,25 +490,35 @@ async def start_grpc_server(
     max_message_bytes: int,
     tensor_limits: TensorLimits | None = None,
     connection_limits: ConnectionLimits | None = None,
+    access: ApiAccess | None = None,
+    tls: ServerTls | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """Start the gRPC server; returns it and the bound port (useful with port 0).
+
+    `access`: Triton's restricted protocol groups (`access.grpc`); `tls`: serve TLS (mutual TLS
+    when it has a client CA), its certificate reloaded in place.
 
     Raises:
         OSError: the port cannot be bound.
     """
     server = grpc.aio.server(
+        interceptors=[_RestrictionInterceptor(access)] if access is not None else None,
         options=[
             # A message over the limit is refused (RESOURCE_EXHAUSTED) from its length prefix.
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
             *_connection_options(connection_limits or ConnectionLimits()),
-        ]
+        ],
     )
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(  # type: ignore[no-untyped-call]
         InferenceService(dataplane, tensor_limits), server
     )
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        address = f"{host}:{port}"
+        if tls is None:
+            bound = server.add_insecure_port(address)
+        else:
+            bound = server.add_secure_port(address, tls.grpc_credentials())
     except RuntimeError:  # grpcio >= 1.60 raises where older versions returned port 0
         bound = 0
     if bound == 0:
