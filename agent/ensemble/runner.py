@@ -25,12 +25,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from agent.backends.base import ResponseSink
 from agent.ensemble.plan import EnsemblePlan, EnsembleStep
-from agent.errors import AgentError, BackendError, ModelControlError, ModelNotReadyError
+from agent.ensemble.streaming import step_error, step_request, stream_ensemble
+from agent.errors import AgentError, ModelControlError, ModelNotReadyError
 from agent.scheduling.batching import BatchingPolicy
 from agent.scheduling.scheduler import ExecutionResult
 from agent.scheduling.sequence_policy import SequenceRequest
-from agent.tensors.request import InferInput, InferRequest, InferResponse, RequestedOutput
+from agent.tensors.request import InferRequest, InferResponse
 from agent.tensors.signature import ValidatedRequest
 
 
@@ -173,8 +175,12 @@ class EnsembleScheduler:
         priority: int | None = None,
         timeout_us: int | None = None,
         sequence: SequenceRequest | None = None,
+        responses: ResponseSink | None = None,
     ) -> ExecutionResult:
         """Run every step and return the requested ensemble outputs.
+
+        `responses` (a decoupled ensemble, `ensemble_stream`): each set of ensemble outputs goes
+        there as one response, then the final flag; the result then holds no outputs.
 
         `sequence` (a stateful step's correlation id and flags) goes to every step, as Triton
         passes it on.
@@ -198,6 +204,17 @@ class EnsembleScheduler:
         self._idle.clear()
         started = time.perf_counter_ns()
         try:
+            if responses is not None:
+                await stream_ensemble(
+                    self.model,
+                    self.plan,
+                    self._slot,
+                    request,
+                    parameters,
+                    lambda outputs: responses.put(outputs, None, False),
+                )
+                responses.put(None, None, True)
+                return ExecutionResult([], 0, 0, time.perf_counter_ns() - started, 0, 1)
             tensors = await self._run_steps(runner, dict(request.feeds), parameters, request.trace)
         finally:
             self._in_flight -= 1
@@ -236,7 +253,7 @@ class EnsembleScheduler:
                     call = runner(
                         step.model_name,
                         str(step.model_version) if step.model_version > 0 else None,
-                        self._step_request(step, tensors, parameters, trace),
+                        step_request(step, tensors, parameters, trace),
                     )
                     running[asyncio.ensure_future(call)] = step
             if not running:
@@ -246,39 +263,10 @@ class EnsembleScheduler:
                 step = running.pop(task)
                 exc = task.exception()
                 if exc is not None:
-                    failure = failure or _step_error(self.model, step, exc)
+                    failure = failure or step_error(self.model, step, exc)
                     continue
                 for output in task.result().outputs:
                     tensors[step.outputs[output.name]] = output.data
         if failure is not None:
             raise failure
         return tensors
-
-    @staticmethod
-    def _step_request(
-        step: EnsembleStep,
-        tensors: dict[str, np.ndarray],
-        parameters: dict[str, Any],
-        trace: object | None,
-    ) -> InferRequest:
-        inputs = tuple(
-            InferInput(
-                model_input,
-                step.input_specs[model_input].datatype,
-                tuple(int(d) for d in tensors[tensor].shape),
-                tensors[tensor],
-            )
-            for model_input, tensor in step.inputs.items()
-        )
-        outputs = tuple(RequestedOutput(name) for name in step.outputs)
-        # A traced ensemble's steps are traced as its children (Triton's parent_id).
-        return InferRequest(inputs, outputs=outputs, parameters=parameters, parent_trace=trace)
-
-
-def _step_error(ensemble: str, step: EnsembleStep, exc: BaseException) -> BaseException:
-    if not isinstance(exc, AgentError):
-        return exc
-    message = f"ensemble '{ensemble}' {step.label}: {exc.message}"
-    if isinstance(exc, BackendError):
-        return BackendError(message)
-    return type(exc)(message)

@@ -13,6 +13,7 @@ import contextlib
 import time
 from collections.abc import AsyncGenerator
 
+from agent.ensemble.runner import EnsembleScheduler
 from agent.errors import (
     AgentError,
     BackendError,
@@ -45,7 +46,7 @@ async def stream_responses(
             version unloaded, instance failed), with nothing yielded yet.
     """
     scheduler = loaded.scheduler
-    if not isinstance(scheduler, ModelScheduler):
+    if not isinstance(scheduler, ModelScheduler | EnsembleScheduler):
         raise UnsupportedError(
             f"model '{served.name}': decoupled models are served by the dynamic or default "
             "scheduler only (not the sequence batcher) by this agent"
