@@ -469,7 +469,8 @@ class DataPlane:
             return
         start = time.perf_counter_ns()
         await self.manager.wait_if_swapping(name)
-        served, number = self._registry.resolve(name, version)  # no canary split of streams
+        routed = None if version else self.canary.route(name)  # canary: unversioned only
+        served, number = self._registry.resolve(name, str(routed) if routed else version)
         loaded = served.versions[number]
         try:
             if any(t.shm is not None for t in request.inputs) or shared_memory_outputs(request):
@@ -478,10 +479,11 @@ class DataPlane:
                 )
             valid = served.signature.validate(request)
             priority, timeout_us = _scheduling_parameters(request.parameters)
-        except AgentError:
+        except AgentError as exc:
             loaded.stats.record_failure(
                 request_ns=time.perf_counter_ns() - start, reason="OTHER", now_ms=_now_ms()
             )
+            self._canary_outcome(name, routed, start, exc)
             raise
         responses = stream_responses(
             served,
@@ -492,15 +494,21 @@ class DataPlane:
             timeout_us=timeout_us,
             start_ns=start,
         )
+        failed: AgentError | None = None  # the request's first error, for the canary
         try:
             async for item in responses:
                 if isinstance(item.error, ModelInstanceFailedError):
                     self._registry.mark_failed(
                         served.name, number, item.error.message, loaded=loaded
                     )
+                failed = failed or item.error
+                if item.final:  # judged once complete (a client that left is not judged)
+                    self._canary_outcome(name, routed, start, failed)
                 yield item
-        except ModelInstanceFailedError as exc:
-            self._registry.mark_failed(served.name, number, exc.message, loaded=loaded)
+        except AgentError as exc:
+            if isinstance(exc, ModelInstanceFailedError):
+                self._registry.mark_failed(served.name, number, exc.message, loaded=loaded)
+            self._canary_outcome(name, routed, start, exc)
             raise
         finally:
             await responses.aclose()
