@@ -468,10 +468,15 @@ class DataPlane:
             yield StreamedResponse(await self.infer(name, version, request))
             return
         start = time.perf_counter_ns()
-        await self.manager.wait_if_swapping(name)
-        routed = None if version else self.canary.route(name)  # canary: unversioned only
-        served, number = self._registry.resolve(name, str(routed) if routed else version)
+        sequence = sequence_parameters(request.parameters)
+        owner = None if version else self._sequences.find(name, sequence)
+        if owner is None:  # a live sequence's old build is draining: its requests must not wait
+            await self.manager.wait_if_swapping(name)
+        routed = None if version or owner else self.canary.route(name)  # canary: unversioned
+        served, number = owner or self._registry.resolve(name, str(routed) if routed else version)
         loaded = served.versions[number]
+        if isinstance(loaded.scheduler, SequenceScheduler):
+            self._sequences.started(served.name, sequence, served, number)
         try:
             if any(t.shm is not None for t in request.inputs) or shared_memory_outputs(request):
                 raise InvalidInputError(
@@ -493,6 +498,7 @@ class DataPlane:
             priority=priority,
             timeout_us=timeout_us,
             start_ns=start,
+            sequence=sequence,
         )
         failed: AgentError | None = None  # the request's first error, for the canary
         try:
