@@ -22,7 +22,7 @@ from google.protobuf import json_format
 from agent.api import grpc_codec
 from agent.api.access import ApiAccess, RestrictedApiError, grpc_endpoint, is_loopback_peer
 from agent.api.http_limits import ClientTimeoutError, ConnectionLimits
-from agent.api.model_load import ModelLoadFailedError, load_model
+from agent.api.model_load import ModelLoadFailedError, invalid_override, load_model
 from agent.api.tls import ServerTls, TlsError
 from agent.errors import (
     AccessDeniedError,
@@ -44,6 +44,7 @@ from agent.errors import (
     OverloadedError,
     PayloadTooLargeError,
     RegionExistsError,
+    RepositoryPollError,
     RequestTimeoutError,
     SharedMemoryNotFoundError,
     UnsupportedError,
@@ -79,6 +80,7 @@ STATUS_FOR_ERROR: dict[type[AgentError], grpc.StatusCode] = {
     ModelInstanceFailedError: grpc.StatusCode.INTERNAL,
     CacheCommitError: grpc.StatusCode.INTERNAL,
     ModelLoadError: grpc.StatusCode.INTERNAL,
+    RepositoryPollError: grpc.StatusCode.INTERNAL,
     MemoryBudgetError: grpc.StatusCode.INTERNAL,
     InternalError: grpc.StatusCode.INTERNAL,
     UnsupportedError: grpc.StatusCode.UNIMPLEMENTED,
@@ -292,11 +294,13 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 try:
                     parsed = json.loads(param.string_param)
                 except ValueError as exc:
-                    raise InvalidInputError(
-                        f"parameter 'config' is not valid JSON: {exc}"
+                    raise invalid_override(
+                        request.model_name, f"parameter 'config' is not valid JSON: {exc}"
                     ) from None
                 if not isinstance(parsed, dict):
-                    raise InvalidInputError("parameter 'config' must be a JSON object")
+                    raise invalid_override(
+                        request.model_name, "parameter 'config' must be a JSON object"
+                    )
                 config = parsed
             elif key.startswith(FILE_PREFIX):
                 if kind != "bytes_param":

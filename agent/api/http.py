@@ -23,7 +23,7 @@ from agent.api.access import ApiAccess, RestrictedApiError, http_endpoint, is_lo
 from agent.api.http_codec import HEADER_LENGTH, decode_infer_request, encode_infer_response
 from agent.api.http_generate import REFUSAL, generate_routes
 from agent.api.http_limits import ClientTimeoutError, body_middleware, must_close, read_body
-from agent.api.model_load import ModelLoadFailedError, load_model
+from agent.api.model_load import ModelLoadFailedError, invalid_override, load_model
 from agent.api.openapi import openapi_bytes
 from agent.api.tls import TlsError
 from agent.canary.control import policy_from_request
@@ -47,6 +47,7 @@ from agent.errors import (
     OverloadedError,
     PayloadTooLargeError,
     RegionExistsError,
+    RepositoryPollError,
     RequestTimeoutError,
     SharedMemoryNotFoundError,
     UnsupportedError,
@@ -83,6 +84,7 @@ STATUS_FOR_ERROR: dict[type[AgentError], int] = {
     ModelInstanceFailedError: 500,
     CacheCommitError: 500,
     ModelLoadError: 500,
+    RepositoryPollError: 500,
     MemoryBudgetError: 500,
     InternalError: 500,
     UnsupportedError: 501,
@@ -328,9 +330,11 @@ async def _load_model(request: web.Request) -> web.Response:
         try:
             config = json.loads(raw) if isinstance(raw, str) else raw
         except ValueError as exc:
-            raise InvalidInputError(f"parameter 'config' is not valid JSON: {exc}") from None
+            name = request.match_info["model"]
+            raise invalid_override(name, f"parameter 'config' is not valid JSON: {exc}") from None
         if not isinstance(config, dict):
-            raise InvalidInputError("parameter 'config' must be a JSON object")
+            name = request.match_info["model"]
+            raise invalid_override(name, "parameter 'config' must be a JSON object")
     # --- load with files (Triton's "file:<path>" parameters, base64 in JSON) ---
     files: dict[str, bytes] = {}
     for key, value in params.items():
