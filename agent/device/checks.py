@@ -175,7 +175,12 @@ def _gpu_check(gpus: Sequence[Mapping[str, Any]], jetson: Mapping[str, Any] | No
                 "no GPU figures (tegrastats gave none)",
                 "run doctor as a user in group video, or check that tegrastats runs",
             )
-        return Check("gpu", Status.OK, "none found (NVML absent): models run on the CPU")
+        return Check(
+            "gpu",
+            Status.OK,
+            "none found (no NVML: no NVIDIA driver, or nvidia-ml-py not installed): "
+            "models run on the CPU",
+        )
     parts = []
     for gpu in gpus:
         text = f"GPU {gpu.get('index', 0)}"
