@@ -31,6 +31,14 @@ from agent.errors import (
     ModelLoadError,
     ModelNotFoundError,
 )
+from agent.models.device_memory import (
+    DeviceMemoryProbe,
+    MemoryKind,
+    check_device_fit,
+    device_need_bytes,
+    folder_bytes,
+    gpu_device,
+)
 from agent.models.memory_plan import Footprint, MemoryLedger, fit_config, plan_capacity
 from agent.models.memory_probe import measure_version
 from agent.models.served import (
@@ -104,6 +112,8 @@ class ModelLoader:
         self._generation = 0
         # Ensembles run their steps through the data plane, which binds its `infer` here.
         self.step_runner = StepRunnerSlot()
+        # GPU memory (`agent.models.device_memory`): set by the daemon where a discrete GPU is.
+        self.device_memory: DeviceMemoryProbe | None = None
 
     def build(
         self,
@@ -284,6 +294,7 @@ class ModelLoader:
                 raise
             return backend, checked
 
+        self._check_device_memory(config, path.parent, name, version)
         footprint: Footprint | None = None
         estimated = ""  # why the footprint is an estimate from the model file, when it is
         warmed_up = False
@@ -410,6 +421,30 @@ class ModelLoader:
             executor=executor,
             stats=stats,
             inline_below_ns=0 if python else INLINE_BELOW_NS,  # as for the dynamic scheduler
+        )
+
+    def _check_device_memory(
+        self, config: mc.ModelConfig, version_dir: Path, name: str, version: int
+    ) -> None:
+        """Refuse, before loading, a GPU version that does not fit in its GPU's free memory."""
+        probe = self.device_memory
+        if probe is None or probe.kind is MemoryKind.UNIFIED:
+            return  # no GPU, or its memory is the host's (the host budget covers it)
+        tensorrt = backend_kind(config, version_dir) is BackendKind.TENSORRT
+        device = gpu_device(config, tensorrt=tensorrt)
+        memory = probe.read(device) if device is not None else None
+        if memory is None:
+            return
+        need = device_need_bytes(folder_bytes(version_dir))
+        check_device_fit(need, memory, model=name, version=version)
+        logger.info(
+            "model %s version %d: %d MiB of GPU %d memory expected, %d MiB free",
+            name,
+            version,
+            need >> 20,
+            device,
+            memory.free_bytes >> 20,
+            extra={"model": name},
         )
 
     def _fit_to_budget(

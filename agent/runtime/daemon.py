@@ -17,6 +17,7 @@ import shutil
 import signal
 import ssl
 import tempfile
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,13 +39,14 @@ from agent.config.security import (
     http_restrictions,
     tls_files,
 )
+from agent.device.gpu import CachedGpuReader, GpuReader, detect_gpu_reader
 from agent.errors import AgentError, ModelLoadError, ModelNotFoundError
 from agent.fleet.link import FleetLink
 from agent.fleet.mqtt import MqttError
 from agent.fleet.outbox import StoreError
-from agent.fleet.telemetry import detect_gpu
 from agent.models.cache_control import CachedVersions, CacheEvents, ProvenanceOf
 from agent.models.control import ModelControlMode, ModelManager
+from agent.models.device_memory import detect_device_memory
 from agent.models.events import EventTee, LogEvents
 from agent.models.loader import LoadSettings
 from agent.models.memory_plan import MemoryLedger, detect_budget_bytes, process_rss_bytes
@@ -63,6 +65,7 @@ from agent.runtime.systemd_notify import (
 from agent.scheduling.rate_limiter import RateLimiter
 from agent.scheduling.scheduler import LimiterGate
 from agent.scheduling.statistics import StatisticsRegistry
+from agent.serving.cuda_regions import open_cuda_regions
 from agent.serving.dataplane import DataPlane
 from agent.serving.response_cache import ResponseCache
 from agent.serving.shared_memory import SharedMemoryRegistry
@@ -170,6 +173,10 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         ledger=ledger,
         gate=LimiterGate(RateLimiter()),
     )
+    # GPU memory checked at each GPU version's load, beside the host budget (none on Jetson).
+    device_memory, device_why = await asyncio.to_thread(detect_device_memory)
+    registry.loader.device_memory = device_memory
+    logger.info("device memory: %s", device_why)
     # Folders of models loaded from request files: removed after the models are unloaded.
     pushed = (
         _pushed_models(config, stack)
@@ -212,6 +219,14 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         state_path=config.cache.dir / STATE_FILE if config.cache.dir is not None else None,
     )
     canary.startup(config.canary)
+    shared_memory = SharedMemoryRegistry(enabled=config.server.shared_memory)
+    if config.server.shared_memory:
+        # CUDA regions where cuda-python and a GPU are here (no CUDA context until a register).
+        cuda_regions, why = await asyncio.to_thread(
+            open_cuda_regions, lambda name: any(r.name == name for r in shared_memory.status())
+        )
+        shared_memory.device = cuda_regions
+        logger.info("CUDA shared memory: %s", why if cuda_regions is not None else f"off, {why}")
     dataplane = DataPlane(
         registry,
         ResponseCache(config.models.response_cache_bytes),
@@ -219,7 +234,7 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         mode,
         versions,
         canary,
-        shared_memory=SharedMemoryRegistry(enabled=config.server.shared_memory),
+        shared_memory=shared_memory,
         pushed=pushed,
         max_request_bytes=config.server.max_request_bytes,
         tracer=_tracer(config),
@@ -257,8 +272,11 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         stack.push_async_callback(grpc_server.stop, DRAIN_TIMEOUT_S)
         logger.info("gRPC on %s:%d%s", config.server.host, grpc_port, _tls_note(tls))
     metrics_port: int | None = None
+    found_gpu = await asyncio.to_thread(detect_gpu_reader)
+    # One reading per interval, shared by scrapes and telemetry (Triton's default interval).
+    gpu = CachedGpuReader(found_gpu, time.monotonic, 2.0) if found_gpu is not None else None
     if config.server.metrics_port >= 0:
-        metrics_app = create_metrics_app(build_registry(stats, ledger, canary=canary))
+        metrics_app = create_metrics_app(build_registry(stats, ledger, canary=canary, gpu=gpu))
         # The same TLS as the API (a scraper off loopback needs the client certificate too).
         metrics_port = await _serve_http(
             stack,
@@ -278,7 +296,7 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
     fleet: FleetLink | None = None
     if config.mqtt.enabled:
         fleet = await _start_fleet_link(
-            stack, config, dataplane, registry, ledger, model_cache, sync, events
+            stack, config, dataplane, registry, ledger, model_cache, sync, events, gpu
         )
     if sync is not None:
         # Last in, first out: on shutdown the cycle in progress finishes before anything else
@@ -458,6 +476,7 @@ async def _start_fleet_link(
     model_cache: ModelCache | None,
     sync: _Sync | None,
     events: EventTee,
+    gpu: GpuReader | None,
 ) -> FleetLink:
     """Connect to the fleet manager's broker (returns at once; the broker may be away).
 
@@ -497,7 +516,7 @@ async def _start_fleet_link(
         on_desired=on_desired,
         sync_state=sync_state,
         cache_disk=model_cache.disk_usage if model_cache is not None else None,
-        gpu=await asyncio.to_thread(detect_gpu),
+        gpu=gpu,
     )
     # Entered before it starts: a start that fails half way (state database opened, TLS files
     # unreadable) is undone like the rest. Stopping publishes the retained "offline" status.

@@ -14,6 +14,10 @@ Invariants: region names are unique (registering a taken name is a `RegionExists
 ALREADY_EXISTS); every registered window lies inside its object; at most `max_regions` regions.
 Unregistering an unknown name is not an error (Triton does the same). The registry is used from
 the event loop only, so it needs no lock.
+
+Tensors may also name a CUDA shared-memory region (`agent.serving.cuda_regions`, set as
+`device`): reads, writes and span checks of a name that is not a system region go there, and
+a system region cannot take a name a CUDA region holds.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -69,6 +73,15 @@ class RegionStatus:
         }
 
 
+class DeviceRegions(Protocol):
+    """CUDA shared-memory regions, as `agent.serving.cuda_regions.CudaRegionRegistry` has them."""
+
+    def has(self, name: str) -> bool: ...
+    def read(self, name: str, offset: int, byte_size: int) -> memoryview: ...
+    def write(self, name: str, offset: int, data: bytes | memoryview) -> None: ...
+    def check(self, name: str, offset: int, byte_size: int) -> None: ...
+
+
 class _Region:
     """One mapped window: `byte_size` bytes at `offset` in the object `key`."""
 
@@ -95,6 +108,13 @@ class SharedMemoryRegistry:
         self._regions: dict[str, _Region] = {}
         # Off (`server.shared_memory = false`): clients cannot make the agent map /dev/shm objects.
         self.enabled = enabled
+        self.device: DeviceRegions | None = None  # CUDA regions, where the host has CUDA
+
+    def _on_device(self, name: str) -> DeviceRegions | None:
+        """The CUDA regions when `name` is one of them (and not a system region)."""
+        if name in self._regions or self.device is None or not self.device.has(name):
+            return None
+        return self.device
 
     def _require_enabled(self) -> None:
         if not self.enabled:
@@ -115,7 +135,7 @@ class SharedMemoryRegistry:
         self._require_enabled()
         if not name:
             raise InvalidInputError("shared memory region name must not be empty")
-        if name in self._regions:
+        if name in self._regions or self._on_device(name) is not None:
             raise RegionExistsError(f"shared memory region '{name}' already in manager")
         _check_count("offset", offset, minimum=0)
         _check_count("byte_size", byte_size, minimum=1)
@@ -189,6 +209,9 @@ class SharedMemoryRegistry:
             SharedMemoryNotFoundError: no such region.
             InvalidInputError: the span is not inside the region.
         """
+        device = self._on_device(name)
+        if device is not None:
+            return device.read(name, offset, byte_size)  # a host copy already
         region = self._get(name)
         start = self._span(region, offset, byte_size)
         return memoryview(region.mapping)[start : start + byte_size]
@@ -200,6 +223,10 @@ class SharedMemoryRegistry:
             SharedMemoryNotFoundError: no such region.
             InvalidInputError: the data does not fit in the region from `offset`.
         """
+        device = self._on_device(name)
+        if device is not None:
+            device.write(name, offset, data)
+            return
         region = self._get(name)
         size = memoryview(data).nbytes
         start = self._span(region, offset, size)
@@ -207,6 +234,10 @@ class SharedMemoryRegistry:
 
     def check(self, ref: SharedMemoryRef) -> None:
         """Fail early when a tensor's span is not inside its region."""
+        device = self._on_device(ref.region)
+        if device is not None:
+            device.check(ref.region, ref.offset, ref.byte_size)
+            return
         self._span(self._get(ref.region), ref.offset, ref.byte_size)
 
     def resolve_inputs(self, request: InferRequest) -> InferRequest:
