@@ -13,10 +13,12 @@ import asyncio
 import contextlib
 import functools
 import logging
+import secrets
 import shutil
 import signal
 import ssl
 import tempfile
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,14 +26,14 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from agent.api.access import ApiAccess
+from agent.api.access import ApiAccess, is_loopback_host
 from agent.api.grpc_server import start_grpc_server
 from agent.api.http import create_app
 from agent.api.http_limits import ConnectionGuard, ConnectionLimits
 from agent.api.metrics import build_registry, create_metrics_app
 from agent.api.tls import ServerTls
 from agent.canary.control import STATE_FILE, CanaryManager
-from agent.config.schema import AgentConfig
+from agent.config.schema import AgentConfig, ServerConfig
 from agent.config.security import (
     exposure_problems,
     grpc_restrictions,
@@ -42,7 +44,7 @@ from agent.errors import AgentError, ModelLoadError, ModelNotFoundError
 from agent.fleet.link import FleetLink
 from agent.fleet.mqtt import MqttError
 from agent.fleet.outbox import StoreError
-from agent.fleet.telemetry import detect_gpu
+from agent.fleet.telemetry import TelemetrySampler, detect_gpu
 from agent.models.cache_control import CachedVersions, CacheEvents, ProvenanceOf
 from agent.models.control import ModelControlMode, ModelManager
 from agent.models.events import EventTee, LogEvents
@@ -54,6 +56,7 @@ from agent.repository.watch import RepositoryWatcher
 from agent.runtime.demo import default_demo_dir, ensure_demo_repository
 from agent.runtime.fd_limit import raise_open_file_limit
 from agent.runtime.reload import Reloader
+from agent.runtime.status import DeviceStatus
 from agent.runtime.systemd_notify import (
     Notifier,
     StatusLogHandler,
@@ -229,12 +232,30 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
     sync = _build_sync(config, model_cache, versions, events)
     server = config.server
     limits = _connection_limits(config)
+    token = _status_token(server)
+    status = DeviceStatus(
+        dataplane,
+        TelemetrySampler(
+            registry,
+            ledger,
+            started=time.monotonic(),
+            cache_disk=model_cache.disk_usage if model_cache is not None else None,
+            sync_state=sync.loop.state if sync is not None else None,
+        ),
+        access="loopback" if token is None else "token",
+        interval_s=server.status_sample_ms / 1000,
+    )
+    events.add(status.events)
+    await status.start()
+    stack.push_async_callback(status.stop)
     app = create_app(
         dataplane,
         max_request_bytes=server.max_request_bytes,
         max_bytes_elements=server.max_bytes_elements,
         body_timeout_s=limits.body_timeout_s,
         access=access if "http" in access.enforced else None,
+        status=status,
+        status_token=lambda: token,
     )
     context = tls.ssl_context if tls is not None else None
     port = await _serve_http(
@@ -304,6 +325,19 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         tls=tls,
         access=access,
     )
+
+
+def _status_token(server: ServerConfig) -> str | None:
+    """The token the status page needs: the configured one; none on loopback without one; an
+    unguessable one beyond loopback without one (the page is then closed to everybody)."""
+    if server.status_token:
+        return server.status_token
+    if is_loopback_host(server.host):
+        return None
+    logger.warning(
+        "status page closed: server.host is beyond loopback and server.status_token is not set"
+    )
+    return secrets.token_urlsafe(32)
 
 
 def _tls_note(tls: ServerTls | None) -> str:
