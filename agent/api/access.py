@@ -10,7 +10,8 @@ header with its value; the others are refused with Triton's message:
 
 A spec is Triton's `<group>,<group>...:<key>=<value>`; a group may be in one spec only. The
 groups are Triton's, plus the agent's own `cache` (activate, rollback, versions, clear-rejected),
-`canary` and `status` (the status page and its JSON). Pure: no sockets; the HTTP middleware and gRPC interceptor call `refusal`.
+`canary` and `status` (the status page and its JSON). Pure: no sockets; the HTTP middleware
+and gRPC interceptor call `refusal`.
 """
 
 from __future__ import annotations
