@@ -54,8 +54,8 @@
         + `<td ${stateCell(d.state)}${d.reason ? ` (${esc(d.reason)})` : ""}</td>`
         + `<td>${esc((d.groups || []).join(", ") || null)}</td><td>${versions || DASH}</td>`
         + `<td>${num(d.p95_us === null ? null : d.p95_us / 1000, 2)}</td>`
-        + `<td>${num(d.error_rate === null ? null : d.error_rate * 100, 2)}`
-        + `</td><td>${ago(d.last_seen, state.now)}</td></tr>`;
+        + `<td>${d.error_rate === null ? DASH : `${num(d.error_rate * 100, 2)} %`}</td>`
+        + `<td>${ago(d.last_seen, state.now)}</td></tr>`;
     });
     document.getElementById("rollouts").innerHTML = rollouts(state);
     rows("events-body", state.events || [], 6, (e) => `<tr><td>${esc(e.time)}</td>`
