@@ -1,0 +1,101 @@
+"""Headless Chromium (Debian's `chromium` + `chromium-driver`) through Selenium, for the page
+tests; `make test` installs them where it can, and the tests skip and say why where it could not.
+
+Screenshots go to docs/img/ only when EDGE_AGENT_SCREENSHOTS=1 (so a test run does not rewrite
+tracked files): `EDGE_AGENT_SCREENSHOTS=1 pytest tests/pages tests/mqtt/test_dashboard.py`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
+PHONE, LAPTOP = 390, 1280
+
+
+def chromium_missing() -> str | None:
+    """Why the browser tests cannot run here, or None."""
+    try:
+        import selenium  # noqa: F401, PLC0415 - only to say whether it is there
+    except ImportError:
+        return "selenium is not installed (pip install -e '.[dev]')"
+    for tool in ("chromium", "chromedriver"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (make test installs chromium and chromium-driver)"
+    return None
+
+
+@contextmanager
+def chromium() -> Iterator[Any]:
+    """A headless Chromium driven by Selenium; quit on exit."""
+    from selenium import webdriver  # noqa: PLC0415 - the tests skip without it
+    from selenium.webdriver.chrome.service import Service  # noqa: PLC0415
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium") or "chromium"
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1280,900", "--disable-extensions", "--no-first-run"):  # fmt: skip
+        options.add_argument(arg)
+    service = Service(executable_path=shutil.which("chromedriver") or "chromedriver")
+    driver = webdriver.Chrome(options=options, service=service)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def browser_fixture() -> Callable[[], Iterator[Any]]:
+    """A module-scoped `browser` fixture that skips with the reason when Chromium is missing."""
+
+    @pytest.fixture(scope="module")
+    def browser() -> Iterator[Any]:
+        reason = chromium_missing()
+        if reason is not None:
+            pytest.skip(reason)
+        with chromium() as driver:
+            yield driver
+
+    return browser
+
+
+def wait_for(driver: Any, check: Callable[[Any], Any], timeout: float = 20.0) -> Any:
+    """Selenium's explicit wait on a condition (no sleeps)."""
+    from selenium.webdriver.support.wait import WebDriverWait  # noqa: PLC0415
+
+    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(check)
+
+
+def first_paint_ms(driver: Any) -> float:
+    """First contentful paint of the current page, from the browser's Performance API."""
+    value = driver.execute_script(
+        "const p = performance.getEntriesByName('first-contentful-paint')[0];"
+        "return p ? p.startTime : performance.getEntriesByType('navigation')[0].domComplete;"
+    )
+    return float(value)
+
+
+def text_of(driver: Any, css: str) -> str:
+    from selenium.webdriver.common.by import By  # noqa: PLC0415
+
+    return str(driver.find_element(By.CSS_SELECTOR, css).text)
+
+
+def screenshots(driver: Any, name: str) -> None:
+    """docs/img/<name>-390.png and -1280.png, whole page, when EDGE_AGENT_SCREENSHOTS=1."""
+    if os.environ.get("EDGE_AGENT_SCREENSHOTS") != "1":
+        return
+    DOCS_IMG.mkdir(parents=True, exist_ok=True)
+    for width in (PHONE, LAPTOP):
+        driver.set_window_size(width, 900)
+        height = driver.execute_script("return document.documentElement.scrollHeight")
+        driver.set_window_size(width, min(int(height) + 20, 4000))
+        driver.save_screenshot(str(DOCS_IMG / f"{name}-{width}.png"))
+    driver.set_window_size(LAPTOP, 900)
