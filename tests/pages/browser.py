@@ -23,7 +23,7 @@ PHONE, LAPTOP = 390, 1280
 def chromium_missing() -> str | None:
     """Why the browser tests cannot run here, or None."""
     try:
-        import selenium  # noqa: F401, PLC0415 - only to say whether it is there
+        import selenium  # noqa: F401 - only to say whether it is there
     except ImportError:
         return "selenium is not installed (pip install -e '.[dev]')"
     for tool in ("chromium", "chromedriver"):
@@ -35,8 +35,8 @@ def chromium_missing() -> str | None:
 @contextmanager
 def chromium() -> Iterator[Any]:
     """A headless Chromium driven by Selenium; quit on exit."""
-    from selenium import webdriver  # noqa: PLC0415 - the tests skip without it
-    from selenium.webdriver.chrome.service import Service  # noqa: PLC0415
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
     options.binary_location = shutil.which("chromium") or "chromium"
@@ -68,7 +68,7 @@ def browser_fixture() -> Callable[[], Iterator[Any]]:
 
 def wait_for(driver: Any, check: Callable[[Any], Any], timeout: float = 20.0) -> Any:
     """Selenium's explicit wait on a condition (no sleeps)."""
-    from selenium.webdriver.support.wait import WebDriverWait  # noqa: PLC0415
+    from selenium.webdriver.support.wait import WebDriverWait
 
     return WebDriverWait(driver, timeout, poll_frequency=0.1).until(check)
 
@@ -83,7 +83,7 @@ def first_paint_ms(driver: Any) -> float:
 
 
 def text_of(driver: Any, css: str) -> str:
-    from selenium.webdriver.common.by import By  # noqa: PLC0415
+    from selenium.webdriver.common.by import By
 
     return str(driver.find_element(By.CSS_SELECTOR, css).text)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import urllib.error
 import urllib.request
@@ -65,13 +66,13 @@ def _infer(client: httpclient.InferenceServerClient, count: int) -> None:
 
 
 def _model_rows(driver: Any) -> list[str]:
-    from selenium.webdriver.common.by import By  # noqa: PLC0415
+    from selenium.webdriver.common.by import By
 
     return [row.text for row in driver.find_elements(By.CSS_SELECTOR, "#models-body tr")]
 
 
 def _serving_rows(driver: Any) -> list[str]:
-    from selenium.webdriver.common.by import By  # noqa: PLC0415
+    from selenium.webdriver.common.by import By
 
     return [row.text for row in driver.find_elements(By.CSS_SELECTOR, "#serving-body tr")]
 
@@ -110,8 +111,6 @@ def test_the_page_shows_the_demo_models_and_a_hot_swap_without_a_reload(
 def test_the_status_json_is_compact_and_carries_the_sampled_history(
     demo_agent: RunningAgent,
 ) -> None:
-    import json  # noqa: PLC0415
-
     status, body = _get(f"http://127.0.0.1:{demo_agent.http_port}/v2/status")
     assert status == 200
     doc = json.loads(body)
@@ -161,7 +160,7 @@ def test_with_the_token_the_page_opens_says_so_and_keeps_polling(
 
 def test_beyond_loopback_without_a_token_the_page_is_closed(model_repo: Path) -> None:
     config = AgentConfig(
-        server=ServerConfig(host="0.0.0.0", http_port=0, grpc_port=-1, metrics_port=-1),  # noqa: S104
+        server=ServerConfig(host="0.0.0.0", http_port=0, grpc_port=-1, metrics_port=-1),
         models=ModelsConfig(repository=model_repo, intra_op_threads=1),
     )
     with running_agent(config) as agent:
