@@ -15,7 +15,14 @@ import pytest
 from agent.fleet.dashboard import Dashboard
 from agent.pages import UNAUTHORIZED
 from tests.mqtt.support import AgentThread, Broker, LinkFactory, mqtt_config
-from tests.pages.browser import browser_fixture, first_paint_ms, screenshots, text_of, wait_for
+from tests.pages.browser import (
+    browser_fixture,
+    first_paint_ms,
+    rows_of,
+    screenshots,
+    text_of,
+    wait_for,
+)
 
 browser = browser_fixture()
 DEVICES = ("dev1", "dev2", "dev3")
@@ -61,9 +68,7 @@ def board(served: AgentThread, broker: Broker) -> Iterator[tuple[Dashboard, Roll
 
 
 def _rows(driver: Any, css: str) -> list[str]:
-    from selenium.webdriver.common.by import By
-
-    return [row.text for row in driver.find_elements(By.CSS_SELECTOR, css)]
+    return rows_of(driver, css)
 
 
 def _online(driver: Any) -> bool:

@@ -83,9 +83,19 @@ def first_paint_ms(driver: Any) -> float:
 
 
 def text_of(driver: Any, css: str) -> str:
-    from selenium.webdriver.common.by import By
+    """The visible text of the first element matching `css`, whitespace collapsed."""
+    found = driver.execute_script("const e = document.querySelector(arguments[0]);"
+                                  "return e ? e.innerText : '';", css)  # fmt: skip
+    return " ".join(str(found).split())
 
-    return str(driver.find_element(By.CSS_SELECTOR, css).text)
+
+def rows_of(driver: Any, css: str) -> list[str]:
+    """The visible text of every element matching `css`, read in one go (a poll may replace
+    them between two reads: one script call reads them all from the same document)."""
+    found = driver.execute_script(
+        "return [...document.querySelectorAll(arguments[0])].map((e) => e.innerText);", css
+    )
+    return [" ".join(str(text).split()) for text in found]
 
 
 def screenshots(driver: Any, name: str) -> None:
@@ -94,8 +104,10 @@ def screenshots(driver: Any, name: str) -> None:
         return
     DOCS_IMG.mkdir(parents=True, exist_ok=True)
     for width in (PHONE, LAPTOP):
-        driver.set_window_size(width, 900)
+        metrics = {"width": width, "height": 800, "deviceScaleFactor": 1, "mobile": width < 600}
+        driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
         height = driver.execute_script("return document.documentElement.scrollHeight")
-        driver.set_window_size(width, min(int(height) + 20, 4000))
+        metrics["height"] = min(int(height), 4000)
+        driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
         driver.save_screenshot(str(DOCS_IMG / f"{name}-{width}.png"))
-    driver.set_window_size(LAPTOP, 900)
+    driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})

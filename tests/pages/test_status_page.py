@@ -18,7 +18,14 @@ from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.pages import UNAUTHORIZED
 from agent.runtime.daemon import RunningAgent
 from agent.runtime.demo import ensure_demo_repository
-from tests.pages.browser import browser_fixture, first_paint_ms, screenshots, text_of, wait_for
+from tests.pages.browser import (
+    browser_fixture,
+    first_paint_ms,
+    rows_of,
+    screenshots,
+    text_of,
+    wait_for,
+)
 from tests.server import http_client, running_agent
 
 browser = browser_fixture()
@@ -66,15 +73,11 @@ def _infer(client: httpclient.InferenceServerClient, count: int) -> None:
 
 
 def _model_rows(driver: Any) -> list[str]:
-    from selenium.webdriver.common.by import By
-
-    return [row.text for row in driver.find_elements(By.CSS_SELECTOR, "#models-body tr")]
+    return rows_of(driver, "#models-body tr")
 
 
 def _serving_rows(driver: Any) -> list[str]:
-    from selenium.webdriver.common.by import By
-
-    return [row.text for row in driver.find_elements(By.CSS_SELECTOR, "#serving-body tr")]
+    return rows_of(driver, "#serving-body tr")
 
 
 def test_the_page_shows_the_demo_models_and_a_hot_swap_without_a_reload(
