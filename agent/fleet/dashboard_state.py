@@ -2,9 +2,10 @@
 devices publish (`status`, `telemetry`, `events`; docs/mqtt.md). Pure: `apply` takes a topic,
 its decoded payload and "now" (Unix seconds); nothing here reads a clock or a socket.
 
-A device's figures come from its last telemetry: p95 is the worst model version's, the error
-rate the failures over the requests since its previous telemetry (its counters are cumulative;
-the first telemetry gives the rate since the agent started).
+A device's figures come from its telemetry: p95 is the worst model version's in the last one;
+the error rate is the failures over the requests across the last `RATE_WINDOW` messages (the
+counters are cumulative; the first telemetry gives the rate since the agent started; none when
+no request came in the window).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 __all__ = ["DeviceView", "FleetView", "split_topic"]
 
 LEAVES = ("status", "telemetry", "events")
+RATE_WINDOW = 30  # telemetry messages: 5 minutes at the default 10 s interval
 
 
 def split_topic(prefix: str, topic: str) -> tuple[str, str] | None:
@@ -42,7 +44,10 @@ class DeviceView:
     telemetry: dict[str, Any] | None = None
     p95_us: float | None = None
     error_rate: float | None = None
-    _totals: tuple[int, int] | None = None  # (requests, failures) of the previous telemetry
+    # (requests, failures) of the last telemetry messages: the error rate's window
+    _totals: collections.deque[tuple[int, int]] = field(
+        default_factory=lambda: collections.deque(maxlen=RATE_WINDOW)
+    )
 
     def to_json(self, groups: Sequence[str]) -> dict[str, Any]:
         return {
@@ -137,9 +142,12 @@ def _telemetry(view: DeviceView, doc: Mapping[str, Any]) -> None:
     view.p95_us = max(p95s) if p95s else None
     requests = sum(int(m.get("requests") or 0) for m in models)
     failures = sum(int(m.get("failures") or 0) for m in models)
-    before = view._totals if view._totals is not None else (0, 0)
-    if requests < before[0]:  # the agent restarted: its counters did too
-        before = (0, 0)
-    asked, failed = requests - before[0], failures - before[1]
+    if view._totals and requests < view._totals[-1][0]:  # the agent restarted: so did its counters
+        view._totals.clear()
+        view._totals.append((0, 0))
+    view._totals.append((requests, failures))
+    first, last = view._totals[0], view._totals[-1]
+    asked, failed = last[0] - first[0], last[1] - first[1]
+    if len(view._totals) == 1:  # the first telemetry: since the agent started
+        asked, failed = requests, failures
     view.error_rate = round(failed / asked, 4) if asked > 0 else None
-    view._totals = (requests, failures)

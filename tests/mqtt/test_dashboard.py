@@ -1,20 +1,29 @@
-"""The fleet dashboard (`edge-agent fleet dashboard`) with real fleet links on a Mosquitto broker,
-in a real browser: three devices, a rollout moving wave by wave (through the `RolloutSource`
+"""The fleet dashboard (`edge-agent fleet dashboard`) with real agents on a Mosquitto broker,
+in a real browser: three agents, a rollout moving wave by wave (through the `RolloutSource`
 interface), a device's telemetry opened from the keyboard, and the token."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import re
+import shutil
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+import tritonclient.http as httpclient
 
+from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.fleet.dashboard import Dashboard
 from agent.pages import UNAUTHORIZED
-from tests.mqtt.support import AgentThread, Broker, LinkFactory, mqtt_config
+from tests.models import scale_model, write_versions
+from tests.mqtt.support import Broker, mqtt_config
 from tests.pages.browser import (
     browser_fixture,
     first_paint_ms,
@@ -23,6 +32,7 @@ from tests.pages.browser import (
     text_of,
     wait_for,
 )
+from tests.server import AgentOnThread, agent_on_thread, http_client
 
 browser = browser_fixture()
 DEVICES = ("dev1", "dev2", "dev3")
@@ -42,7 +52,7 @@ class Rollouts:
         self.reason = ""
 
     def rollouts(self) -> list[dict[str, Any]]:
-        return [{"id": "r1", "model": "m", "version": 2, "state": self.state,
+        return [{"id": "r1", "model": "s", "version": 2, "state": self.state,
                  "reason": self.reason, "waves": self.waves}]  # fmt: skip
 
     def groups(self) -> dict[str, list[str]]:
@@ -50,21 +60,32 @@ class Rollouts:
 
 
 @pytest.fixture
-def devices(start_link: LinkFactory, broker: Broker, tmp_path: Path) -> tuple[str, ...]:
-    for device in DEVICES:
-        start_link(mqtt_config(broker, device_id=device), tmp_path / f"{device}.sqlite")
-    return DEVICES
+def agents(broker: Broker, tmp_path: Path) -> Iterator[list[AgentOnThread]]:
+    """Three agents, each serving model s version 1 and linked to the broker as dev1..dev3."""
+    with contextlib.ExitStack() as stack:
+        started = []
+        for device in DEVICES:
+            repo = tmp_path / device / "models"
+            write_versions(repo, "s", {1: scale_model(2.0)})
+            config = AgentConfig(
+                server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1),
+                models=ModelsConfig(repository=repo, intra_op_threads=1,
+                                    control_mode="explicit", load_models=("*",)),
+                mqtt=mqtt_config(broker, device_id=device, state_dir=tmp_path / device),
+            )  # fmt: skip
+            started.append(stack.enter_context(agent_on_thread(config)))
+        yield started
 
 
 @pytest.fixture
-def board(served: AgentThread, broker: Broker) -> Iterator[tuple[Dashboard, Rollouts, str]]:
+def board(agents: list[AgentOnThread], broker: Broker) -> Iterator[tuple[Dashboard, Rollouts, str]]:
     rollouts = Rollouts()
     dashboard = Dashboard(broker.settings(), rollouts=rollouts)
-    port = served.run(dashboard.start("127.0.0.1", 0))
+    port = agents[0].run(dashboard.start("127.0.0.1", 0))
     try:
         yield dashboard, rollouts, f"http://127.0.0.1:{port}/"
     finally:
-        served.run(dashboard.stop())
+        agents[0].run(dashboard.stop())
 
 
 def _rows(driver: Any, css: str) -> list[str]:
@@ -78,19 +99,27 @@ def _online(driver: Any) -> bool:
 
 def test_the_dashboard_shows_three_devices_a_rollout_moving_and_a_devices_telemetry(
     browser: Any,
-    served: AgentThread,
-    devices: tuple[str, ...],
+    agents: list[AgentOnThread],
     board: tuple[Dashboard, Rollouts, str],
+    tmp_path: Path,
 ) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
 
     _, rollouts, url = board
+    with http_client(agents[0].agent) as client:  # figures for dev1's p95
+        for _ in range(10):
+            tensor = httpclient.InferInput("X", [1, 4], "FP32")
+            tensor.set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
+            client.infer("s", [tensor])
     browser.get(url)
     print(f"fleet dashboard: first contentful paint {first_paint_ms(browser):.1f} ms")
     wait_for(browser, _online)
     rows = _rows(browser, "#devices-body tr")
-    assert rows[0].startswith("dev1 online canary, lab m: 1 "), rows
+    assert rows[0].startswith("dev1 online canary, lab s: 1 "), rows
+    # dev1's p95 (ms) and error rate arrive with its next telemetry.
+    p95 = re.compile(r"^dev1 online canary, lab s: 1 \d+\.\d\d 0\.00 % ")
+    wait_for(browser, lambda d: p95.match(_rows(d, "#devices-body tr")[0]))
     assert "No rollouts" not in text_of(browser, "#rollouts")
     browser.execute_script("window.notReloaded = true;")
 
@@ -111,10 +140,13 @@ def test_the_dashboard_shows_three_devices_a_rollout_moving_and_a_devices_teleme
         browser, "#waves-r1 tr"
     )
 
-    # An event from the agent reaches the feed of every device.
-    served.events.record("m", 2, "version_activated", {"strategy": "swap"})
-    wait_for(browser, lambda d: len([r for r in _rows(d, "#events-body tr")
-                                     if "version_activated" in r]) == 3)  # fmt: skip
+    # dev3 loads a version 2 (a hot swap): its events reach the feed, its row shows it.
+    shutil.copytree(tmp_path / "dev3/models/s/1", tmp_path / "dev3/models/s/2")
+    with http_client(agents[2].agent) as client:
+        client.load_model("s")
+    wait_for(browser, lambda d: any(r.startswith("dev3 online field s: 1, 2")
+                                    for r in _rows(d, "#devices-body tr")))  # fmt: skip
+    assert any("dev3" in r and " s 2 " in r for r in _rows(browser, "#events-body tr"))
     assert browser.execute_script("return window.notReloaded === true;")
     screenshots(browser, "dashboard")
 
@@ -135,11 +167,12 @@ def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
         return exc.code, exc.read()
 
 
-def test_with_a_token_every_route_answers_401_without_it(
-    served: AgentThread, broker: Broker
-) -> None:
+def test_with_a_token_every_route_answers_401_without_it(broker: Broker) -> None:
     dashboard = Dashboard(broker.settings(), token="s3cret")
-    port = served.run(dashboard.start("127.0.0.1", 0))
+    loop = asyncio.new_event_loop()
+    port = loop.run_until_complete(dashboard.start("127.0.0.1", 0))
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
     base = f"http://127.0.0.1:{port}"
     try:
         for path in ("/", "/fleet/v1/state", "/fleet/v1/devices/dev1/telemetry"):
@@ -155,4 +188,7 @@ def test_with_a_token_every_route_answers_401_without_it(
         assert status == 404
         assert b"nobody" in body
     finally:
-        served.run(dashboard.stop())
+        asyncio.run_coroutine_threadsafe(dashboard.stop(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()

@@ -28,9 +28,11 @@ def test_the_fleet_view_folds_status_telemetry_and_events() -> None:
     assert row == {"device": "d1", "state": "online", "reason": "", "agent_version": "0.1.0",
                    "groups": ["lab"], "versions": {"m": [1, 2]}, "p95_us": 2500.0,
                    "error_rate": 0.05, "last_seen": 100.0}  # fmt: skip
-    # The error rate is over the requests since the previous telemetry.
+    # The error rate is over the requests across the window of telemetry messages.
     view.apply("edge/d1/telemetry", _telemetry(200, 5, 900.0), now=62.0)
     assert view.devices_json({})[0]["error_rate"] == 0.0
+    view.apply("edge/d1/telemetry", _telemetry(300, 15, 900.0), now=62.0)
+    assert view.devices_json({})[0]["error_rate"] == 0.05  # 10 of 200
     # The agent restarted: its counters start again.
     view.apply("edge/d1/telemetry", _telemetry(10, 1, 900.0), now=63.0)
     assert view.devices_json({})[0]["error_rate"] == 0.1
