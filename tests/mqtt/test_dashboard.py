@@ -6,8 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.request
@@ -33,6 +38,7 @@ from tests.pages.browser import (
     wait_for,
 )
 from tests.server import AgentOnThread, agent_on_thread, http_client
+from tests.support import free_port
 
 browser = browser_fixture()
 DEVICES = ("dev1", "dev2", "dev3")
@@ -192,3 +198,29 @@ def test_with_a_token_every_route_answers_401_without_it(broker: Broker) -> None
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()
+
+
+def test_the_cli_serves_the_dashboard_until_sigterm(broker: Broker) -> None:
+    port = free_port()
+    command = [sys.executable, "-m", "agent", "fleet", "dashboard", "--port", str(port),
+               "--mqtt-port", str(broker.port)]  # fmt: skip
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == f"fleet dashboard on http://127.0.0.1:{port}/"
+            status, body = _get(f"http://127.0.0.1:{port}/fleet/v1/state")
+            assert status == 200
+            assert json.loads(body)["access"] == "open"
+        finally:
+            proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+
+
+def test_the_cli_refuses_to_open_the_dashboard_beyond_loopback_without_a_token() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "agent", "fleet", "dashboard", "--bind", "0.0.0.0"],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={k: v for k, v in os.environ.items() if k != "EDGE_AGENT_DASHBOARD_TOKEN"},
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "beyond loopback: set --token" in done.stderr
