@@ -35,6 +35,14 @@ class ModelNotReadyError(AgentError):
     """The model or version exists but is not loaded and ready to serve."""
 
 
+class NoReadyVersionError(ModelNotReadyError):
+    """A request names a known model without a version, and no version of it is READY.
+
+    Still "not ready" for the agent's own callers; Triton answers this case NOT_FOUND ("has no
+    available versions"), so the transports do too.
+    """
+
+
 class SharedMemoryNotFoundError(AgentError):
     """A request names a shared-memory region that is not registered."""
 
@@ -88,8 +96,19 @@ class ConflictError(AgentError):
     """The request conflicts with what is in progress (e.g. a canary already runs)."""
 
 
+class RegionExistsError(ConflictError):
+    """A shared-memory region of that name is registered already.
+
+    Triton's ALREADY_EXISTS, which its HTTP endpoint answers 400 (not 409).
+    """
+
+
 class ModelControlError(AgentError):
     """A model-control request is not allowed in the current mode (e.g. load without explicit)."""
+
+
+class ModelControlDisabledError(ModelControlError):
+    """Explicit load / unload while the model-control mode is not explicit (Triton: UNAVAILABLE)."""
 
 
 class UnsupportedError(AgentError):

@@ -76,6 +76,7 @@ _MODEL = "/v2/models/{model}"
 _VERSION = "/v2/models/{model}/versions/{version}"
 _REPO = "/v2/repository/models/{model}"
 _SHM = "/v2/systemsharedmemory"
+_CUDA_SHM = "/v2/cudasharedmemory"
 
 # THE table: every endpoint -> its group. HTTP keys are "<METHOD> <route>" (HEAD is answered as
 # GET), gRPC keys "grpc <Method>". Add each new route or RPC here (a test checks).
@@ -90,6 +91,7 @@ ENDPOINT_GROUPS: dict[str, str] = {
     "grpc ModelReady": HEALTH,
     # metadata
     "GET /v2": METADATA,
+    "GET /v2/openapi.json": METADATA,  # the API's OpenAPI description
     f"GET {_MODEL}": METADATA,
     f"GET {_VERSION}": METADATA,
     "grpc ServerMetadata": METADATA,
@@ -147,6 +149,14 @@ ENDPOINT_GROUPS: dict[str, str] = {
     "grpc SystemSharedMemoryStatus": SHARED_MEMORY,
     "grpc SystemSharedMemoryRegister": SHARED_MEMORY,
     "grpc SystemSharedMemoryUnregister": SHARED_MEMORY,
+    f"GET {_CUDA_SHM}/status": SHARED_MEMORY,
+    f"GET {_CUDA_SHM}/region/{{region}}/status": SHARED_MEMORY,
+    f"POST {_CUDA_SHM}/region/{{region}}/register": SHARED_MEMORY,
+    f"POST {_CUDA_SHM}/unregister": SHARED_MEMORY,
+    f"POST {_CUDA_SHM}/region/{{region}}/unregister": SHARED_MEMORY,
+    "grpc CudaSharedMemoryStatus": SHARED_MEMORY,
+    "grpc CudaSharedMemoryRegister": SHARED_MEMORY,
+    "grpc CudaSharedMemoryUnregister": SHARED_MEMORY,
     # status (the agent's own: the status page, also behind server.status_token)
     "GET /": STATUS,
     "GET /v2/status": STATUS,

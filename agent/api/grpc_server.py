@@ -22,6 +22,7 @@ from google.protobuf import json_format
 from agent.api import grpc_codec
 from agent.api.access import ApiAccess, RestrictedApiError, grpc_endpoint, is_loopback_peer
 from agent.api.http_limits import ClientTimeoutError, ConnectionLimits
+from agent.api.model_load import ModelLoadFailedError, load_model
 from agent.api.tls import ServerTls, TlsError
 from agent.errors import (
     AccessDeniedError,
@@ -33,13 +34,16 @@ from agent.errors import (
     InvalidInputError,
     MemoryBudgetError,
     ModelConfigError,
+    ModelControlDisabledError,
     ModelControlError,
     ModelInstanceFailedError,
     ModelLoadError,
     ModelNotFoundError,
     ModelNotReadyError,
+    NoReadyVersionError,
     OverloadedError,
     PayloadTooLargeError,
+    RegionExistsError,
     RequestTimeoutError,
     SharedMemoryNotFoundError,
     UnsupportedError,
@@ -57,14 +61,18 @@ STATUS_FOR_ERROR: dict[type[AgentError], grpc.StatusCode] = {
     InvalidInputError: grpc.StatusCode.INVALID_ARGUMENT,
     ModelConfigError: grpc.StatusCode.INVALID_ARGUMENT,
     ModelControlError: grpc.StatusCode.FAILED_PRECONDITION,
+    ModelLoadFailedError: grpc.StatusCode.INVALID_ARGUMENT,
     ModelNotFoundError: grpc.StatusCode.NOT_FOUND,
     AccessDeniedError: grpc.StatusCode.PERMISSION_DENIED,
     RestrictedApiError: grpc.StatusCode.UNAVAILABLE,  # Triton's answer to a restricted protocol
+    NoReadyVersionError: grpc.StatusCode.NOT_FOUND,
     SharedMemoryNotFoundError: grpc.StatusCode.NOT_FOUND,
     ConflictError: grpc.StatusCode.ALREADY_EXISTS,
+    RegionExistsError: grpc.StatusCode.ALREADY_EXISTS,
     ClientTimeoutError: grpc.StatusCode.DEADLINE_EXCEEDED,
     PayloadTooLargeError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ModelNotReadyError: grpc.StatusCode.UNAVAILABLE,
+    ModelControlDisabledError: grpc.StatusCode.UNAVAILABLE,
     OverloadedError: grpc.StatusCode.UNAVAILABLE,
     RequestTimeoutError: grpc.StatusCode.UNAVAILABLE,
     BackendError: grpc.StatusCode.INTERNAL,
@@ -109,7 +117,8 @@ def _mapped(
             if not isinstance(exc, AgentError):
                 logger.exception("gRPC %s failed", handler.__name__)
             error = InternalError.wrap(exc)
-            await context.abort(status_for(error), error.message)
+            # no path of the device in what the client reads
+            await context.abort(status_for(error), self._dp.scrub(error.message))
             raise  # abort raises; this keeps type checkers satisfied
 
     return wrapper
@@ -213,7 +222,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             infer_request = grpc_codec.decode_infer_request(request, limits=self._limits)
             async for item in self._dp.infer_stream(request.model_name, version, infer_request):
                 if item.error is not None:
-                    yield pb.ModelStreamInferResponse(error_message=item.error.message)
+                    yield pb.ModelStreamInferResponse(
+                        error_message=self._dp.scrub(item.error.message)
+                    )
                     continue
                 if item.response is None:
                     if not (item.final and empty_final):
@@ -228,10 +239,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 message.parameters["triton_final_response"].bool_param = item.final
                 yield pb.ModelStreamInferResponse(infer_response=message)
         except AgentError as exc:
-            yield pb.ModelStreamInferResponse(error_message=exc.message)
+            yield pb.ModelStreamInferResponse(error_message=self._dp.scrub(exc.message))
         except Exception as exc:
             logger.exception("gRPC ModelStreamInfer failed")
-            yield pb.ModelStreamInferResponse(error_message=InternalError.wrap(exc).message)
+            text = self._dp.scrub(InternalError.wrap(exc).message)
+            yield pb.ModelStreamInferResponse(error_message=text)
 
     @_mapped
     async def ModelConfig(self, request: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
@@ -294,7 +306,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 files[key] = param.bytes_param
             else:
                 raise InvalidInputError(f"unrecognized load parameter '{key}'.")
-        await self._dp.load_model(request.model_name, config, files)
+        await load_model(self._dp, request.model_name, config, files)
         return pb.RepositoryModelLoadResponse()
 
     @_mapped
@@ -344,6 +356,31 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         else:
             self._dp.shared_memory.unregister_all()
         return pb.SystemSharedMemoryUnregisterResponse()
+
+    # CUDA shared memory, as Triton without GPU support answers it (issue 26) ------------------
+
+    @_mapped
+    async def CudaSharedMemoryStatus(
+        self, request: pb.CudaSharedMemoryStatusRequest
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        self._dp.cuda_shared_memory.status(request.name or None)  # raises for a named region
+        return pb.CudaSharedMemoryStatusResponse()
+
+    @_mapped
+    async def CudaSharedMemoryRegister(
+        self, request: pb.CudaSharedMemoryRegisterRequest
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        self._dp.cuda_shared_memory.register(request.name)
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    @_mapped
+    async def CudaSharedMemoryUnregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        self._dp.cuda_shared_memory.unregister(request.name or None)
+        return pb.CudaSharedMemoryUnregisterResponse()
+
+    # ------------------------------------------------------------------------------------------
 
     @_mapped
     async def TraceSetting(self, request: pb.TraceSettingRequest) -> pb.TraceSettingResponse:

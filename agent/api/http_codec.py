@@ -360,7 +360,12 @@ def _tensor_from_json(
         if not all(isinstance(v, str | bytes) for v in flat):
             raise InvalidInputError(f"input '{name}': BYTES data must be strings")
         arr = np.empty(len(flat), dtype=np.object_)
-        arr[:] = [v.encode() if isinstance(v, str) else v for v in flat]
+        try:
+            arr[:] = [v.encode() if isinstance(v, str) else v for v in flat]
+        except UnicodeEncodeError:  # JSON text can carry lone surrogates ("\ud800")
+            raise InvalidInputError(
+                f"input '{name}': BYTES data must be valid Unicode (a lone surrogate is not)"
+            ) from None
     else:
         dtype = datatypes.BY_KSERVE[datatype].numpy
         if datatype == "BOOL":

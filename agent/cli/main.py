@@ -19,6 +19,7 @@ from typing import Any
 
 from agent import __version__
 from agent.backends import tensorrt_build as engine_build
+from agent.cli import doctor as doctor_cli
 from agent.cli import fleet as fleet_cli
 from agent.cli import sign_model
 from agent.config.loader import load_config
@@ -232,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     engine_build.add_commands(commands)
     fleet_cli.add_commands(commands)
     sign_model.add_commands(commands)
+    doctor_cli.add_commands(commands)
 
     for verb, text in (
         ("activate", "serve a cached version on a running agent (hot swap)"),
@@ -276,6 +278,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fleet_cli.run(args)
     if args.command in ("sign-model", "verify-model"):
         return sign_model.run(args)
+    if args.command == "doctor":
+        return doctor_cli.run(args)
     if args.command == "quantize":
         from agent.quantize import command as quantize  # noqa: PLC0415 - onnx only here
 

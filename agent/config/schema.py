@@ -1,6 +1,6 @@
 """The agent's settings: frozen dataclasses, read once at start-up by `agent.config.loader`.
 
-    [server]  host, http_port, grpc_port, metrics_port, max_request_bytes, shared_memory,
+    [server]  name, host, http_port, grpc_port, metrics_port, max_request_bytes, shared_memory,
               max_bytes_elements, max_connections, header_timeout_ms, body_timeout_ms,
               idle_timeout_ms, tls_cert_file, tls_key_file, tls_client_ca_file,
               http_restricted_api, grpc_restricted_protocol, strict_security, status_token,
@@ -49,6 +49,7 @@ TRACE_MODES = ("triton", "opentelemetry")
 class ServerConfig:
     """Network endpoints."""
 
+    name: str = "edge-agent"  # server metadata's "name" (a fleet whose clients check it: "triton")
     host: str = "127.0.0.1"
     http_port: int = 8000
     grpc_port: int = 8001  # KServe v2 gRPC; -1 turns it off
@@ -150,6 +151,8 @@ def validate(config: AgentConfig, *, serving: bool = True) -> None:
         raise AgentConfigError(
             f"server.metrics_port must be 0..65535 (or -1 for off), got {server.metrics_port}"
         )
+    if not server.name.strip():
+        raise AgentConfigError("server.name must not be empty")
     if server.max_request_bytes < 1024:
         raise AgentConfigError(
             f"server.max_request_bytes must be at least 1024, got {server.max_request_bytes}"

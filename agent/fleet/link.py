@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import __version__
+from agent.backends.gpu_telemetry import GpuReader
 from agent.errors import AgentError, InternalError, OverloadedError
 from agent.fleet import commands as cmd
 from agent.fleet.config import MqttConfig, Topics
@@ -52,7 +53,7 @@ from agent.fleet.outbox import Kind, Outbox
 from agent.fleet.runner import CommandRunner, response_doc
 from agent.fleet.slo import SloEvaluator
 from agent.fleet.state import FleetState
-from agent.fleet.telemetry import GpuProbe, TelemetrySampler
+from agent.fleet.telemetry import TelemetrySampler
 from agent.models.memory_plan import MemoryLedger
 from agent.models.registry import ModelRegistry
 from agent.serving.dataplane import DataPlane
@@ -86,7 +87,7 @@ class FleetLink:
         on_desired: Called with `MODEL=POLICY` lines after `set-desired` (and at start).
         sync_state: The sync loop's state, for telemetry.
         cache_disk: Bytes the model cache uses, for telemetry.
-        gpu: A GPU probe, for telemetry.
+        gpu: A GPU reader, for telemetry.
         clock: Monotonic seconds (telemetry cadence, SLO windows).
     """
 
@@ -102,7 +103,7 @@ class FleetLink:
         on_desired: Callable[[tuple[str, ...]], None] | None = None,
         sync_state: Callable[[], Mapping[str, Any]] | None = None,
         cache_disk: Callable[[], int] | None = None,
-        gpu: GpuProbe | None = None,
+        gpu: GpuReader | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config

@@ -28,6 +28,7 @@ from agent.errors import (
     AgentError,
     CacheCommitError,
     ConflictError,
+    InvalidInputError,
     ModelLoadError,
     ModelNotFoundError,
 )
@@ -37,12 +38,14 @@ from agent.models.events import CACHE_GC_FAILED, EventSink, guarded
 from model_cache import (
     CacheError,
     InstalledVersion,
+    InvalidVersionError,
     ModelCache,
     RejectionCause,
     VersionNotFoundError,
     VersionState,
     collect,
 )
+from model_cache.layout import validate_model_name, validate_version
 
 logger = logging.getLogger(__name__)
 
@@ -103,11 +106,13 @@ class CachedVersions:
                 a rejected version is refused.
 
         Raises:
+            InvalidInputError: a name or number the cache cannot hold.
             ModelNotFoundError: the cache does not hold that version.
             ConflictError: the version is rejected on this device (not `operator`).
             ModelLoadError: it failed verification, loading or warm-up (and is now rejected);
                 the old one still serves.
         """
+        _check_request(model, version)
         if operator:
             await asyncio.to_thread(self.clear_rejected, model, version, by="activate")
         else:
@@ -124,9 +129,11 @@ class CachedVersions:
         rollback; the version rolled back to loses its rejection, if it had one.
 
         Raises:
+            InvalidInputError: a name or number the cache cannot hold.
             ModelNotFoundError: nothing retained to roll back to, or no such version.
             ModelLoadError: the version failed verification or loading; the current one serves.
         """
+        _check_request(model, to_version)
         version = (
             to_version if to_version is not None else await asyncio.to_thread(self._previous, model)
         )
@@ -144,7 +151,9 @@ class CachedVersions:
 
         Raises:
             ModelLoadError: the cache's database failed.
+            InvalidInputError: a name or number the cache cannot hold.
         """
+        _check_request(model, version)
         try:
             return [r.version for r in self.cache.rejections.clear(model, version, by=by)]
         except CacheError as exc:
@@ -182,7 +191,11 @@ class CachedVersions:
         """The cached versions of a model with their states and rejections (HTTP API, CLI).
 
         A rejected version whose files were evicted is listed too, with state "evicted".
+
+        Raises:
+            InvalidInputError: a name the cache cannot hold (such as '..').
         """
+        _check_request(model)
         rejected = {r["version"]: r for r in self.rejected(model)}
         rows: list[dict[str, Any]] = [
             {
@@ -305,3 +318,18 @@ class CachedVersions:
             self.cache.rejections.clear(model, version, by="failed rollback")
         except CacheError as exc:
             logger.error("cannot lift the rejection of %s version %d: %s", model, version, exc)
+
+
+def _check_request(model: str, version: int | None = None) -> None:
+    """Refuse a name or number no cached version can have before the cache sees it (its
+    InvalidVersionError would otherwise read as a failed load, or a bug).
+
+    Raises:
+        InvalidInputError: e.g. model '..', version 0 or 10**18.
+    """
+    try:
+        validate_model_name(model)
+        if version is not None:
+            validate_version(version)
+    except InvalidVersionError as exc:
+        raise InvalidInputError(str(exc)) from None

@@ -32,6 +32,7 @@ from agent.api.http import create_app
 from agent.api.http_limits import ConnectionGuard, ConnectionLimits
 from agent.api.metrics import build_registry, create_metrics_app
 from agent.api.tls import ServerTls
+from agent.backends.gpu_telemetry import CachedGpuReader, GpuReader, detect_gpu_reader
 from agent.canary.control import STATE_FILE, CanaryManager
 from agent.config.schema import AgentConfig, ServerConfig
 from agent.config.security import (
@@ -44,9 +45,10 @@ from agent.errors import AgentError, ModelLoadError, ModelNotFoundError
 from agent.fleet.link import FleetLink
 from agent.fleet.mqtt import MqttError
 from agent.fleet.outbox import StoreError
-from agent.fleet.telemetry import TelemetrySampler, detect_gpu
+from agent.fleet.telemetry import TelemetrySampler
 from agent.models.cache_control import CachedVersions, CacheEvents, ProvenanceOf
 from agent.models.control import ModelControlMode, ModelManager
+from agent.models.device_memory import detect_device_memory
 from agent.models.events import EventTee, LogEvents
 from agent.models.loader import LoadSettings
 from agent.models.memory_plan import MemoryLedger, detect_budget_bytes, process_rss_bytes
@@ -66,6 +68,7 @@ from agent.runtime.systemd_notify import (
 from agent.scheduling.rate_limiter import RateLimiter
 from agent.scheduling.scheduler import LimiterGate
 from agent.scheduling.statistics import StatisticsRegistry
+from agent.serving.cuda_regions import open_cuda_regions
 from agent.serving.dataplane import DataPlane
 from agent.serving.response_cache import ResponseCache
 from agent.serving.shared_memory import SharedMemoryRegistry
@@ -173,6 +176,10 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         ledger=ledger,
         gate=LimiterGate(RateLimiter()),
     )
+    # GPU memory checked at each GPU version's load, beside the host budget (none on Jetson).
+    device_memory, device_why = await asyncio.to_thread(detect_device_memory)
+    registry.loader.device_memory = device_memory
+    logger.info("device memory: %s", device_why)
     # Folders of models loaded from request files: removed after the models are unloaded.
     pushed = (
         _pushed_models(config, stack)
@@ -215,6 +222,14 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         state_path=config.cache.dir / STATE_FILE if config.cache.dir is not None else None,
     )
     canary.startup(config.canary)
+    shared_memory = SharedMemoryRegistry(enabled=config.server.shared_memory)
+    if config.server.shared_memory:
+        # CUDA regions where cuda-python and a GPU are here (no CUDA context until a register).
+        cuda_regions, why = await asyncio.to_thread(
+            open_cuda_regions, lambda name: any(r.name == name for r in shared_memory.status())
+        )
+        shared_memory.device = cuda_regions
+        logger.info("CUDA shared memory: %s", why if cuda_regions is not None else f"off, {why}")
     dataplane = DataPlane(
         registry,
         ResponseCache(config.models.response_cache_bytes),
@@ -222,10 +237,12 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         mode,
         versions,
         canary,
-        shared_memory=SharedMemoryRegistry(enabled=config.server.shared_memory),
+        shared_memory=shared_memory,
         pushed=pushed,
         max_request_bytes=config.server.max_request_bytes,
         tracer=_tracer(config),
+        server_name=config.server.name,
+        private_paths=[config.cache.dir] if config.cache.dir is not None else [],
     )
     # Entered before the listeners: stopped after them, once no request can finish a trace.
     stack.push_async_callback(asyncio.to_thread, dataplane.tracer.close)
@@ -276,8 +293,11 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         stack.push_async_callback(grpc_server.stop, DRAIN_TIMEOUT_S)
         logger.info("gRPC on %s:%d%s", config.server.host, grpc_port, _tls_note(tls))
     metrics_port: int | None = None
+    found_gpu = await asyncio.to_thread(detect_gpu_reader)
+    # One reading per interval, shared by scrapes and telemetry (Triton's default interval).
+    gpu = CachedGpuReader(found_gpu, time.monotonic, 2.0) if found_gpu is not None else None
     if config.server.metrics_port >= 0:
-        metrics_app = create_metrics_app(build_registry(stats, ledger, canary=canary))
+        metrics_app = create_metrics_app(build_registry(stats, ledger, canary=canary, gpu=gpu))
         # The same TLS as the API (a scraper off loopback needs the client certificate too).
         metrics_port = await _serve_http(
             stack,
@@ -297,7 +317,7 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
     fleet: FleetLink | None = None
     if config.mqtt.enabled:
         fleet = await _start_fleet_link(
-            stack, config, dataplane, registry, ledger, model_cache, sync, events
+            stack, config, dataplane, registry, ledger, model_cache, sync, events, gpu
         )
     if sync is not None:
         # Last in, first out: on shutdown the cycle in progress finishes before anything else
@@ -490,6 +510,7 @@ async def _start_fleet_link(
     model_cache: ModelCache | None,
     sync: _Sync | None,
     events: EventTee,
+    gpu: GpuReader | None,
 ) -> FleetLink:
     """Connect to the fleet manager's broker (returns at once; the broker may be away).
 
@@ -529,7 +550,7 @@ async def _start_fleet_link(
         on_desired=on_desired,
         sync_state=sync_state,
         cache_disk=model_cache.disk_usage if model_cache is not None else None,
-        gpu=await asyncio.to_thread(detect_gpu),
+        gpu=gpu,
     )
     # Entered before it starts: a start that fails half way (state database opened, TLS files
     # unreadable) is undone like the rest. Stopping publishes the retained "offline" status.

@@ -191,7 +191,8 @@ class ModelScheduler:
             raise ModelNotReadyError(f"model '{self.model}' version {self.version} is unloading")
         if len(self._former) >= self._max_pending:
             raise OverloadedError(
-                f"model '{self.model}' has {self._max_pending} requests queued; retry later"
+                f"Exceeds maximum queue size: model '{self.model}' has {self._max_pending} "
+                "requests queued; retry later"
             )
         need = 0
         if self._max_batch_bytes is not None:
@@ -302,7 +303,7 @@ class ModelScheduler:
         loop = asyncio.get_running_loop()
         now = time.monotonic()
         for job in self._former.expire(now):
-            self._finish(job, RequestTimeoutError("request timeout expired in the queue"))
+            self._finish(job, RequestTimeoutError("Request timeout expired"))
         while self._free > 0 and self._holding == 0:
             cap = self._rows_in_budget()
             batch = self._former.take(now, cap)

@@ -397,7 +397,8 @@ class ModelStatistics:
 
 def _version_key(version: str) -> tuple[int, int, str]:
     """Numeric versions in numeric order ("2" before "10"), then any others by text."""
-    return (0, int(version), "") if version.isdigit() else (1, 0, version)
+    numeric = version.isascii() and version.isdigit()  # "²" is a digit int() refuses
+    return (0, int(version), "") if numeric else (1, 0, version)
 
 
 class StatisticsRegistry:

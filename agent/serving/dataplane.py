@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from agent import __version__
@@ -23,6 +24,7 @@ from agent.errors import (
     BackendError,
     InternalError,
     InvalidInputError,
+    ModelControlDisabledError,
     ModelControlError,
     ModelInstanceFailedError,
     ModelNotFoundError,
@@ -40,6 +42,8 @@ from agent.repository.model_config import config_from_json, config_to_json
 from agent.scheduling.sequence_policy import sequence_parameters
 from agent.scheduling.sequence_scheduler import SequenceScheduler
 from agent.scheduling.statistics import FailureReason
+from agent.serving.client_text import PathScrubber
+from agent.serving.cuda_shared_memory import CudaSharedMemory
 from agent.serving.decoupled import stream_responses
 from agent.serving.log_settings import LogSettings
 from agent.serving.response_cache import ResponseCache, cache_key
@@ -83,6 +87,9 @@ class DataPlane:
         tracer: Tracer | None = None,
         pushed: PushedModels | None = None,
         max_request_bytes: int = 64 * 1024 * 1024,
+        *,
+        server_name: str = SERVER_NAME,
+        private_paths: Iterable[Path] = (),
     ) -> None:
         self._registry = registry
         self._cache = cache
@@ -98,6 +105,11 @@ class DataPlane:
         self.pushed = pushed
         self._max_request_bytes = max_request_bytes
         self._ready = False
+        self.server_name = server_name
+        self.cuda_shared_memory = CudaSharedMemory(self.shared_memory)
+        # What a client-facing message must not show: the repository and the model cache.
+        pushed_root = [pushed.root] if pushed is not None else []
+        self.scrub = PathScrubber([registry.repository, *pushed_root, *private_paths])
         # Ensemble steps and Python models' BLS requests are ordinary inferences.
         registry.step_runner.bind(self.infer)
 
@@ -115,7 +127,7 @@ class DataPlane:
         extensions = [
             e for e in EXTENSIONS if e != "system_shared_memory" or self.shared_memory.enabled
         ]
-        return {"name": SERVER_NAME, "version": __version__, "extensions": extensions}
+        return {"name": self.server_name, "version": __version__, "extensions": extensions}
 
     def model_ready(self, name: str, version: str | None) -> bool:
         """Whether the addressed model version is READY (raises ModelNotFoundError if unknown)."""
@@ -150,6 +162,7 @@ class DataPlane:
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         rows = _with_rejections(self._registry.index(), self.rejected_versions())
+        rows = [{k: self.scrub(v) if k == "reason" else v for k, v in r.items()} for r in rows]
         if ready_only:
             rows = [r for r in rows if r.get("state") == "READY"]
         return rows
@@ -234,19 +247,27 @@ class DataPlane:
 
     def _require_explicit(self, action: str) -> None:
         if self.mode is not ModelControlMode.EXPLICIT:
-            raise ModelControlError(
-                f"explicit model {action} is not allowed in model-control mode "
-                f"'{self.mode.value}' (start with --model-control-mode explicit)"
+            raise ModelControlDisabledError(  # Triton's words, whatever the mode
+                "explicit model load / unload is not allowed if polling is enabled "
+                f"(model-control mode '{self.mode.value}': {action} needs "
+                "--model-control-mode explicit)"
             )
 
     def statistics(self, name: str | None, version: str | None) -> dict[str, Any]:
         """Triton's statistics extension for all models, one model, or one version.
 
         Raises:
-            ModelNotFoundError: the model or version is unknown.
+            InvalidInputError: the model or version is unknown or not ready (Triton: 400).
         """
         if name is not None:
-            served, number = self._registry.resolve(name, version)
+            try:
+                served, number = self._registry.resolve(name, version)
+            except (ModelNotFoundError, ModelNotReadyError):  # Triton's words and code (400)
+                if not version:
+                    raise InvalidInputError(f"requested model '{name}' is not available") from None
+                raise InvalidInputError(
+                    f"requested model version is not available for model '{name}'"
+                ) from None
             return self._registry.stats.snapshot(served.name, str(number) if version else None)
         return self._registry.stats.snapshot()
 
@@ -319,7 +340,11 @@ class DataPlane:
         try:
             if in_shm or any(t.shm is not None for t in request.inputs):
                 request = self.shared_memory.resolve_inputs(request)
-            valid = served.signature.validate(request)
+            try:
+                valid = served.signature.validate(request)
+            except InvalidInputError as exc:  # Triton's words open with the request's id
+                tag = request.id or "<id_unknown>"
+                raise InvalidInputError(f"[request id: {tag}] {exc.message}") from None
             if trace is not None:
                 valid = self._trace_inputs(trace, request, valid, served.signature)
             priority, timeout_us = _scheduling_parameters(request.parameters)
