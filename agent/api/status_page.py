@@ -172,12 +172,27 @@ def _resources(doc: Mapping[str, Any]) -> str:
         ("Cache on disk", fmt_bytes(doc.get("cache_disk_bytes"))),
         ("Sync", esc(sync_state)),
         ("Sync last error", esc(sync_error)),
+        *((f"GPU {esc(g.get('index'))}", esc(gpu_line(g))) for g in doc.get("gpu") or []),
     ]
     cells = "".join(f'<tr><th scope="row">{k}</th><td>{v}</td></tr>' for k, v in rows)
     return (
         '<div class="scroll"><table><caption>Resources</caption><tbody id="resources-body">'
         f"{cells}</tbody></table></div>"
     )
+
+
+def gpu_line(gpu: Mapping[str, Any]) -> str:
+    """One GPU's reading in words (the same as `gpuLine` in status.js)."""
+    parts = []
+    if gpu.get("util_percent") is not None:
+        parts.append(f"{gpu['util_percent']} % busy")
+    if gpu.get("memory_used_bytes") is not None:
+        parts.append(
+            f"{fmt_bytes(gpu['memory_used_bytes'])} of {fmt_bytes(gpu.get('memory_total_bytes'))}"
+        )
+    if gpu.get("power_w") is not None:
+        parts.append(f"{fmt_num(gpu['power_w'])} W")
+    return ", ".join(parts) or "no figures"
 
 
 def _canary_table(canaries: Sequence[Mapping[str, Any]]) -> str:

@@ -249,6 +249,9 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
     sync = _build_sync(config, model_cache, versions, events)
     server = config.server
     limits = _connection_limits(config)
+    found_gpu = await asyncio.to_thread(detect_gpu_reader)
+    # One reading per interval (Triton's), shared by scrapes, telemetry and the status page.
+    gpu = CachedGpuReader(found_gpu, time.monotonic, 2.0) if found_gpu is not None else None
     token = _status_token(server)
     status = DeviceStatus(
         dataplane,
@@ -258,6 +261,7 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
             started=time.monotonic(),
             cache_disk=model_cache.disk_usage if model_cache is not None else None,
             sync_state=sync.loop.state if sync is not None else None,
+            gpu=gpu,
         ),
         access="loopback" if token is None else "token",
         interval_s=server.status_sample_ms / 1000,
@@ -293,9 +297,6 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         stack.push_async_callback(grpc_server.stop, DRAIN_TIMEOUT_S)
         logger.info("gRPC on %s:%d%s", config.server.host, grpc_port, _tls_note(tls))
     metrics_port: int | None = None
-    found_gpu = await asyncio.to_thread(detect_gpu_reader)
-    # One reading per interval, shared by scrapes and telemetry (Triton's default interval).
-    gpu = CachedGpuReader(found_gpu, time.monotonic, 2.0) if found_gpu is not None else None
     if config.server.metrics_port >= 0:
         metrics_app = create_metrics_app(build_registry(stats, ledger, canary=canary, gpu=gpu))
         # The same TLS as the API (a scraper off loopback needs the client certificate too).

@@ -151,6 +151,7 @@ class DeviceStatus:
             "memory": last.get("memory"),
             "cache_disk_bytes": last.get("cache_disk_bytes"),
             "sync": last.get("sync"),
+            "gpu": last.get("gpu", []),
             "canary": self._canaries(sorted({str(m["name"]) for m in models})),
             "events": self.events.newest(),
         }

@@ -1,5 +1,14 @@
 "use strict";
 // The device status page: redraw from /v2/status (the same cells agent/api/status_page.py renders).
+const gpuLine = (g) => {
+  const parts = [];
+  if (g.util_percent !== undefined) parts.push(`${g.util_percent} % busy`);
+  if (g.memory_used_bytes !== undefined) {
+    parts.push(`${Page.bytes(g.memory_used_bytes)} of ${Page.bytes(g.memory_total_bytes)}`);
+  }
+  if (g.power_w !== undefined) parts.push(`${Page.num(g.power_w, 1)} W`);
+  return parts.join(", ") || "no figures";
+};
 Page.poll((doc) => {
   const { esc, num, bytes, spark, rows } = Page;
   const health = document.getElementById("health");
@@ -30,7 +39,8 @@ Page.poll((doc) => {
   }
   const resources = [["Memory budget", bytes(memory.budget_bytes)],
     ["Memory used", bytes(memory.used_bytes)], ["Cache on disk", bytes(doc.cache_disk_bytes)],
-    ["Sync", esc(syncState)], ["Sync last error", esc(syncError)]];
+    ["Sync", esc(syncState)], ["Sync last error", esc(syncError)],
+    ...(doc.gpu || []).map((g) => [`GPU ${esc(g.index)}`, esc(gpuLine(g))])];
   rows("resources-body", resources, 2, ([k, v]) => `<tr><th scope="row">${k}</th><td>${v}</td></tr>`);
   rows("canary-body", doc.canary || [], 6, (c) => `<tr><th scope="row">${esc(c.model)}</th>`
     + `<td>${esc(c.state)}</td><td>${esc(c.baseline)}</td><td>${esc(c.candidate)}</td>`

@@ -108,3 +108,10 @@ def test_ages() -> None:
     assert ago(0.0, 119.0) == "119 s ago"
     assert ago(0.0, 600.0) == "10 min ago"
     assert ago(0.0, 7200.0) == "2 h ago"
+
+
+def test_a_gpu_reading_in_words() -> None:
+    page = render_status({"ready": True, "models": [], "gpu": [
+        {"index": 0, "uuid": "GPU-1", "util_percent": 35, "memory_used_bytes": 1 << 30,
+         "memory_total_bytes": 8 << 30, "power_w": 41.25}]})  # fmt: skip
+    assert '<th scope="row">GPU 0</th><td>35 % busy, 1.0 GiB of 8.0 GiB, 41.2 W</td>' in page
