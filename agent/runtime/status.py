@@ -13,6 +13,7 @@ import asyncio
 import collections
 import contextlib
 import datetime
+import json
 import logging
 import threading
 import time
@@ -79,9 +80,8 @@ class RecentEvents:
             "event": kind,
             "model": model,
             "version": version,
-            "detail": {k: v if isinstance(v, str | int | float | bool) or v is None else str(v)
-                       for k, v in detail.items()},
-        }  # fmt: skip
+            "detail": json.loads(json.dumps(dict(detail), default=str)),  # JSON-safe
+        }
         with self._lock:
             self._events.appendleft(entry)
 

@@ -99,7 +99,6 @@ def test_the_page_shows_the_demo_models_and_a_hot_swap_without_a_reload(
     # The figures of the requests made above arrive with a later sample: the poll shows them.
     wait_for(browser, lambda d: any(r.endswith(" 20 0") for r in _serving_rows(d)))
     browser.execute_script("window.notReloaded = true;")
-    screenshots(browser, "status")
 
     # Hot swap: a version 3 appears in the repository and is loaded (load before unload).
     shutil.copytree(demo_repo / "mlp_classifier" / "2", demo_repo / "mlp_classifier" / "3")
@@ -107,8 +106,13 @@ def test_the_page_shows_the_demo_models_and_a_hot_swap_without_a_reload(
         client.load_model("mlp_classifier")
     wait_for(browser, lambda d: any(r.startswith("mlp_classifier 3 READY") for r in _model_rows(d)))
     assert browser.execute_script("return window.notReloaded === true;")
-    wait_for(browser, lambda d: "version_loaded" in text_of(d, "#events-body")
-             or "mlp_classifier" in text_of(d, "#events-body"))  # fmt: skip
+    wait_for(browser, lambda d: any(" version_activated mlp_classifier 3 " in r
+                                    for r in rows_of(d, "#events-body tr")))  # fmt: skip
+    with http_client(demo_agent) as client:
+        _infer(client, 20)
+    wait_for(browser, lambda d: any(r.startswith("mlp_classifier 3 ") and r.endswith(" 20 0")
+                                    for r in _serving_rows(d)))  # fmt: skip
+    screenshots(browser, "status")
 
 
 def test_the_status_json_is_compact_and_carries_the_sampled_history(
