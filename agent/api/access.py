@@ -22,7 +22,7 @@ import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from agent.errors import AgentError
+from agent.errors import AccessDeniedError, AgentError
 
 __all__ = [
     "CONTROL_GROUPS",
@@ -36,6 +36,7 @@ __all__ = [
     "http_endpoint",
     "is_loopback_host",
     "is_loopback_peer",
+    "require_local_registrant",
     "parse_restrictions",
 ]
 
@@ -323,3 +324,15 @@ def is_loopback_peer(peer: str | None) -> bool:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         return address.ipv4_mapped.is_loopback
     return address.is_loopback
+
+
+def require_local_registrant(peer: str | None) -> None:
+    """Shared-memory registration (system or CUDA) maps memory of this machine: local clients only.
+
+    Raises:
+        AccessDeniedError: `peer` (as for `is_loopback_peer`) is not this machine.
+    """
+    if not is_loopback_peer(peer):
+        raise AccessDeniedError(
+            f"shared memory registration is for local clients only; refused for {peer}"
+        )

@@ -19,7 +19,12 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from agent.api.access import ApiAccess, RestrictedApiError, http_endpoint, is_loopback_peer
+from agent.api.access import (
+    ApiAccess,
+    RestrictedApiError,
+    http_endpoint,
+    require_local_registrant,
+)
 from agent.api.http_codec import HEADER_LENGTH, decode_infer_request, encode_infer_response
 from agent.api.http_generate import REFUSAL, generate_routes
 from agent.api.http_limits import ClientTimeoutError, body_middleware, must_close, read_body
@@ -61,6 +66,7 @@ from agent.errors import (
 )
 from agent.models.pushed import FILE_PREFIX
 from agent.pages import token_middleware
+from agent.serving.cuda_regions import register_request_from_json
 from agent.serving.dataplane import DataPlane
 from agent.tensors.limits import DEFAULT_MAX_BYTES_ELEMENTS, TensorLimits
 
@@ -429,10 +435,7 @@ async def _shm_register(request: web.Request) -> web.Response:
         raise InvalidInputError(
             'register request body must be {"key": string, "offset": integer, "byte_size": integer}'
         )
-    if not is_loopback_peer(request.remote):
-        raise AccessDeniedError(
-            f"shared memory registration is for local clients only; refused for {request.remote}"
-        )
+    require_local_registrant(request.remote)
     _dataplane(request).shared_memory.register(request.match_info["region"], key, offset, byte_size)
     return web.Response(status=200)
 
@@ -448,12 +451,17 @@ async def _shm_unregister(request: web.Request) -> web.Response:
 
 
 async def _cuda_shm_status(request: web.Request) -> web.Response:
-    return _json(_dataplane(request).cuda_shared_memory.status(request.match_info.get("region")))
+    regions = _dataplane(request).cuda_shared_memory.status(request.match_info.get("region"))
+    return _json([r.to_json() for r in regions])
 
 
 async def _cuda_shm_register(request: web.Request) -> web.Response:
-    await _optional_json(request)
-    _dataplane(request).cuda_shared_memory.register(request.match_info["region"])
+    """Body: {"raw_handle": {"b64": BASE64}, "device_id": 0, "byte_size": N} (tritonclient's)."""
+    raw_handle, device_id, byte_size = register_request_from_json(await _optional_json(request))
+    require_local_registrant(request.remote)
+    _dataplane(request).cuda_shared_memory.register(
+        request.match_info["region"], raw_handle, device_id, byte_size
+    )
     return web.Response(status=200)
 
 

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import __version__
-from agent.backends.gpu_telemetry import GpuReader
+from agent.device.gpu import GpuReader
 from agent.errors import AgentError, InternalError, OverloadedError
 from agent.fleet import commands as cmd
 from agent.fleet.config import MqttConfig, Topics

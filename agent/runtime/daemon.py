@@ -32,7 +32,6 @@ from agent.api.http import create_app
 from agent.api.http_limits import ConnectionGuard, ConnectionLimits
 from agent.api.metrics import build_registry, create_metrics_app
 from agent.api.tls import ServerTls
-from agent.backends.gpu_telemetry import CachedGpuReader, GpuReader, detect_gpu_reader
 from agent.canary.control import STATE_FILE, CanaryManager
 from agent.config.schema import AgentConfig, ServerConfig
 from agent.config.security import (
@@ -41,6 +40,7 @@ from agent.config.security import (
     http_restrictions,
     tls_files,
 )
+from agent.device.gpu import CachedGpuReader, GpuReader, detect_gpu_reader
 from agent.errors import AgentError, ModelLoadError, ModelNotFoundError
 from agent.fleet.link import FleetLink
 from agent.fleet.mqtt import MqttError
