@@ -9,8 +9,9 @@ header with its value; the others are refused with Triton's message:
 * gRPC: UNAVAILABLE "This protocol is restricted, expecting header 'triton-grpc-protocol-<key>'".
 
 A spec is Triton's `<group>,<group>...:<key>=<value>`; a group may be in one spec only. The
-groups are Triton's, plus the agent's own `cache` (activate, rollback, versions, clear-rejected)
-and `canary`. Pure: no sockets; the HTTP middleware and gRPC interceptor call `refusal`.
+groups are Triton's, plus the agent's own `cache` (activate, rollback, versions, clear-rejected),
+`canary` and `status` (the status page and its JSON). Pure: no sockets; the HTTP middleware
+and gRPC interceptor call `refusal`.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ TRACE = "trace"
 LOGGING = "logging"
 CACHE = "cache"
 CANARY = "canary"
+STATUS = "status"
 
 GROUPS = (
     HEALTH,
@@ -63,6 +65,7 @@ GROUPS = (
     LOGGING,
     CACHE,
     CANARY,
+    STATUS,
 )
 # The groups that change what the device serves or reads: open to the network, they hand a
 # stranger the device (see `agent.config.security`).
@@ -155,6 +158,9 @@ ENDPOINT_GROUPS: dict[str, str] = {
     "grpc CudaSharedMemoryStatus": SHARED_MEMORY,
     "grpc CudaSharedMemoryRegister": SHARED_MEMORY,
     "grpc CudaSharedMemoryUnregister": SHARED_MEMORY,
+    # status (the agent's own: the status page, also behind server.status_token)
+    "GET /": STATUS,
+    "GET /v2/status": STATUS,
 }
 
 

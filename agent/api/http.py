@@ -30,6 +30,13 @@ from agent.api.http_generate import REFUSAL, generate_routes
 from agent.api.http_limits import ClientTimeoutError, body_middleware, must_close, read_body
 from agent.api.model_load import ModelLoadFailedError, invalid_override, load_model
 from agent.api.openapi import openapi_bytes
+from agent.api.status_page import (
+    STATUS_PATHS,
+    STATUS_SOURCE,
+    BasicStatus,
+    StatusSource,
+    status_routes,
+)
 from agent.api.tls import TlsError
 from agent.canary.control import policy_from_request
 from agent.errors import (
@@ -59,6 +66,7 @@ from agent.errors import (
     lookup,
 )
 from agent.models.pushed import FILE_PREFIX
+from agent.pages import token_middleware
 from agent.serving.cuda_regions import register_request_from_json
 from agent.serving.dataplane import DataPlane
 from agent.tensors.limits import DEFAULT_MAX_BYTES_ELEMENTS, TensorLimits
@@ -168,10 +176,15 @@ def create_app(
     max_bytes_elements: int = DEFAULT_MAX_BYTES_ELEMENTS,
     body_timeout_s: float = 60.0,
     access: ApiAccess | None = None,
+    status: StatusSource | None = None,
+    status_token: Callable[[], str | None] | None = None,
 ) -> web.Application:
     """Build the HTTP application around a data plane (limits: `agent.api.http_limits`;
-    restricted API groups: `agent.api.access`)."""
+    restricted API groups: `agent.api.access`; the status page: `agent.api.status_page`, with
+    `status_token` giving the token it needs, None: open)."""
     middlewares = [error_middleware(max_request_bytes)]
+    if status_token is not None:
+        middlewares.append(token_middleware(status_token, STATUS_PATHS))
     if access is not None:
         middlewares.append(restriction_middleware(access))
     middlewares.append(body_middleware(max_request_bytes, body_timeout_s))
@@ -181,6 +194,7 @@ def create_app(
     )
     app[DATAPLANE] = dataplane
     app[TENSOR_LIMITS] = TensorLimits(max_request_bytes, max_bytes_elements)
+    app[STATUS_SOURCE] = status if status is not None else BasicStatus(dataplane)
     model = "/v2/models/{model}"
     version = "/v2/models/{model}/versions/{version}"
     app.add_routes(
@@ -230,6 +244,7 @@ def create_app(
             web.post("/v2/cudasharedmemory/region/{region}/register", _cuda_shm_register),
             web.post("/v2/cudasharedmemory/unregister", _cuda_shm_unregister),
             web.post("/v2/cudasharedmemory/region/{region}/unregister", _cuda_shm_unregister),
+            *status_routes(),
         ]
     )
     return app

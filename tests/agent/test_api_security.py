@@ -56,6 +56,7 @@ HTTP_CALLS: dict[str, tuple[str, str, bytes | None]] = {
     "trace": ("GET", "/v2/trace/setting", None),
     "logging": ("GET", "/v2/logging", None),
     "cache": ("GET", "/v2/repository/models/s/versions", None),
+    "status": ("GET", "/v2/status", None),
     "canary": ("GET", "/v2/models/s/canary", None),
 }
 
