@@ -223,7 +223,13 @@ class SyncClient:
                         refusals.append(failed)  # rejected, not installed
                         continue
                     self._record(item, verdict)
-                    self._install(item, files)
+                    try:
+                        self._install(item, files)
+                    except SyncError:
+                        # The record went first so that no installed version lacks one; a
+                        # version that did not install keeps none.
+                        self.provenance.forget(item.model, item.version)
+                        raise
                     installed.append((item.model, item.version))
                     if not verdict.ok:
                         unverified.append(failed)  # installed anyway ("warn")
