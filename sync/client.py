@@ -145,6 +145,11 @@ class SyncClient:
         self._tuf_config = updater_config or UpdaterConfig()
         self._consistent = True  # from the verified root, at each refresh
 
+    @property
+    def metadata_dir(self) -> Path:
+        """Where the trusted TUF metadata lives (`work_dir/metadata`)."""
+        return self._work / "metadata"
+
     def set_desired(self, desired: Mapping[str, Desired]) -> None:
         """Replace the per-model version policy; the next cycle plans with it.
 
@@ -215,7 +220,7 @@ class SyncClient:
         )
 
     def _refresh(self) -> dict[str, TargetFile]:
-        meta_dir = self._work / "metadata"
+        meta_dir = self.metadata_dir
         try:
             ensure_dir(meta_dir)
             updater = Updater(

@@ -46,6 +46,7 @@ from agent.fleet import commands as cmd
 from agent.fleet.config import MqttConfig, Topics
 from agent.fleet.executor import CommandExecutor, SyncNow
 from agent.fleet.health import Health, supervise, why
+from agent.fleet.inventory import Digests, device_facts, gpu_facts, served_versions
 from agent.fleet.mqtt import Message, MqttClient, MqttError, MqttSettings, Protocol, Will
 from agent.fleet.outbox import Kind, Outbox
 from agent.fleet.runner import CommandRunner, response_doc
@@ -85,7 +86,9 @@ class FleetLink:
         on_desired: Called with `MODEL=POLICY` lines after `set-desired` (and at start).
         sync_state: The sync loop's state, for telemetry.
         cache_disk: Bytes the model cache uses, for telemetry.
-        gpu: A GPU probe, for telemetry.
+        gpu: A GPU probe, for telemetry (and the inventory).
+        digests: The content digest of each cached (model, version), for the inventory.
+        key_ids: The key ids that signed the device's trusted targets, for the inventory.
         clock: Monotonic seconds (telemetry cadence, SLO windows).
     """
 
@@ -102,8 +105,14 @@ class FleetLink:
         sync_state: Callable[[], Mapping[str, Any]] | None = None,
         cache_disk: Callable[[], int] | None = None,
         gpu: GpuProbe | None = None,
+        digests: Digests | None = None,
+        key_ids: Callable[[], list[str]] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._gpu = gpu
+        self._digests = digests
+        self._key_ids = key_ids
+        self._facts: dict[str, Any] = {}
         self.config = config
         self.topics = Topics(config.topic_prefix, config.device())
         self._dataplane = dataplane
@@ -147,6 +156,7 @@ class FleetLink:
         """
         self._loop = asyncio.get_running_loop()
         c = self.config
+        self._facts = await asyncio.to_thread(self._read_facts)
         self.outbox = await asyncio.to_thread(
             Outbox, self._state_path, max_messages=c.outbox_max_messages
         )
@@ -158,6 +168,7 @@ class FleetLink:
             self._registry,
             self._state,
             status=self.status,
+            rebirth=self._rebirth,
             sync=self._sync,
             on_desired=self._desired_changed,
         )
@@ -265,7 +276,10 @@ class FleetLink:
             state="degraded" if faults else "online",
             agent_version=__version__,
             mqtt=self.client.protocol if self.client else None,
+            groups=list(self.config.groups),
             models=models,
+            served=_or_none(self._served),
+            inventory=self._facts,
             rejected=_or_none(self._dataplane.rejected_versions),
             desired=_or_none(lambda: dict(self._state.desired()) if self._state else {}),
             outbox=_or_none(lambda: self.outbox.stats().to_json() if self.outbox else None),
@@ -274,6 +288,27 @@ class FleetLink:
             doc["reason"] = "; ".join(f"{part}: {text}" for part, text in sorted(faults.items()))
             doc["faults"] = faults
         return doc
+
+    def _read_facts(self) -> dict[str, Any]:
+        """The device facts (cheap reads; run in a worker thread)."""
+        facts = device_facts()
+        if self._gpu is not None:
+            gpus = gpu_facts(_or_none(self._gpu.read))
+            if gpus:
+                facts["gpu"] = gpus
+        return facts
+
+    def _served(self) -> list[dict[str, Any]]:
+        served = {s.name: list(s.versions) for s in self._registry.served_models()}
+        digests = self._digests() if self._digests is not None else {}
+        key_ids = self._key_ids() if self._key_ids is not None else []
+        return served_versions(served, digests, key_ids)
+
+    async def _rebirth(self) -> dict[str, Any]:
+        """`rebirth`: read the facts again and re-publish the retained status."""
+        self._facts = await asyncio.to_thread(self._read_facts)
+        self._publish_status()
+        return self.status()
 
     def _health_changed(self) -> None:
         """Publish the status again (from any thread)."""
