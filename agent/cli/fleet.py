@@ -1,4 +1,5 @@
-"""The fleet manager's side: `edge-agent fleet send DEVICE COMMAND [ARGS]` and `fleet watch`.
+"""The fleet manager's side: `edge-agent fleet send DEVICE COMMAND [ARGS]` and `fleet watch`
+(`fleet inventory`, `fleet rollout` and `fleet exporter`: `agent.cli.fleet_manage`).
 
     edge-agent fleet send jetson-17 activate model=resnet version=3 --host broker
     edge-agent fleet send jetson-17 set-desired --args '{"models": {"*": "latest"}}'
@@ -24,6 +25,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from agent.cli import fleet_manage
 from agent.fleet.config import Topics
 from agent.fleet.mqtt import (
     Message,
@@ -157,9 +159,13 @@ def add_commands(subparsers: Any) -> None:  # argparse's _SubParsersAction is pr
     watch.add_argument("device", nargs="?", help="default: every device")
     watch.add_argument("--json", action="store_true", help="print raw JSON payloads")
     watch.add_argument("--count", type=int, default=0, help="exit after N messages")
-    for parser in (send, watch):
-        parser.add_argument("--host", default="127.0.0.1")
-        parser.add_argument("--port", type=int, default=1883)
+    for parser in (send, watch, *fleet_manage.add_verbs(verbs)):
+        # The exporter's own --port is its HTTP port; the broker's is --mqtt-port there.
+        own_port = parser.get_default("http_port") is not None
+        parser.add_argument("--mqtt-host" if own_port else "--host", dest="host",
+                            default="127.0.0.1")  # fmt: skip
+        parser.add_argument("--mqtt-port" if own_port else "--port", dest="port", type=int,
+                            default=1883)  # fmt: skip
         parser.add_argument("--prefix", default="edge", help="topic prefix (default edge)")
         parser.add_argument("--username", default="")
         parser.add_argument("--password", default="")
@@ -187,6 +193,8 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | No
         reconnect_min_s=0.2,
         reconnect_max_s=2.0,
     )
+    if args.fleet_command in fleet_manage.VERBS:
+        return fleet_manage.run(args, settings, out, err)
     try:
         if args.fleet_command == "send":
             command_args = parse_args(args.args, args.args_json)

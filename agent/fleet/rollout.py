@@ -38,7 +38,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -124,8 +124,9 @@ class Send:
     args: Mapping[str, Any]
 
 
-def _order(rollout_id: str, device: str) -> str:
-    return hashlib.sha256(f"{rollout_id}/{device}".encode()).hexdigest()
+def target_order(rollout_id: str, devices: Iterable[str]) -> list[str]:
+    """The order in which a rollout reaches devices: by a hash of rollout and device id."""
+    return sorted(devices, key=lambda d: hashlib.sha256(f"{rollout_id}/{d}".encode()).digest())
 
 
 def wave_size(share: float, total: int) -> int:
@@ -165,7 +166,7 @@ class Rollout:
         members = [d for d in devices.values() if spec.group in ("*", *d.groups)]
         if not members:
             raise ValueError(f"no device is in group {spec.group!r}")
-        targets = sorted((d.device for d in members), key=lambda d: _order(spec.id, d))
+        targets = target_order(spec.id, (d.device for d in members))
         rollout = cls(spec, targets, started_at=now, wave_started_at=now)
         cuts = [wave_size(w, len(targets)) for w in spec.waves]
         rollout._event(now, "rollout_started", devices=len(targets), wave_sizes=cuts)

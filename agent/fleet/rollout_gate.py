@@ -184,5 +184,5 @@ def judge(
             breaches.append(f"{rule.metric} {value:.6g} > {rule.limit:g}")
     if wave.requests < min_requests:
         breaches.append(f"not enough traffic: {wave.requests} requests < {min_requests}")
-    figures = {"wave": wave.to_json(), "baseline": baseline.to_json(), "values": values}
+    figures = {"candidate": wave.to_json(), "baseline": baseline.to_json(), "values": values}
     return Verdict(not breaches, tuple(breaches), figures)

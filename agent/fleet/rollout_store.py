@@ -14,6 +14,7 @@ Invariants:
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict
@@ -175,11 +176,23 @@ class RolloutStore:
             )
 
     def driver(self, rollout_id: str, now: float, stale_s: float = 5.0) -> int | None:
-        """The pid of the driver running the rollout (None: none seen within `stale_s`)."""
+        """The pid of the driver running the rollout (None: none seen within `stale_s`, or its
+        process is gone)."""
         with self._lock, translate_sqlite("rollouts"):
             row = self._db.execute(
                 "SELECT driver_pid, driver_seen FROM rollouts WHERE id = ?", [rollout_id]
             ).fetchone()
         if row is None or row[0] is None or row[1] is None or now - row[1] > stale_s:
             return None
-        return int(row[0])
+        return int(row[0]) if _alive(int(row[0])) else None
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process with this pid runs (on this host: managers share a local file)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True

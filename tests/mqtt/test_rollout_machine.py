@@ -128,8 +128,8 @@ def test_gate_breach_against_baseline_rolls_back() -> None:
     events = {e["event"]: e for e in rollout.take_events()}
     breach = events["gate_breached"]
     assert sorted(b.split()[0] for b in breach["breaches"]) == ["error_rate", "p95_ms"]
-    assert breach["wave"]["requests"] == 2 * 100
-    assert breach["wave"]["failures"] == 2 * 10
+    assert breach["candidate"]["requests"] == 2 * 100
+    assert breach["candidate"]["failures"] == 2 * 10
     assert breach["baseline"]["devices"] == 8
     assert breach["baseline"]["error_rate"] == 0
     assert rollout.phase == "rolling_back"
