@@ -2,11 +2,14 @@
 
 Telemetry arrives through an MQTT shared subscription (`$share/GROUP/PREFIX/+/telemetry`), so
 each message goes to one exporter of the group and ingestion scales with the processes. The
-exporters find each other through retained presence messages (`PREFIX/_exporters/NAME`, cleared
-by the last will and on a clean stop) and split the devices by rendezvous hashing over the live
-names: each exporter serves the devices it owns (their newest telemetry it received), so the
-union of the exporters serves every device once, and adding one moves only its share. Statuses
-(retained, for the `group` label) are read by every exporter without sharing.
+exporters find each other through presence messages (`PREFIX/_exporters/NAME`, retained and
+repeated every few seconds, cleared by the last will and on a clean stop) and split the devices
+by rendezvous hashing over the live names: each exporter serves the devices it owns, so the
+union of the exporters serves every device once, and adding one moves only its share. A
+message the broker handed to an exporter that does not own its device is passed on once to the
+owner (`PREFIX/_exporters/OWNER/inbox`): the broker's choice (round robin, random, sticky) does
+not matter. Without shared subscriptions (MQTT 3.1.1) every exporter reads every message and
+keeps its own devices'. Statuses (for the `group` label) are read by every exporter.
 
 Metrics (labels `device`, `group` = the device's first group, and per model `model`, `version`):
 
@@ -39,6 +42,9 @@ from agent.fleet.devices import Fleet
 from agent.fleet.mqtt import Message, MqttClient, MqttSettings, Will, random_client_id
 
 logger = logging.getLogger(__name__)
+
+PRESENCE_EVERY_S = 5.0  # presence is re-published (3.1.1 brokers may not send it retained)
+PEER_TTL_S = 3 * PRESENCE_EVERY_S  # a peer not heard from for this long is gone
 
 
 def owner(device: str, peers: list[str]) -> str | None:
@@ -73,10 +79,20 @@ class FleetMetrics:
         elif kind == "telemetry" and isinstance(doc.get("device"), str):
             self.telemetry[doc["device"]] = (time.monotonic(), doc)
 
+    def live_peers(self) -> list[str]:
+        """The exporters heard from lately, this one included."""
+        now = time.time()
+        self.peers[self.name] = now
+        return sorted(p for p, seen in self.peers.items() if now - seen <= PEER_TTL_S)
+
+    def owner(self, device: str) -> str | None:
+        """The exporter that serves `device` now."""
+        return owner(device, self.live_peers())
+
     def served(self) -> list[str]:
         """The devices this exporter serves now (owned, not stale)."""
         now = time.monotonic()
-        peers = sorted(self.peers)
+        peers = self.live_peers()
         return sorted(
             d
             for d, (seen, _doc) in self.telemetry.items()
@@ -145,25 +161,47 @@ class Exporter:
         self.share = share
         self.metrics = FleetMetrics(name, stale_s)
         self.presence = f"{prefix}/_exporters/{name}"
+        self.inbox = f"{self.presence}/inbox"
+        self.shared = False
+        self.handed_over = 0  # messages passed on to their device's owner
         gone = json.dumps({"state": "down"}).encode()
         settings = dataclasses.replace(
             settings, client_id=name, will=Will(self.presence, gone), persistent_session=False
         )
         self.client = MqttClient(settings, on_message=self._on_message)
+        self._heartbeat: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Connect, subscribe and announce this exporter."""
         await self.client.start()
+        await self.client.wait_connected()
         p = self.prefix
+        # MQTT 3.1.1 has no shared subscriptions (RabbitMQ would take `$share/...` as a plain
+        # topic): every exporter then reads all telemetry and still serves only its devices.
+        telemetry = f"{p}/+/telemetry"
+        self.shared = self.client.protocol == "5"
+        if self.shared:
+            telemetry = f"$share/{self.share}/{telemetry}"
         await asyncio.gather(
-            self.client.subscribe(f"$share/{self.share}/{p}/+/telemetry", qos=0),
+            self.client.subscribe(telemetry, qos=0),
+            self.client.subscribe(self.inbox, qos=0),
             self.client.subscribe(f"{p}/+/status"),
             self.client.subscribe(f"{p}/_exporters/+"),
         )
         await self.client.publish(self.presence, json.dumps({"state": "up"}).encode(), retain=True)
+        self._heartbeat = asyncio.create_task(self._announce())
+
+    async def _announce(self) -> None:
+        while True:
+            await asyncio.sleep(PRESENCE_EVERY_S)
+            with contextlib.suppress(Exception):  # the broker is away: the next beat tries again
+                up = json.dumps({"state": "up"}).encode()
+                await self.client.publish(self.presence, up, retain=True)
 
     async def stop(self) -> None:
         """Withdraw the presence (the others take over its devices) and disconnect."""
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.client.publish(self.presence, b"", retain=True), 2.0)
         await self.client.stop()
@@ -176,8 +214,19 @@ class Exporter:
             doc = json.loads(message.payload)
         except ValueError:
             return
-        if isinstance(doc, dict):
-            self.metrics.take(message.topic, doc)
+        if not isinstance(doc, dict):
+            return
+        device = doc.get("device")
+        if doc.get("kind") == "telemetry" and isinstance(device, str):
+            home = self.metrics.owner(device)
+            if home not in (None, self.metrics.name):
+                if self.shared and message.topic != self.inbox:  # the owner did not get it
+                    self.handed_over += 1
+                    inbox = f"{self.prefix}/_exporters/{home}/inbox"
+                    done = self.client.publish(inbox, message.payload, qos=0)
+                    done.add_done_callback(lambda f: f.cancelled() or f.exception())
+                return
+        self.metrics.take(message.topic, doc)
 
 
 async def serve(settings: MqttSettings, args: argparse.Namespace, out: TextIO) -> int:

@@ -58,7 +58,16 @@ class FleetConnection:
         if self.client.protocol != "5":
             topics.append(f"{self.prefix}/+/responses")
         await asyncio.gather(*(self.client.subscribe(t) for t in topics))
+        if self.client.protocol != "5":
+            # 3.1.1 brokers such as RabbitMQ's plugin send retained messages only to exact
+            # topics, not to `+/status`: ask every device to publish its status again.
+            self.request_rebirth()
         return self
+
+    def request_rebirth(self) -> None:
+        """Ask every device to re-publish its status (`PREFIX/_fleet/rebirth`)."""
+        future = self.client.publish(f"{self.prefix}/_fleet/rebirth", b'{"schema": 1}')
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     async def __aexit__(self, *_exc: object) -> None:
         await self.client.stop()

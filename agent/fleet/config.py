@@ -106,6 +106,11 @@ class Topics:
         """Default topic of command responses."""
         return self._leaf("responses")
 
+    @property
+    def rebirth_all(self) -> str:
+        """Fleet-wide: any message here makes every device re-publish its status."""
+        return f"{self.prefix}/_fleet/rebirth"
+
     def reply_topic(self, requested: str | None) -> str:
         """Where a command's response goes: the MQTT 5 response topic it asked for, unless that
         is no plain topic name or one of this device's own topics; else `responses`."""

@@ -113,6 +113,7 @@ class FleetLink:
         self._digests = digests
         self._key_ids = key_ids
         self._facts: dict[str, Any] = {}
+        self._last_rebirth = -1e9
         self.config = config
         self.topics = Topics(config.topic_prefix, config.device())
         self._dataplane = dataplane
@@ -194,6 +195,7 @@ class FleetLink:
         )
         await self.client.start()
         self._subscribed = self.client.subscribe(self.topics.commands)
+        _quiet(self.client.subscribe(self.topics.rebirth_all))
         if self._on_desired is not None:
             self._on_desired(tuple(f"{m}={p}" for m, p in self._state.desired()))
         loops = (
@@ -310,6 +312,13 @@ class FleetLink:
         self._publish_status()
         return self.status()
 
+    def _rebirth_requested(self) -> None:
+        """A fleet manager asked every device for its status (at most once a second)."""
+        now = self._clock()
+        if now - self._last_rebirth >= 1.0:
+            self._last_rebirth = now
+            self._publish_status()
+
     def _health_changed(self) -> None:
         """Publish the status again (from any thread)."""
         loop = self._loop
@@ -401,6 +410,9 @@ class FleetLink:
     # --- commands ------------------------------------------------------------------------------
 
     def _on_message(self, message: Message) -> None:
+        if message.topic == self.topics.rebirth_all and not message.retain:
+            self._rebirth_requested()
+            return
         if message.topic != self.topics.commands or message.retain:
             return  # a retained command would run again on every connect
         reply = _Reply(self.topics.reply_topic(message.response_topic), message.correlation_data)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -25,7 +27,15 @@ from agent.fleet.link import FleetLink
 from agent.runtime.demo import mlp_model
 from model_cache import ModelCache
 from tests.models import M_CONFIG, write_model
-from tests.mqtt.support import AgentThread, Broker, agent_config, agent_thread, mqtt_config
+from tests.mqtt.support import (
+    AgentThread,
+    Broker,
+    _accepts,
+    agent_config,
+    agent_thread,
+    mqtt_config,
+)
+from tests.support import free_port, wait_until
 
 
 @dataclass
@@ -142,11 +152,70 @@ def table(rows: Sequence[Sequence[object]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in text)
 
 
-def rabbitmq_available() -> str | None:
+RABBITMQ_SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")  # Debian's, without su
+
+
+def rabbitmq_missing() -> str | None:
     """None when RabbitMQ's server can be started here, else why not."""
-    if shutil.which("rabbitmq-server") or Path("/usr/sbin/rabbitmq-server").exists():
+    if RABBITMQ_SERVER.exists() and shutil.which("epmd"):
         return None
     return "rabbitmq-server is not installed (make test installs it where apt-get can)"
+
+
+class RabbitBroker(Broker):
+    """RabbitMQ with its MQTT plugin (MQTT 3.1.1) on free loopback ports, its own epmd, node
+    name, files and cookie; stopped by process group (only the processes it started)."""
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__(folder)
+        self.epmd: subprocess.Popen[bytes] | None = None
+        epmd_port, dist_port = free_port(), free_port()
+        (folder / "rabbitmq.conf").write_text(
+            f"listeners.tcp = none\nmqtt.listeners.tcp.default = 127.0.0.1:{self.port}\n"
+            "mqtt.allow_anonymous = true\nloopback_users = none\n"
+        )
+        (folder / "enabled_plugins").write_text("[rabbitmq_mqtt].\n")
+        self.env = {
+            **os.environ,
+            "HOME": str(folder),
+            "ERL_EPMD_PORT": str(epmd_port),
+            "RABBITMQ_NODENAME": f"edge-test-{self.port}@localhost",
+            "RABBITMQ_DIST_PORT": str(dist_port),
+            "RABBITMQ_CONFIG_FILE": str(folder / "rabbitmq.conf"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(folder / "enabled_plugins"),
+            "RABBITMQ_MNESIA_BASE": str(folder / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(folder / "log"),
+            "RABBITMQ_LOGS": "-",
+        }
+
+    def start(self) -> None:
+        log = (self.folder / "broker.log").open("ab")
+        try:
+            epmd = shutil.which("epmd") or "epmd"
+            port = self.env["ERL_EPMD_PORT"]
+            self.epmd = subprocess.Popen([epmd, "-port", port], stdout=log, stderr=log)
+            self.proc = subprocess.Popen(
+                [str(RABBITMQ_SERVER)], stdout=log, stderr=log, env=self.env,
+                start_new_session=True,
+            )  # fmt: skip
+        finally:
+            log.close()
+        wait_until(lambda: _accepts(self.port), "RabbitMQ's MQTT listener", timeout_s=120)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        self.proc = None
+        if self.epmd is not None:
+            self.epmd.terminate()
+            self.epmd.wait(timeout=10)
+            self.epmd = None
 
 
 def elapsed(start: float) -> float:

@@ -17,14 +17,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from agent.cli.fleet_exporter import Exporter
 from agent.fleet.rollout import target_order
 from tests.mqtt.fleet_support import (
     Device,
+    RabbitBroker,
     elapsed,
     fleet_cli,
     fleet_process,
+    rabbitmq_missing,
     run_fleet,
     table,
 )
@@ -39,10 +42,22 @@ BAD_ROLLOUT = "m-v3"
 BROKEN = {target_order(BAD_ROLLOUT, NAMES)[i] for i in (1, 7, 13)}
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    server = Broker(tmp_path_factory.mktemp("broker"))
+@pytest.fixture(scope="module", params=["mosquitto", "rabbitmq"])
+def broker(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Broker]:
+    folder = tmp_path_factory.mktemp(request.param)
+    if request.param == "rabbitmq":
+        missing = rabbitmq_missing()
+        if missing:
+            print(f"\nskipped: {missing}")
+            pytest.skip(missing)
+        server: Broker = RabbitBroker(folder)
+    else:
+        server = Broker(folder)
+    started = time.monotonic()
     server.start()
+    print(f"\n{request.param} started in {elapsed(started)} s")
     try:
         yield server
     finally:
@@ -176,7 +191,10 @@ def test_bad_version_aborts_in_first_wave_and_rolls_back(
 
 
 def test_two_exporters_split_the_fleet(broker: Broker, fleet: dict[str, Device]) -> None:
-    async def scenario() -> tuple[list[str], list[str]]:
+    # On RabbitMQ (3.1.1, no shared subscriptions) each exporter reads all the telemetry and
+    # still serves only its devices; the same split is checked there.
+    async def scenario(scraped: list[str]) -> tuple[list[str], list[str]]:
+        state: object = None
         exporters = [
             Exporter(broker.settings(), "edge", share="exp", name=f"exp{i}", stale_s=30)
             for i in (1, 2)
@@ -189,14 +207,26 @@ def test_two_exporters_split_the_fleet(broker: Broker, fleet: dict[str, Device])
                     served = [e.metrics.served() for e in exporters]
                     peers = [len(e.metrics.peers) for e in exporters]
                     if peers == [2, 2] and len(set(served[0]) | set(served[1])) == N:
+                        registry = CollectorRegistry()
+                        registry.register(exporters[0].metrics)
+                        scraped.append(generate_latest(registry).decode())
                         return served[0], served[1]
+                    state = (peers, served, [sorted(e.metrics.telemetry) for e in exporters])
                     await asyncio.sleep(0.1)
+        except TimeoutError:
+            raise AssertionError(f"exporters: {state}") from None
         finally:
             for exporter in exporters:
                 await exporter.stop()
 
-    first, second = asyncio.run(scenario())
+    scraped: list[str] = []
+    first, second = asyncio.run(scenario(scraped))
     assert not set(first) & set(second)
     assert sorted(first + second) == NAMES
     assert 4 <= len(first) <= 16
+    device = first[0]
+    group = GROUPS[device][0]
+    assert f'edge_fleet_device_up{{device="{device}",group="{group}"}} 1.0' in scraped[0]
+    assert f'edge_fleet_requests_total{{device="{device}",group="{group}",model="m"' in scraped[0]
+    assert f'device="{second[0]}"' not in scraped[0]
     print(f"\nexporters: {len(first)} + {len(second)} devices")
