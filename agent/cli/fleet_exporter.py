@@ -188,6 +188,8 @@ class Exporter:
             self.client.subscribe(f"{p}/+/status"),
             self.client.subscribe(f"{p}/_exporters/+"),
         )
+        if not self.shared:  # 3.1.1 brokers may not send retained statuses to `+/status`
+            await self.client.publish(f"{p}/_fleet/rebirth", b'{"schema": 1}')
         await self.client.publish(self.presence, json.dumps({"state": "up"}).encode(), retain=True)
         self._heartbeat = asyncio.create_task(self._announce())
 

@@ -54,9 +54,9 @@ class FleetConnection:
 
     async def __aenter__(self) -> FleetConnection:
         await self.client.start()
-        topics = [f"{self.prefix}/+/status", f"{self.prefix}/+/telemetry", self.reply_topic]
-        if self.client.protocol != "5":
-            topics.append(f"{self.prefix}/+/responses")
+        # `+/responses` too: under 3.1.1 (known only once connected) replies land there.
+        leaves = ("status", "telemetry", "responses")
+        topics = [*(f"{self.prefix}/+/{leaf}" for leaf in leaves), self.reply_topic]
         await asyncio.gather(*(self.client.subscribe(t) for t in topics))
         if self.client.protocol != "5":
             # 3.1.1 brokers such as RabbitMQ's plugin send retained messages only to exact
