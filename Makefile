@@ -4,7 +4,7 @@ VENV ?= .venv
 PERF_VENV ?= .venv-perf
 BIN := $(VENV)/bin
 
-.PHONY: run test lint typecheck unit perf-analyzer systemd-tools mosquitto lint-ansible bench proto clean
+.PHONY: run test lint typecheck unit perf-analyzer systemd-tools mosquitto rabbitmq lint-ansible bench proto clean demo
 
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
@@ -29,7 +29,7 @@ lint: $(BIN)/.installed
 typecheck: $(BIN)/.installed
 	$(BIN)/mypy
 
-unit: $(BIN)/.installed mosquitto
+unit: $(BIN)/.installed mosquitto rabbitmq
 	PERF_ANALYZER=$(CURDIR)/$(PERF_VENV)/bin/perf_analyzer $(BIN)/pytest
 
 # Triton's load generator (Debian 12). Best effort: without it the perf_analyzer test skips
@@ -53,6 +53,15 @@ mosquitto:
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto >/dev/null; \
 	  else echo "mosquitto missing: sudo apt-get install mosquitto (MQTT tests will skip)"; fi; }
+
+# RabbitMQ's MQTT plugin (MQTT 3.1.1) for the fleet tests' second broker; best effort (the
+# fixture starts its own node; without it those tests skip and say why).
+rabbitmq:
+	@[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rabbitmq-server >/dev/null \
+	      || echo "rabbitmq-server could not be installed; its fleet tests will skip"; \
+	  else echo "rabbitmq-server missing: sudo apt-get install rabbitmq-server (its fleet tests will skip)"; fi; }
 
 lint-ansible: $(BIN)/.installed
 	cd deploy/ansible && PATH=$(CURDIR)/$(BIN):$$PATH $(CURDIR)/$(BIN)/ansible-lint --offline --profile production

@@ -118,6 +118,11 @@ def test_inventory_lists_groups_versions_and_facts(
     assert row["served"][0]["digest"].startswith("sha256:")
     assert row["inventory"]["python"]
     assert "onnxruntime" in row["inventory"]["packages"]
+    code, out = fleet_cli(broker, "send", "dev00", "rebirth")
+    assert code == 0, out
+    reborn = json.loads(out)["result"]
+    assert reborn["groups"] == ["site-b", "orin"]
+    assert reborn["inventory"]["agent_version"]
     code, out = fleet_cli(broker, "inventory")
     assert code == 0
     assert len(out.splitlines()) == N + 1

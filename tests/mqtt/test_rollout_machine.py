@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agent.fleet.devices import DeviceView, Fleet
+from agent.fleet.inventory import device_facts, gpu_facts
 from agent.fleet.rollout import Rollout, RolloutSpec, Send, wave_size
 from agent.fleet.rollout_gate import GateError, parse_gate
 
@@ -204,3 +206,25 @@ def test_device_view_reads_inventory() -> None:
     assert view.online
     assert view.versions("m") == (1,)
     assert DeviceView.from_status({"kind": "telemetry", "device": "x"}) is None
+
+
+def test_device_facts_from_proc_and_tegra_files(tmp_path: Path) -> None:
+    (tmp_path / "proc/device-tree").mkdir(parents=True)
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "proc/meminfo").write_text("MemTotal:       16012345 kB\nMemFree: 1 kB\n")
+    (tmp_path / "proc/cpuinfo").write_text("processor\t: 0\nModel\t\t: NVIDIA Orin NX\n")
+    (tmp_path / "proc/device-tree/model").write_text("NVIDIA Jetson Orin NX\0")
+    (tmp_path / "etc/nv_tegra_release").write_text(
+        "# R36 (release), REVISION: 3.0, GCID: 36191598, BOARD: generic, EABI: aarch64\n"
+    )
+    facts = device_facts(tmp_path)
+    assert facts["memory_bytes"] == 16012345 * 1024
+    assert facts["cpu_model"] == "NVIDIA Orin NX"
+    assert facts["board"] == "NVIDIA Jetson Orin NX"
+    assert facts["l4t"] == "36.3.0"
+    assert "numpy" in facts["packages"]
+    bare = device_facts(tmp_path / "nothing")
+    assert not {"memory_bytes", "cpu_model", "board", "l4t"} & set(bare)
+    assert gpu_facts([{"index": 0, "util_percent": 5, "memory_total_bytes": 8}]) == [
+        {"index": 0, "memory_total_bytes": 8}
+    ]
