@@ -63,6 +63,11 @@ rabbitmq:
 	      || echo "rabbitmq-server could not be installed; its fleet tests will skip"; \
 	  else echo "rabbitmq-server missing: sudo apt-get install rabbitmq-server (its fleet tests will skip)"; fi; }
 
+# The whole product on one machine: S3-protocol store, broker, publisher, three agents, a
+# rollout in waves and a bad version rolled back (bench/fleet_demo.py says what each step shows).
+demo: $(BIN)/.installed mosquitto
+	$(BIN)/python -m bench.fleet_demo
+
 lint-ansible: $(BIN)/.installed
 	cd deploy/ansible && PATH=$(CURDIR)/$(BIN):$$PATH $(CURDIR)/$(BIN)/ansible-lint --offline --profile production
 
