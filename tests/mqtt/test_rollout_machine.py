@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from agent.fleet.devices import DeviceView, Fleet
 from agent.fleet.inventory import device_facts, gpu_facts
 from agent.fleet.rollout import Rollout, RolloutSpec, Send, wave_size
 from agent.fleet.rollout_gate import GateError, parse_gate
+from agent.fleet.rollout_store import RolloutConflictError, RolloutStore
 
 
 def _fleet(n: int, *, group: str = "site-a", version: int = 1) -> Fleet:
@@ -228,3 +230,31 @@ def test_device_facts_from_proc_and_tegra_files(tmp_path: Path) -> None:
     assert gpu_facts([{"index": 0, "util_percent": 5, "memory_total_bytes": 8}]) == [
         {"index": 0, "memory_total_bytes": 8}
     ]
+
+
+def test_store_is_idempotent_refuses_conflicts_and_queues_requests(tmp_path: Path) -> None:
+    fleet = _fleet(5)
+    store = RolloutStore(tmp_path / "rollouts.sqlite")
+    try:
+        first = store.create(Rollout.start(_spec(), fleet.devices, 0.0), 0.0)
+        first.step(fleet.devices, 1.0)
+        store.save(first, 1.0)
+        again = store.create(Rollout.start(_spec(), fleet.devices, 9.0), 9.0)
+        assert again.to_json() == first.to_json()  # the same id and spec: the stored one
+        with pytest.raises(RolloutConflictError, match="another spec"):
+            store.create(Rollout.start(_spec(soak_s=1), fleet.devices, 9.0), 9.0)
+        with pytest.raises(RolloutConflictError, match="has not finished"):
+            store.create(Rollout.start(_spec(id="r2"), fleet.devices, 9.0), 9.0)
+        kinds = [e["event"] for _n, e in store.events("r1")]
+        assert kinds[:2] == ["rollout_started", "wave_started"]
+        store.request("r1", "pause", 2.0)
+        store.request("r1", "abort", 3.0)
+        assert store.take_requests("r1") == [("pause", 2.0), ("abort", 3.0)]
+        assert store.take_requests("r1") == []
+        assert store.driver("r1", 3.0) is None
+        store.heartbeat("r1", os.getpid(), 3.0)
+        assert store.driver("r1", 4.0) == os.getpid()
+        assert store.driver("r1", 30.0) is None  # stale
+        assert store.latest() == "r1"
+    finally:
+        store.close()
