@@ -82,6 +82,7 @@ class FleetClient:
         """
         command_id = kw.get("command_id") or uuid.uuid4().hex
         topics = Topics(self.prefix, device)
+        await self.client.wait_connected()  # the protocol (5 or 3.1.1) is known from here on
         await self.subscribe(self._reply_topic if self.client.protocol == "5" else topics.responses)
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._replies[command_id] = future

@@ -385,7 +385,10 @@ class Rollout:
             return sends + self._roll_back(devices, now)
         wave = [self.jobs[d] for d in self._wave_devices()]
         waiting_offline = now - self.wave_started_at <= self.spec.job_timeout_s
-        if all(j.state in FINAL or (j.state == "queued" and not waiting_offline) for j in wave):
+        # An offline device holds its own wave for `job_timeout_s`, not the later ones.
+        holding = [j for j in wave if j.state not in FINAL and (
+            j.state != "queued" or (waiting_offline and j.wave == self.wave))]  # fmt: skip
+        if not holding:
             figures = self._wave_done(wave, now)
             self.phase, self.soak_started_at = "soaking", now
             self.windows.clear()

@@ -258,3 +258,14 @@ def test_store_is_idempotent_refuses_conflicts_and_queues_requests(tmp_path: Pat
         assert store.latest() == "r1"
     finally:
         store.close()
+
+
+def test_offline_device_holds_only_its_own_wave() -> None:
+    fleet = _fleet(10)
+    rollout = Rollout.start(_spec(waves=(0.1, 1.0), soak_s=0, job_timeout_s=5), fleet.devices, 0.0)
+    away = rollout.targets[0]
+    fleet.update({"kind": "status", "device": away, "state": "offline"})
+    _run(fleet, rollout, until=9)  # wave 1 waits 5 s for it; wave 2 does not wait again (11)
+    assert rollout.phase == "succeeded"
+    deployed = [e for e in rollout.take_events() if e["event"] == "wave_deployed"]
+    assert [w["not_reached"] for w in deployed] == [[away], [away]]
