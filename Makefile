@@ -2,9 +2,11 @@
 PYTHON ?= python3
 VENV ?= .venv
 PERF_VENV ?= .venv-perf
+KSERVE_VENV ?= .venv-kserve
+KSERVE_VERSION ?= 0.21.0
 BIN := $(VENV)/bin
 
-.PHONY: run test lint typecheck unit perf-analyzer systemd-tools mosquitto rabbitmq lint-ansible bench proto clean demo
+.PHONY: run test fuzz lint typecheck unit perf-analyzer kserve-sdk systemd-tools mosquitto rabbitmq lint-ansible bench proto clean demo
 
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
@@ -19,7 +21,7 @@ $(BIN)/.installed: pyproject.toml
 run: $(BIN)/.installed
 	$(BIN)/edge-agent serve --demo
 
-test: $(BIN)/.installed perf-analyzer systemd-tools lint lint-ansible typecheck unit
+test: $(BIN)/.installed perf-analyzer kserve-sdk systemd-tools lint lint-ansible typecheck unit
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
@@ -30,13 +32,28 @@ typecheck: $(BIN)/.installed
 	$(BIN)/mypy
 
 unit: $(BIN)/.installed mosquitto rabbitmq
-	PERF_ANALYZER=$(CURDIR)/$(PERF_VENV)/bin/perf_analyzer $(BIN)/pytest
+	PERF_ANALYZER=$(CURDIR)/$(PERF_VENV)/bin/perf_analyzer \
+	  KSERVE_PYTHON=$(CURDIR)/$(KSERVE_VENV)/bin/python $(BIN)/pytest
+
+# Schemathesis against the HTTP API (docs/api.md#fuzzing-the-http-api): a longer, random run
+# than the 10 examples per operation of `make test`.
+EDGE_AGENT_FUZZ_EXAMPLES ?= 200
+fuzz: $(BIN)/.installed
+	EDGE_AGENT_FUZZ_EXAMPLES=$(EDGE_AGENT_FUZZ_EXAMPLES) $(BIN)/pytest tests/agent/test_http_fuzz.py -p no:logging
 
 # Triton's load generator (Debian 12). Best effort: without it the perf_analyzer test skips
 # and says why.
 perf-analyzer:
 	@[ -x $(PERF_VENV)/bin/perf_analyzer ] || bash bench/install-perf-analyzer.sh $(PERF_VENV) \
 	  || echo "perf_analyzer could not be installed; tests that need it will skip"
+
+# KServe's Python SDK (the Open Inference Protocol's reference client) for tests/test_kserve_sdk.py,
+# in a venv of its own: its pins (psutil<6 ...) conflict with the agent's. Best effort: without it
+# that test skips and says why.
+kserve-sdk:
+	@$(KSERVE_VENV)/bin/python -c 'import kserve' 2>/dev/null || { \
+	  $(PYTHON) -m venv $(KSERVE_VENV) && $(KSERVE_VENV)/bin/pip install -q 'kserve==$(KSERVE_VERSION)'; } \
+	  || echo "KServe's SDK could not be installed; tests/test_kserve_sdk.py will skip"
 
 # systemd-analyze / systemd-sysusers for tests/deploy (Debian's "systemd" package; no running
 # systemd needed).
@@ -83,4 +100,4 @@ proto: $(BIN)/.installed
 	$(BIN)/python agent/proto/fix_generated.py agent/proto/*_pb2.py agent/proto/*_pb2_grpc.py
 
 clean:
-	rm -rf $(VENV) $(PERF_VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(PERF_VENV) $(KSERVE_VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -109,11 +109,11 @@ def device_facts(root: Path = Path("/")) -> dict[str, Any]:
     return facts
 
 
-def gpu_facts(gpus: list[dict[str, int]] | None) -> list[dict[str, int]]:
-    """The GPU inventory from a probe reading: index and total memory of each GPU."""
-    return [
-        {k: v for k, v in gpu.items() if k in ("index", "memory_total_bytes")} for gpu in gpus or []
-    ]
+def gpu_facts(gpus: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The GPU inventory from a reading (`GpuReading.to_json()` entries): index, uuid, name and
+    total memory of each GPU."""
+    keep = ("index", "uuid", "name", "memory_total_bytes")
+    return [{k: gpu[k] for k in keep if k in gpu} for gpu in gpus]
 
 
 def targets_key_ids(metadata_dir: Path) -> list[str]:

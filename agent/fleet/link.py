@@ -31,16 +31,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from agent import __version__
+from agent.device.gpu import GpuReader
 from agent.errors import AgentError, InternalError, OverloadedError
 from agent.fleet import commands as cmd
 from agent.fleet.config import MqttConfig, Topics
@@ -52,7 +54,7 @@ from agent.fleet.outbox import Kind, Outbox
 from agent.fleet.runner import CommandRunner, response_doc
 from agent.fleet.slo import SloEvaluator
 from agent.fleet.state import FleetState
-from agent.fleet.telemetry import GpuProbe, TelemetrySampler
+from agent.fleet.telemetry import TelemetrySampler
 from agent.models.memory_plan import MemoryLedger
 from agent.models.registry import ModelRegistry
 from agent.serving.dataplane import DataPlane
@@ -86,7 +88,7 @@ class FleetLink:
         on_desired: Called with `MODEL=POLICY` lines after `set-desired` (and at start).
         sync_state: The sync loop's state, for telemetry.
         cache_disk: Bytes the model cache uses, for telemetry.
-        gpu: A GPU probe, for telemetry (and the inventory).
+        gpu: A GPU reader, for telemetry (and the inventory).
         digests: The content digest of each cached (model, version), for the inventory.
         key_ids: The key ids that signed the device's trusted targets, for the inventory.
         clock: Monotonic seconds (telemetry cadence, SLO windows).
@@ -104,7 +106,7 @@ class FleetLink:
         on_desired: Callable[[tuple[str, ...]], None] | None = None,
         sync_state: Callable[[], Mapping[str, Any]] | None = None,
         cache_disk: Callable[[], int] | None = None,
-        gpu: GpuProbe | None = None,
+        gpu: GpuReader | None = None,
         digests: Digests | None = None,
         key_ids: Callable[[], list[str]] | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -269,7 +271,7 @@ class FleetLink:
     def status(self) -> dict[str, Any]:
         """The status document (as the retained status message and the `status` command)."""
         models = [
-            {"name": s.name, "versions": sorted(s.versions)}
+            {"name": s.name, "versions": sorted(s.versions), **self._signers(s.name, s.versions)}
             for s in sorted(self._registry.served_models(), key=lambda s: s.name)
         ]
         doc = self._envelope("status")
@@ -295,7 +297,8 @@ class FleetLink:
         """The device facts (cheap reads; run in a worker thread)."""
         facts = device_facts()
         if self._gpu is not None:
-            gpus = gpu_facts(_or_none(self._gpu.read))
+            readings = _or_none(self._gpu.read) or []
+            gpus = gpu_facts([r.to_json() for r in readings])
             if gpus:
                 facts["gpu"] = gpus
         return facts
@@ -318,6 +321,18 @@ class FleetLink:
         if now - self._last_rebirth >= 1.0:
             self._last_rebirth = now
             self._publish_status()
+
+    def _signers(self, model: str, versions: Iterable[int]) -> dict[str, Any]:
+        """`{"signers": {"VERSION": signer}}` of the served versions with a recorded signer."""
+        cached = self._dataplane.versions
+        if cached is None:
+            return {}
+        found = {}
+        for version in sorted(versions):
+            record = _or_none(functools.partial(cached.signature, model, version))
+            if record and record.get("signer"):
+                found[str(version)] = record["signer"]
+        return {"signers": found} if found else {}
 
     def _health_changed(self) -> None:
         """Publish the status again (from any thread)."""

@@ -15,7 +15,9 @@ import functools
 import logging
 import shutil
 import signal
+import ssl
 import tempfile
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,20 +25,29 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from agent.api.access import ApiAccess
 from agent.api.grpc_server import start_grpc_server
 from agent.api.http import create_app
 from agent.api.http_limits import ConnectionGuard, ConnectionLimits
 from agent.api.metrics import build_registry, create_metrics_app
+from agent.api.tls import ServerTls
 from agent.canary.control import STATE_FILE, CanaryManager
 from agent.config.schema import AgentConfig
+from agent.config.security import (
+    exposure_problems,
+    grpc_restrictions,
+    http_restrictions,
+    tls_files,
+)
+from agent.device.gpu import CachedGpuReader, GpuReader, detect_gpu_reader
 from agent.errors import AgentError, ModelLoadError, ModelNotFoundError
 from agent.fleet.inventory import cache_digests, targets_key_ids
 from agent.fleet.link import FleetLink
 from agent.fleet.mqtt import MqttError
 from agent.fleet.outbox import StoreError
-from agent.fleet.telemetry import detect_gpu
-from agent.models.cache_control import CachedVersions, CacheEvents
+from agent.models.cache_control import CachedVersions, CacheEvents, ProvenanceOf
 from agent.models.control import ModelControlMode, ModelManager
+from agent.models.device_memory import detect_device_memory
 from agent.models.events import EventTee, LogEvents
 from agent.models.loader import LoadSettings
 from agent.models.memory_plan import MemoryLedger, detect_budget_bytes, process_rss_bytes
@@ -55,6 +66,7 @@ from agent.runtime.systemd_notify import (
 from agent.scheduling.rate_limiter import RateLimiter
 from agent.scheduling.scheduler import LimiterGate
 from agent.scheduling.statistics import StatisticsRegistry
+from agent.serving.cuda_regions import open_cuda_regions
 from agent.serving.dataplane import DataPlane
 from agent.serving.response_cache import ResponseCache
 from agent.serving.shared_memory import SharedMemoryRegistry
@@ -63,6 +75,7 @@ from agent.tensors.limits import TensorLimits
 from model_cache import CacheError, ModelCache
 from sync.errors import SyncConfigError, SyncError
 from sync.policy import parse_desired
+from sync.provenance import ProvenanceStore
 
 if TYPE_CHECKING:
     from sync.client import SyncClient
@@ -88,6 +101,8 @@ class RunningAgent:
     model_cache: ModelCache | None = None
     grpc_port: int | None = None
     fleet: FleetLink | None = None
+    tls: ServerTls | None = None  # reloaded on SIGHUP
+    access: ApiAccess | None = None  # restricted API groups, swapped on SIGHUP
 
     async def stop(self) -> None:
         """Stop being ready, then stop every part in the reverse order of its start.
@@ -123,6 +138,11 @@ async def start_agent(config: AgentConfig) -> RunningAgent:
 
 async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> RunningAgent:
     raise_open_file_limit()
+    for problem in exposure_problems(config.server):  # strict_security refused it at load
+        logger.warning("security: %s", problem)
+    access = ApiAccess(http_restrictions(config.server), grpc_restrictions(config.server))
+    files = tls_files(config.server)
+    tls = await asyncio.to_thread(ServerTls, files) if files is not None else None
     repo = config.models.repository
     model_cache: ModelCache | None = None
     if config.cache.dir is not None:
@@ -154,6 +174,10 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         ledger=ledger,
         gate=LimiterGate(RateLimiter()),
     )
+    # GPU memory checked at each GPU version's load, beside the host budget (none on Jetson).
+    device_memory, device_why = await asyncio.to_thread(detect_device_memory)
+    registry.loader.device_memory = device_memory
+    logger.info("device memory: %s", device_why)
     # Folders of models loaded from request files: removed after the models are unloaded.
     pushed = (
         _pushed_models(config, stack)
@@ -184,6 +208,7 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
             manager,
             keep_last=config.cache.keep_last,
             disk_budget_bytes=config.cache.disk_budget_bytes or None,
+            provenance=provenance_reader(config, model_cache),
         )
         if model_cache is not None
         else None
@@ -195,6 +220,14 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         state_path=config.cache.dir / STATE_FILE if config.cache.dir is not None else None,
     )
     canary.startup(config.canary)
+    shared_memory = SharedMemoryRegistry(enabled=config.server.shared_memory)
+    if config.server.shared_memory:
+        # CUDA regions where cuda-python and a GPU are here (no CUDA context until a register).
+        cuda_regions, why = await asyncio.to_thread(
+            open_cuda_regions, lambda name: any(r.name == name for r in shared_memory.status())
+        )
+        shared_memory.device = cuda_regions
+        logger.info("CUDA shared memory: %s", why if cuda_regions is not None else f"off, {why}")
     dataplane = DataPlane(
         registry,
         ResponseCache(config.models.response_cache_bytes),
@@ -202,10 +235,12 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         mode,
         versions,
         canary,
-        shared_memory=SharedMemoryRegistry(enabled=config.server.shared_memory),
+        shared_memory=shared_memory,
         pushed=pushed,
         max_request_bytes=config.server.max_request_bytes,
         tracer=_tracer(config),
+        server_name=config.server.name,
+        private_paths=[config.cache.dir] if config.cache.dir is not None else [],
     )
     # Entered before the listeners: stopped after them, once no request can finish a trace.
     stack.push_async_callback(asyncio.to_thread, dataplane.tracer.close)
@@ -217,8 +252,12 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         max_request_bytes=server.max_request_bytes,
         max_bytes_elements=server.max_bytes_elements,
         body_timeout_s=limits.body_timeout_s,
+        access=access if "http" in access.enforced else None,
     )
-    port = await _serve_http(stack, app, server.host, server.http_port, limits, drain=True)
+    context = tls.ssl_context if tls is not None else None
+    port = await _serve_http(
+        stack, app, server.host, server.http_port, limits, drain=True, ssl_context=context
+    )
     grpc_port: int | None = None
     if config.server.grpc_port >= 0:
         grpc_server, grpc_port = await start_grpc_server(
@@ -228,20 +267,37 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
             max_message_bytes=config.server.max_request_bytes,
             tensor_limits=TensorLimits(server.max_request_bytes, server.max_bytes_elements),
             connection_limits=limits,
+            access=access if "grpc" in access.enforced else None,
+            tls=tls,
         )
         stack.push_async_callback(grpc_server.stop, DRAIN_TIMEOUT_S)
-        logger.info("gRPC on %s:%d", config.server.host, grpc_port)
+        logger.info("gRPC on %s:%d%s", config.server.host, grpc_port, _tls_note(tls))
     metrics_port: int | None = None
+    found_gpu = await asyncio.to_thread(detect_gpu_reader)
+    # One reading per interval, shared by scrapes and telemetry (Triton's default interval).
+    gpu = CachedGpuReader(found_gpu, time.monotonic, 2.0) if found_gpu is not None else None
     if config.server.metrics_port >= 0:
-        metrics_app = create_metrics_app(build_registry(stats, ledger, canary=canary))
+        metrics_app = create_metrics_app(build_registry(stats, ledger, canary=canary, gpu=gpu))
+        # The same TLS as the API (a scraper off loopback needs the client certificate too).
         metrics_port = await _serve_http(
-            stack, metrics_app, server.host, server.metrics_port, limits, drain=False
+            stack,
+            metrics_app,
+            server.host,
+            server.metrics_port,
+            limits,
+            drain=False,
+            ssl_context=context,
         )
-        logger.info("metrics on http://%s:%d/metrics", config.server.host, metrics_port)
+        logger.info(
+            "metrics on %s://%s:%d/metrics",
+            "https" if tls else "http",
+            config.server.host,
+            metrics_port,
+        )
     fleet: FleetLink | None = None
     if config.mqtt.enabled:
         fleet = await _start_fleet_link(
-            stack, config, dataplane, registry, ledger, model_cache, sync, events
+            stack, config, dataplane, registry, ledger, model_cache, sync, events, gpu
         )
     if sync is not None:
         # Last in, first out: on shutdown the cycle in progress finishes before anything else
@@ -249,7 +305,14 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         await _start_periodic_sync(stack, config, sync)
     dataplane.set_ready(True)
     served = ", ".join(sorted(m.name for m in registry.served_models())) or "none"
-    logger.info("listening on http://%s:%d (models: %s)", config.server.host, port, served)
+    logger.info(
+        "listening on %s://%s:%d (models: %s)%s",
+        "https" if tls else "http",
+        config.server.host,
+        port,
+        served,
+        _tls_note(tls),
+    )
     return RunningAgent(
         registry,
         dataplane,
@@ -259,7 +322,15 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         model_cache=model_cache,
         grpc_port=grpc_port,
         fleet=fleet,
+        tls=tls,
+        access=access,
     )
+
+
+def _tls_note(tls: ServerTls | None) -> str:
+    if tls is None:
+        return ""
+    return " over mutual TLS" if tls.mutual else " over TLS"
 
 
 def _tracer(config: AgentConfig) -> Tracer:
@@ -278,6 +349,17 @@ def _tracer(config: AgentConfig) -> Tracer:
     exporter = OtlpExporter(url, parse_resource(log.trace_otlp_resource))
     logger.info("traces: OpenTelemetry spans to %s", url)
     return Tracer(mode="opentelemetry", exporter=exporter)
+
+
+def provenance_reader(config: AgentConfig, cache: ModelCache) -> ProvenanceOf:
+    """Who signed a cached version, as the sync recorded it (also after `sync --once`)."""
+    store = ProvenanceStore((config.sync.work_dir or Path(cache.root) / "sync") / "provenance")
+
+    def read(model: str, version: int) -> dict[str, Any] | None:
+        found = store.get(model, version)
+        return found.to_json() if found is not None else None
+
+    return read
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,6 +433,7 @@ async def _serve_http(
     limits: ConnectionLimits,
     *,
     drain: bool,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> int:
     """Listen on host:port (0: any free port) until the stack unwinds; returns the bound port.
 
@@ -372,7 +455,13 @@ async def _serve_http(
     assert runner.server is not None  # set up
     guard.bind(runner.server)
     listener = await asyncio.get_running_loop().create_server(
-        guard, host, port, reuse_address=True, backlog=1024
+        guard,
+        host,
+        port,
+        reuse_address=True,
+        backlog=1024,
+        ssl=ssl_context,
+        ssl_handshake_timeout=limits.header_timeout_s if ssl_context is not None else None,
     )
     # Unwound first: stop accepting, then the runner drains what is open (as a site's stop).
     stack.callback(listener.close)
@@ -388,6 +477,7 @@ async def _start_fleet_link(
     model_cache: ModelCache | None,
     sync: _Sync | None,
     events: EventTee,
+    gpu: GpuReader | None,
 ) -> FleetLink:
     """Connect to the fleet manager's broker (returns at once; the broker may be away).
 
@@ -427,7 +517,7 @@ async def _start_fleet_link(
         on_desired=on_desired,
         sync_state=sync_state,
         cache_disk=model_cache.disk_usage if model_cache is not None else None,
-        gpu=await asyncio.to_thread(detect_gpu),
+        gpu=gpu,
         digests=cache_digests(model_cache) if model_cache is not None else None,
         key_ids=(functools.partial(targets_key_ids, sync.client.metadata_dir) if sync else None),
     )
@@ -529,7 +619,13 @@ async def run_agent(
             loop.add_signal_handler(sig, stop.set)
         if reload_config is not None:
             Reloader(
-                config, reload_config, agent.registry, notifier, agent.dataplane.log_settings
+                config,
+                reload_config,
+                agent.registry,
+                notifier,
+                agent.dataplane.log_settings,
+                tls=agent.tls,
+                access=agent.access,
             ).install(loop)
         served = len(agent.registry.served_models())
         notifier.ready(f"serving {served} model(s) on port {agent.http_port}")
