@@ -54,7 +54,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def slow_model(layers: int = 150, width: int = 1024) -> onnx.ModelProto:
+def slow_model(layers: int = 1500, width: int = 1024) -> onnx.ModelProto:
     """Same signature as version 1, many times the work per request (one shared weight)."""
     rng = np.random.default_rng(3)
     w_in = (rng.standard_normal((64, width)) * 0.1).astype(np.float32)
@@ -278,7 +278,7 @@ def main() -> int:
         demo.publish(3, sources[3])
         code = demo.fleet("rollout", "start", "m", "3", "--group", "orin",
                           "--waves", "30%,60%,100%", "--gate", GATE, "--soak", "3s",
-                          "--min-requests", "10", "--via", "set-desired", "--db", db,
+                          "--min-requests", "5", "--via", "set-desired", "--db", db,
                           check=False)  # fmt: skip
         demo.fleet("rollout", "status", "--db", db, "--events", "3")
         served = {name: served_version(port) for name, port in demo.http_ports.items()}
