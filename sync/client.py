@@ -168,6 +168,11 @@ class SyncClient:
         self._signatures = signatures or SignatureCheck()
         self.provenance = provenance or ProvenanceStore(work_dir / "provenance")
 
+    @property
+    def metadata_dir(self) -> Path:
+        """Where the trusted TUF metadata lives (`work_dir/metadata`)."""
+        return self._work / "metadata"
+
     def set_desired(self, desired: Mapping[str, Desired]) -> None:
         """Replace the per-model version policy; the next cycle plans with it.
 
@@ -257,7 +262,7 @@ class SyncClient:
         )
 
     def _refresh(self) -> dict[str, TargetFile]:
-        meta_dir = self._work / "metadata"
+        meta_dir = self.metadata_dir
         try:
             ensure_dir(meta_dir)
             updater = Updater(
