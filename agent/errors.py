@@ -92,6 +92,11 @@ class MemoryBudgetError(ModelLoadError):
     """A model version does not fit in what is left of the memory budget."""
 
 
+class RepositoryPollError(ModelLoadError):
+    """A load request's model could not be read into a model folder (its config override does
+    not parse, its files cannot be written): Triton's "failed to poll from model repository"."""
+
+
 class ConflictError(AgentError):
     """The request conflicts with what is in progress (e.g. a canary already runs)."""
 

@@ -9,8 +9,9 @@ header with its value; the others are refused with Triton's message:
 * gRPC: UNAVAILABLE "This protocol is restricted, expecting header 'triton-grpc-protocol-<key>'".
 
 A spec is Triton's `<group>,<group>...:<key>=<value>`; a group may be in one spec only. The
-groups are Triton's, plus the agent's own `cache` (activate, rollback, versions, clear-rejected)
-and `canary`. Pure: no sockets; the HTTP middleware and gRPC interceptor call `refusal`.
+groups are Triton's, plus the agent's own `cache` (activate, rollback, versions, clear-rejected),
+`canary` and `status` (the status page and its JSON). Pure: no sockets; the HTTP middleware
+and gRPC interceptor call `refusal`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from agent.errors import AgentError
+from agent.errors import AccessDeniedError, AgentError
 
 __all__ = [
     "CONTROL_GROUPS",
@@ -35,6 +36,7 @@ __all__ = [
     "http_endpoint",
     "is_loopback_host",
     "is_loopback_peer",
+    "require_local_registrant",
     "parse_restrictions",
 ]
 
@@ -49,6 +51,7 @@ TRACE = "trace"
 LOGGING = "logging"
 CACHE = "cache"
 CANARY = "canary"
+STATUS = "status"
 
 GROUPS = (
     HEALTH,
@@ -62,6 +65,7 @@ GROUPS = (
     LOGGING,
     CACHE,
     CANARY,
+    STATUS,
 )
 # The groups that change what the device serves or reads: open to the network, they hand a
 # stranger the device (see `agent.config.security`).
@@ -154,6 +158,9 @@ ENDPOINT_GROUPS: dict[str, str] = {
     "grpc CudaSharedMemoryStatus": SHARED_MEMORY,
     "grpc CudaSharedMemoryRegister": SHARED_MEMORY,
     "grpc CudaSharedMemoryUnregister": SHARED_MEMORY,
+    # status (the agent's own: the status page, also behind server.status_token)
+    "GET /": STATUS,
+    "GET /v2/status": STATUS,
 }
 
 
@@ -317,3 +324,15 @@ def is_loopback_peer(peer: str | None) -> bool:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         return address.ipv4_mapped.is_loopback
     return address.is_loopback
+
+
+def require_local_registrant(peer: str | None) -> None:
+    """Shared-memory registration (system or CUDA) maps memory of this machine: local clients only.
+
+    Raises:
+        AccessDeniedError: `peer` (as for `is_loopback_peer`) is not this machine.
+    """
+    if not is_loopback_peer(peer):
+        raise AccessDeniedError(
+            f"shared memory registration is for local clients only; refused for {peer}"
+        )

@@ -20,9 +20,14 @@ import grpc
 from google.protobuf import json_format
 
 from agent.api import grpc_codec
-from agent.api.access import ApiAccess, RestrictedApiError, grpc_endpoint, is_loopback_peer
+from agent.api.access import (
+    ApiAccess,
+    RestrictedApiError,
+    grpc_endpoint,
+    require_local_registrant,
+)
 from agent.api.http_limits import ClientTimeoutError, ConnectionLimits
-from agent.api.model_load import ModelLoadFailedError, load_model
+from agent.api.model_load import ModelLoadFailedError, invalid_override, load_model
 from agent.api.tls import ServerTls, TlsError
 from agent.errors import (
     AccessDeniedError,
@@ -44,6 +49,7 @@ from agent.errors import (
     OverloadedError,
     PayloadTooLargeError,
     RegionExistsError,
+    RepositoryPollError,
     RequestTimeoutError,
     SharedMemoryNotFoundError,
     UnsupportedError,
@@ -79,6 +85,7 @@ STATUS_FOR_ERROR: dict[type[AgentError], grpc.StatusCode] = {
     ModelInstanceFailedError: grpc.StatusCode.INTERNAL,
     CacheCommitError: grpc.StatusCode.INTERNAL,
     ModelLoadError: grpc.StatusCode.INTERNAL,
+    RepositoryPollError: grpc.StatusCode.INTERNAL,
     MemoryBudgetError: grpc.StatusCode.INTERNAL,
     InternalError: grpc.StatusCode.INTERNAL,
     UnsupportedError: grpc.StatusCode.UNIMPLEMENTED,
@@ -292,11 +299,13 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 try:
                     parsed = json.loads(param.string_param)
                 except ValueError as exc:
-                    raise InvalidInputError(
-                        f"parameter 'config' is not valid JSON: {exc}"
+                    raise invalid_override(
+                        request.model_name, f"parameter 'config' is not valid JSON: {exc}"
                     ) from None
                 if not isinstance(parsed, dict):
-                    raise InvalidInputError("parameter 'config' must be a JSON object")
+                    raise invalid_override(
+                        request.model_name, "parameter 'config' must be a JSON object"
+                    )
                 config = parsed
             elif key.startswith(FILE_PREFIX):
                 if kind != "bytes_param":
@@ -337,11 +346,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.SystemSharedMemoryRegisterRequest
     ) -> pb.SystemSharedMemoryRegisterResponse:
         call = _call.get(None)
-        peer = call.peer() if call is not None else None
-        if not is_loopback_peer(peer):
-            raise AccessDeniedError(
-                f"shared memory registration is for local clients only; refused for {peer}"
-            )
+        require_local_registrant(call.peer() if call is not None else None)
         self._dp.shared_memory.register(
             request.name, request.key, request.offset, request.byte_size
         )
@@ -357,20 +362,30 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             self._dp.shared_memory.unregister_all()
         return pb.SystemSharedMemoryUnregisterResponse()
 
-    # CUDA shared memory, as Triton without GPU support answers it (issue 26) ------------------
+    # CUDA shared memory: device memory where CUDA is, else Triton's no-GPU answers ------------
 
     @_mapped
     async def CudaSharedMemoryStatus(
         self, request: pb.CudaSharedMemoryStatusRequest
     ) -> pb.CudaSharedMemoryStatusResponse:
-        self._dp.cuda_shared_memory.status(request.name or None)  # raises for a named region
-        return pb.CudaSharedMemoryStatusResponse()
+        response = pb.CudaSharedMemoryStatusResponse()
+        for region in self._dp.cuda_shared_memory.status(request.name or None):
+            response.regions[region.name].CopyFrom(
+                pb.CudaSharedMemoryStatusResponse.RegionStatus(
+                    name=region.name, device_id=region.device_id, byte_size=region.byte_size
+                )
+            )
+        return response
 
     @_mapped
     async def CudaSharedMemoryRegister(
         self, request: pb.CudaSharedMemoryRegisterRequest
     ) -> pb.CudaSharedMemoryRegisterResponse:
-        self._dp.cuda_shared_memory.register(request.name)
+        call = _call.get(None)
+        require_local_registrant(call.peer() if call is not None else None)
+        self._dp.cuda_shared_memory.register(
+            request.name, request.raw_handle, request.device_id, request.byte_size
+        )
         return pb.CudaSharedMemoryRegisterResponse()
 
     @_mapped

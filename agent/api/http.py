@@ -19,12 +19,24 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from agent.api.access import ApiAccess, RestrictedApiError, http_endpoint, is_loopback_peer
+from agent.api.access import (
+    ApiAccess,
+    RestrictedApiError,
+    http_endpoint,
+    require_local_registrant,
+)
 from agent.api.http_codec import HEADER_LENGTH, decode_infer_request, encode_infer_response
 from agent.api.http_generate import REFUSAL, generate_routes
 from agent.api.http_limits import ClientTimeoutError, body_middleware, must_close, read_body
-from agent.api.model_load import ModelLoadFailedError, load_model
+from agent.api.model_load import ModelLoadFailedError, invalid_override, load_model
 from agent.api.openapi import openapi_bytes
+from agent.api.status_page import (
+    STATUS_PATHS,
+    STATUS_SOURCE,
+    BasicStatus,
+    StatusSource,
+    status_routes,
+)
 from agent.api.tls import TlsError
 from agent.canary.control import policy_from_request
 from agent.errors import (
@@ -47,12 +59,15 @@ from agent.errors import (
     OverloadedError,
     PayloadTooLargeError,
     RegionExistsError,
+    RepositoryPollError,
     RequestTimeoutError,
     SharedMemoryNotFoundError,
     UnsupportedError,
     lookup,
 )
 from agent.models.pushed import FILE_PREFIX
+from agent.pages import token_middleware
+from agent.serving.cuda_regions import register_request_from_json
 from agent.serving.dataplane import DataPlane
 from agent.tensors.limits import DEFAULT_MAX_BYTES_ELEMENTS, TensorLimits
 
@@ -83,6 +98,7 @@ STATUS_FOR_ERROR: dict[type[AgentError], int] = {
     ModelInstanceFailedError: 500,
     CacheCommitError: 500,
     ModelLoadError: 500,
+    RepositoryPollError: 500,
     MemoryBudgetError: 500,
     InternalError: 500,
     UnsupportedError: 501,
@@ -160,10 +176,15 @@ def create_app(
     max_bytes_elements: int = DEFAULT_MAX_BYTES_ELEMENTS,
     body_timeout_s: float = 60.0,
     access: ApiAccess | None = None,
+    status: StatusSource | None = None,
+    status_token: Callable[[], str | None] | None = None,
 ) -> web.Application:
     """Build the HTTP application around a data plane (limits: `agent.api.http_limits`;
-    restricted API groups: `agent.api.access`)."""
+    restricted API groups: `agent.api.access`; the status page: `agent.api.status_page`, with
+    `status_token` giving the token it needs, None: open)."""
     middlewares = [error_middleware(max_request_bytes)]
+    if status_token is not None:
+        middlewares.append(token_middleware(status_token, STATUS_PATHS))
     if access is not None:
         middlewares.append(restriction_middleware(access))
     middlewares.append(body_middleware(max_request_bytes, body_timeout_s))
@@ -173,6 +194,7 @@ def create_app(
     )
     app[DATAPLANE] = dataplane
     app[TENSOR_LIMITS] = TensorLimits(max_request_bytes, max_bytes_elements)
+    app[STATUS_SOURCE] = status if status is not None else BasicStatus(dataplane)
     model = "/v2/models/{model}"
     version = "/v2/models/{model}/versions/{version}"
     app.add_routes(
@@ -222,6 +244,7 @@ def create_app(
             web.post("/v2/cudasharedmemory/region/{region}/register", _cuda_shm_register),
             web.post("/v2/cudasharedmemory/unregister", _cuda_shm_unregister),
             web.post("/v2/cudasharedmemory/region/{region}/unregister", _cuda_shm_unregister),
+            *status_routes(),
         ]
     )
     return app
@@ -328,9 +351,11 @@ async def _load_model(request: web.Request) -> web.Response:
         try:
             config = json.loads(raw) if isinstance(raw, str) else raw
         except ValueError as exc:
-            raise InvalidInputError(f"parameter 'config' is not valid JSON: {exc}") from None
+            name = request.match_info["model"]
+            raise invalid_override(name, f"parameter 'config' is not valid JSON: {exc}") from None
         if not isinstance(config, dict):
-            raise InvalidInputError("parameter 'config' must be a JSON object")
+            name = request.match_info["model"]
+            raise invalid_override(name, "parameter 'config' must be a JSON object")
     # --- load with files (Triton's "file:<path>" parameters, base64 in JSON) ---
     files: dict[str, bytes] = {}
     for key, value in params.items():
@@ -414,10 +439,7 @@ async def _shm_register(request: web.Request) -> web.Response:
         raise InvalidInputError(
             'register request body must be {"key": string, "offset": integer, "byte_size": integer}'
         )
-    if not is_loopback_peer(request.remote):
-        raise AccessDeniedError(
-            f"shared memory registration is for local clients only; refused for {request.remote}"
-        )
+    require_local_registrant(request.remote)
     _dataplane(request).shared_memory.register(request.match_info["region"], key, offset, byte_size)
     return web.Response(status=200)
 
@@ -433,12 +455,17 @@ async def _shm_unregister(request: web.Request) -> web.Response:
 
 
 async def _cuda_shm_status(request: web.Request) -> web.Response:
-    return _json(_dataplane(request).cuda_shared_memory.status(request.match_info.get("region")))
+    regions = _dataplane(request).cuda_shared_memory.status(request.match_info.get("region"))
+    return _json([r.to_json() for r in regions])
 
 
 async def _cuda_shm_register(request: web.Request) -> web.Response:
-    await _optional_json(request)
-    _dataplane(request).cuda_shared_memory.register(request.match_info["region"])
+    """Body: {"raw_handle": {"b64": BASE64}, "device_id": 0, "byte_size": N} (tritonclient's)."""
+    raw_handle, device_id, byte_size = register_request_from_json(await _optional_json(request))
+    require_local_registrant(request.remote)
+    _dataplane(request).cuda_shared_memory.register(
+        request.match_info["region"], raw_handle, device_id, byte_size
+    )
     return web.Response(status=200)
 
 

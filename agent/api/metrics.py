@@ -22,7 +22,7 @@ Python models' custom metrics (`pb_utils.MetricFamily`, `agent.backends.custom_m
 family under its own name and description, counters untyped like the ones above.
 Host-wide: nv_cpu_utilization, nv_cpu_memory_total_bytes, nv_cpu_memory_used_bytes, and, with a
 `MemorySource`, edge_agent_memory_budget_bytes and edge_agent_memory_used_bytes. With a
-`GpuReader` (NVML, or tegrastats on Jetson; `agent.backends.gpu_telemetry`), per GPU (label
+`GpuReader` (NVML, or tegrastats on Jetson; `agent.device.gpu`), per GPU (label
 `gpu_uuid`): nv_gpu_utilization (0.0 to 1.0), nv_gpu_memory_total_bytes,
 nv_gpu_memory_used_bytes, nv_gpu_power_usage and nv_gpu_power_limit (watts), and
 nv_energy_consumption (joules since the agent started; untyped, as the counters); a figure the
@@ -44,7 +44,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric, UnknownMetricFamily
 
 from agent.backends.custom_metrics import FamilySnapshot
-from agent.backends.gpu_telemetry import GpuReader, GpuReading
+from agent.device.gpu import GpuReader, GpuReading
 from agent.scheduling.statistics import (
     FIRST_RESPONSE_BUCKETS_MS,
     Duration,

@@ -20,6 +20,7 @@ from agent.errors import (
     ModelLoadError,
     ModelNotFoundError,
     OverloadedError,
+    RepositoryPollError,
 )
 from agent.serving.dataplane import DataPlane
 
@@ -41,18 +42,31 @@ async def load_model(
     """`DataPlane.load_model`, with a failure worded as Triton words it.
 
     Raises:
-        ModelLoadError: the repository holds no such model ("failed to load 'm', ...").
+        ModelLoadError: the repository holds no such model, or the files sent with the request
+            cannot be written ("failed to load 'm', failed to poll from model repository: ...").
         ModelLoadFailedError: the model did not load ("load failed for model 'm': ...").
         InvalidInputError, ModelConfigError, ModelControlError, OverloadedError: as the data
             plane raises them.
     """
     try:
         await dataplane.load_model(name, config, files)
-    except ModelNotFoundError as exc:
-        raise ModelLoadError(
-            f"failed to load '{name}', failed to poll from model repository: {exc.message}"
-        ) from None
+    except (ModelNotFoundError, RepositoryPollError) as exc:
+        raise poll_failed(name, exc.message) from None
     except _NOT_A_LOAD_FAILURE:
         raise
     except AgentError as exc:
         raise ModelLoadFailedError(f"load failed for model '{name}': {exc.message}") from None
+
+
+def poll_failed(name: str, reason: str) -> ModelLoadError:
+    """Triton's answer (INTERNAL) when the model named in a load request cannot be read: not in
+    the repository, a config override that does not parse, files that cannot be written."""
+    return ModelLoadError(
+        f"failed to load '{name}', failed to poll from model repository: {reason}"
+    )
+
+
+def invalid_override(name: str, reason: str) -> ModelLoadError:
+    """A load's `config` parameter that is not a JSON object: Triton fails the poll with
+    "Invalid config override" (INTERNAL, not INVALID_ARGUMENT)."""
+    return poll_failed(name, f"Invalid config override: {reason}")

@@ -23,7 +23,7 @@ from agent.config.loader import load_config
 from agent.config.schema import AgentConfig
 from agent.device.checks import Check, Status, agent_checks, device_checks, worst
 from agent.device.facts import CUDA_VERSION_JSON, NV_TEGRA_RELEASE, device_facts
-from agent.device.gpu import detect_gpu
+from agent.device.gpu import detect_gpu_reader
 from agent.errors import AgentConfigError
 from agent.models.memory_plan import detect_budget_bytes
 
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace, *, out: TextIO = sys.stdout) -> int:
     facts = device_facts(
         tegra_release=args.tegra_release,
         cuda_version_json=args.cuda_version_file,
-        gpu_reader=_gpu_reader,
+        gpu_reader=detect_gpu_reader(),
     )
     agent = agent_facts(_config_path(args.config), os.environ, timeout_s=args.timeout)
     checks = device_checks(facts) + agent_checks(agent)
@@ -135,11 +135,6 @@ def _config_path(given: Path | None) -> Path | None:
     if given is not None:
         return given
     return DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None
-
-
-def _gpu_reader() -> list[dict[str, int]] | None:
-    probe = detect_gpu()
-    return probe.read() if probe is not None else None
 
 
 def _models_source(config: AgentConfig) -> str | None:

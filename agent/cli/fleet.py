@@ -1,8 +1,10 @@
-"""The fleet manager's side: `edge-agent fleet send DEVICE COMMAND [ARGS]` and `fleet watch`.
+"""The fleet manager's side: `edge-agent fleet send DEVICE COMMAND [ARGS]` and `fleet watch`
+(`fleet inventory`, `fleet rollout` and `fleet exporter`: `agent.cli.fleet_manage`).
 
     edge-agent fleet send jetson-17 activate model=resnet version=3 --host broker
     edge-agent fleet send jetson-17 set-desired --args '{"models": {"*": "latest"}}'
     edge-agent fleet watch [DEVICE] [--json] [--count N]
+    edge-agent fleet dashboard [--port 9500] [--bind 127.0.0.1] [--token T]
 
 `send` subscribes to a private reply topic, publishes the command with a fresh id (MQTT 5
 response topic and correlation data; under 3.1.1 it listens on the device's `responses` topic
@@ -18,13 +20,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import signal
 import sys
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from agent.api.access import is_loopback_host
+from agent.cli import fleet_manage
 from agent.fleet.config import Topics
+from agent.fleet.dashboard import Dashboard
 from agent.fleet.mqtt import (
     Message,
     MqttClient,
@@ -80,6 +87,7 @@ class FleetClient:
         """
         command_id = kw.get("command_id") or uuid.uuid4().hex
         topics = Topics(self.prefix, device)
+        await self.client.wait_connected()  # the protocol (5 or 3.1.1) is known from here on
         await self.subscribe(self._reply_topic if self.client.protocol == "5" else topics.responses)
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._replies[command_id] = future
@@ -157,9 +165,24 @@ def add_commands(subparsers: Any) -> None:  # argparse's _SubParsersAction is pr
     watch.add_argument("device", nargs="?", help="default: every device")
     watch.add_argument("--json", action="store_true", help="print raw JSON payloads")
     watch.add_argument("--count", type=int, default=0, help="exit after N messages")
-    for parser in (send, watch):
-        parser.add_argument("--host", default="127.0.0.1")
-        parser.add_argument("--port", type=int, default=1883)
+    board = verbs.add_parser("dashboard", help="serve a read-only web page of the fleet")
+    board.add_argument("--bind", default="127.0.0.1", help="address to listen on")
+    board.add_argument(
+        "--port", dest="http_port", type=int, default=9500, help="the page's port (default 9500)"
+    )
+    board.add_argument(
+        "--token",
+        default=os.environ.get("EDGE_AGENT_DASHBOARD_TOKEN", ""),
+        help="requests must carry it (Authorization: Bearer, or ?token=); required beyond "
+        "loopback (default: $EDGE_AGENT_DASHBOARD_TOKEN)",
+    )
+    for parser in (send, watch, board, *fleet_manage.add_verbs(verbs)):
+        # The exporter's and dashboard's --port is their HTTP port; the broker's is --mqtt-port.
+        own_port = parser.get_default("http_port") is not None
+        parser.add_argument("--mqtt-host" if own_port else "--host", dest="host",
+                            default="127.0.0.1")  # fmt: skip
+        parser.add_argument("--mqtt-port" if own_port else "--port", dest="port", type=int,
+                            default=1883)  # fmt: skip
         parser.add_argument("--prefix", default="edge", help="topic prefix (default edge)")
         parser.add_argument("--username", default="")
         parser.add_argument("--password", default="")
@@ -187,10 +210,16 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | No
         reconnect_min_s=0.2,
         reconnect_max_s=2.0,
     )
+    if args.fleet_command in fleet_manage.VERBS:
+        return fleet_manage.run(args, settings, out, err)
     try:
         if args.fleet_command == "send":
             command_args = parse_args(args.args, args.args_json)
             return asyncio.run(_send(settings, args, command_args, out))
+        if args.fleet_command == "dashboard":
+            if not args.token and not is_loopback_host(args.bind):
+                raise ValueError(f"--bind {args.bind} is beyond loopback: set --token")
+            return asyncio.run(_dashboard(settings, args, out))
         return asyncio.run(_watch(settings, args, out))
     except ValueError as exc:
         print(f"edge-agent: error: {exc}", file=err)
@@ -249,6 +278,21 @@ async def _watch(settings: MqttSettings, args: argparse.Namespace, out: TextIO) 
             seen += 1
             if args.count and seen >= args.count:
                 break
+    return EXIT_OK
+
+
+async def _dashboard(settings: MqttSettings, args: argparse.Namespace, out: TextIO) -> int:
+    board = Dashboard(settings, prefix=args.prefix, token=args.token or None)
+    port = await board.start(args.bind, args.http_port)
+    print(f"fleet dashboard on http://{args.bind}:{port}/", file=out, flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await board.stop()
     return EXIT_OK
 
 

@@ -3,7 +3,8 @@
     [server]  name, host, http_port, grpc_port, metrics_port, max_request_bytes, shared_memory,
               max_bytes_elements, max_connections, header_timeout_ms, body_timeout_ms,
               idle_timeout_ms, tls_cert_file, tls_key_file, tls_client_ca_file,
-              http_restricted_api, grpc_restricted_protocol, strict_security
+              http_restricted_api, grpc_restricted_protocol, strict_security, status_token,
+              status_sample_ms
     [models]  repository, demo, strict_model_config, exit_on_error, intra_op_threads,
               memory_budget_bytes, response_cache_bytes, max_queue_size, control_mode,
               load_models, poll_quiet_ms
@@ -68,6 +69,9 @@ class ServerConfig:
     http_restricted_api: tuple[str, ...] = ()  # Triton's "<group>,...:<key>=<value>" specs
     grpc_restricted_protocol: tuple[str, ...] = ()  # the same; header triton-grpc-protocol-<key>
     strict_security: bool = False  # refuse to start beyond loopback without TLS + restrictions
+    # The status page (GET /, GET /v2/status): open on loopback; beyond, only with this token.
+    status_token: str = ""
+    status_sample_ms: int = 5000  # how often the page's figures and sparklines are sampled
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +160,7 @@ def validate(config: AgentConfig, *, serving: bool = True) -> None:
     for key in ("max_bytes_elements", "max_connections"):
         if getattr(server, key) < 1:
             raise AgentConfigError(f"server.{key} must be >= 1, got {getattr(server, key)}")
-    for key in ("header_timeout_ms", "body_timeout_ms", "idle_timeout_ms"):
+    for key in ("header_timeout_ms", "body_timeout_ms", "idle_timeout_ms", "status_sample_ms"):
         if getattr(server, key) < 10:
             raise AgentConfigError(f"server.{key} must be >= 10, got {getattr(server, key)}")
     if config.log.level.lower() not in LOG_LEVELS:

@@ -166,7 +166,7 @@ def _python_check(plat: Mapping[str, Any]) -> Check:
     return Check("python", Status.OK, f"{plat['python']} ({where}: {plat['executable']})")
 
 
-def _gpu_check(gpus: Sequence[Mapping[str, int]], jetson: Mapping[str, Any] | None) -> Check:
+def _gpu_check(gpus: Sequence[Mapping[str, Any]], jetson: Mapping[str, Any] | None) -> Check:
     if not gpus:
         if jetson:
             return Check(
@@ -175,10 +175,17 @@ def _gpu_check(gpus: Sequence[Mapping[str, int]], jetson: Mapping[str, Any] | No
                 "no GPU figures (tegrastats gave none)",
                 "run doctor as a user in group video, or check that tegrastats runs",
             )
-        return Check("gpu", Status.OK, "none found (NVML absent): models run on the CPU")
+        return Check(
+            "gpu",
+            Status.OK,
+            "none found (no NVML: no NVIDIA driver, or nvidia-ml-py not installed): "
+            "models run on the CPU",
+        )
     parts = []
     for gpu in gpus:
         text = f"GPU {gpu.get('index', 0)}"
+        if gpu.get("name"):
+            text += f" ({gpu['name']})"
         if "memory_total_bytes" in gpu:
             text += f": {_mib(gpu['memory_total_bytes'])}"
             if jetson:

@@ -14,12 +14,12 @@ import json
 import os
 import platform
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+from agent.device.gpu import GpuReader
 from agent.device.tegra import parse_nv_tegra_release
 
 NV_TEGRA_RELEASE = Path("/etc/nv_tegra_release")
@@ -34,8 +34,6 @@ ONNXRUNTIME_DISTRIBUTIONS = (
     "onnxruntime-training",
 )
 
-GpuReader = Callable[[], "list[dict[str, int]] | None"]
-
 
 def device_facts(
     *,
@@ -48,7 +46,7 @@ def device_facts(
     Args:
         tegra_release: the Jetson release file (absent: not a Jetson).
         cuda_version_json: the CUDA toolkit's version file.
-        gpu_reader: reads the GPUs (NVML, else tegrastats); None: no GPU probe.
+        gpu_reader: reads the GPUs (`agent.device.gpu.detect_gpu_reader`); None: none found.
     """
     return {
         "platform": {
@@ -151,11 +149,12 @@ def onnxruntime_import_error() -> str | None:
     return None
 
 
-def _read_gpus(reader: GpuReader | None) -> list[dict[str, int]] | None:
+def _read_gpus(reader: GpuReader | None) -> list[dict[str, Any]] | None:
+    """One entry per GPU (`GpuReading.to_json`: name, memory, load ...); None: no reader."""
     if reader is None:
         return None
     try:
-        return reader()
+        return [reading.to_json() for reading in reader.read()]
     except Exception:  # noqa: BLE001 - a probe that breaks reads as "no GPU figures"
         return None
 

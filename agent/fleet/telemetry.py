@@ -6,7 +6,7 @@ It keeps the previous counters per model version to turn them into rates; `now` 
 seconds passed in. The probes may do I/O (disk usage, NVML, tegrastats): call `sample` from a
 worker thread.
 
-GPU figures come from an `agent.backends.gpu_telemetry.GpuReader` (NVML through nvidia-ml-py,
+GPU figures come from an `agent.device.gpu.GpuReader` (NVML through nvidia-ml-py,
 else one line of `tegrastats` on Jetson, whose GPU shares the RAM), the same figures `/metrics`
 reports; without one, or when it reads nothing, the `gpu` key is omitted.
 """
@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from agent.backends.gpu_telemetry import GpuReader
+from agent.device.gpu import GpuReader
 from agent.fleet.slo import Sample
 from agent.models.memory_plan import MemoryLedger
 from agent.models.registry import ModelRegistry

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import secrets
 import shutil
 import signal
 import ssl
@@ -25,25 +26,27 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from agent.api.access import ApiAccess
+from agent.api.access import ApiAccess, is_loopback_host
 from agent.api.grpc_server import start_grpc_server
 from agent.api.http import create_app
 from agent.api.http_limits import ConnectionGuard, ConnectionLimits
 from agent.api.metrics import build_registry, create_metrics_app
 from agent.api.tls import ServerTls
-from agent.backends.gpu_telemetry import CachedGpuReader, GpuReader, detect_gpu_reader
 from agent.canary.control import STATE_FILE, CanaryManager
-from agent.config.schema import AgentConfig
+from agent.config.schema import AgentConfig, ServerConfig
 from agent.config.security import (
     exposure_problems,
     grpc_restrictions,
     http_restrictions,
     tls_files,
 )
+from agent.device.gpu import CachedGpuReader, GpuReader, detect_gpu_reader
 from agent.errors import AgentError, ModelLoadError, ModelNotFoundError
+from agent.fleet.inventory import cache_digests, targets_key_ids
 from agent.fleet.link import FleetLink
 from agent.fleet.mqtt import MqttError
 from agent.fleet.outbox import StoreError
+from agent.fleet.telemetry import TelemetrySampler
 from agent.models.cache_control import CachedVersions, CacheEvents, ProvenanceOf
 from agent.models.control import ModelControlMode, ModelManager
 from agent.models.device_memory import detect_device_memory
@@ -56,6 +59,7 @@ from agent.repository.watch import RepositoryWatcher
 from agent.runtime.demo import default_demo_dir, ensure_demo_repository
 from agent.runtime.fd_limit import raise_open_file_limit
 from agent.runtime.reload import Reloader
+from agent.runtime.status import DeviceStatus
 from agent.runtime.systemd_notify import (
     Notifier,
     StatusLogHandler,
@@ -246,12 +250,34 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
     sync = _build_sync(config, model_cache, versions, events)
     server = config.server
     limits = _connection_limits(config)
+    found_gpu = await asyncio.to_thread(detect_gpu_reader)
+    # One reading per interval (Triton's), shared by scrapes, telemetry and the status page.
+    gpu = CachedGpuReader(found_gpu, time.monotonic, 2.0) if found_gpu is not None else None
+    token = _status_token(server)
+    status = DeviceStatus(
+        dataplane,
+        TelemetrySampler(
+            registry,
+            ledger,
+            started=time.monotonic(),
+            cache_disk=model_cache.disk_usage if model_cache is not None else None,
+            sync_state=sync.loop.state if sync is not None else None,
+            gpu=gpu,
+        ),
+        access="loopback" if token is None else "token",
+        interval_s=server.status_sample_ms / 1000,
+    )
+    events.add(status.events)
+    await status.start()
+    stack.push_async_callback(status.stop)
     app = create_app(
         dataplane,
         max_request_bytes=server.max_request_bytes,
         max_bytes_elements=server.max_bytes_elements,
         body_timeout_s=limits.body_timeout_s,
         access=access if "http" in access.enforced else None,
+        status=status,
+        status_token=lambda: token,
     )
     context = tls.ssl_context if tls is not None else None
     port = await _serve_http(
@@ -272,9 +298,6 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         stack.push_async_callback(grpc_server.stop, DRAIN_TIMEOUT_S)
         logger.info("gRPC on %s:%d%s", config.server.host, grpc_port, _tls_note(tls))
     metrics_port: int | None = None
-    found_gpu = await asyncio.to_thread(detect_gpu_reader)
-    # One reading per interval, shared by scrapes and telemetry (Triton's default interval).
-    gpu = CachedGpuReader(found_gpu, time.monotonic, 2.0) if found_gpu is not None else None
     if config.server.metrics_port >= 0:
         metrics_app = create_metrics_app(build_registry(stats, ledger, canary=canary, gpu=gpu))
         # The same TLS as the API (a scraper off loopback needs the client certificate too).
@@ -324,6 +347,19 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         tls=tls,
         access=access,
     )
+
+
+def _status_token(server: ServerConfig) -> str | None:
+    """The token the status page needs: the configured one; none on loopback without one; an
+    unguessable one beyond loopback without one (the page is then closed to everybody)."""
+    if server.status_token:
+        return server.status_token
+    if is_loopback_host(server.host):
+        return None
+    logger.warning(
+        "status page closed: server.host is beyond loopback and server.status_token is not set"
+    )
+    return secrets.token_urlsafe(32)
 
 
 def _tls_note(tls: ServerTls | None) -> str:
@@ -522,6 +558,8 @@ async def _start_fleet_link(
         sync_state=sync_state,
         cache_disk=model_cache.disk_usage if model_cache is not None else None,
         gpu=gpu,
+        digests=cache_digests(model_cache) if model_cache is not None else None,
+        key_ids=(functools.partial(targets_key_ids, sync.client.metadata_dir) if sync else None),
     )
     # Entered before it starts: a start that fails half way (state database opened, TLS files
     # unreadable) is undone like the rest. Stopping publishes the retained "offline" status.

@@ -13,7 +13,8 @@ The CUDA calls sit behind a narrow seam (`IpcOpener` -> `DeviceBuffer`: open, re
 close), so the registry's rules run on a CPU with a fake opener; `CudaRuntimeOpener` is the real
 one over cuda-python (`cuda.bindings.runtime`, or `cuda.cudart` before 12.6).
 `open_cuda_regions` returns the registry where cuda-python and a device are present, else None
-with the reason (the endpoints then answer as Triton built without GPU support).
+with the reason (the endpoints then answer as Triton built without GPU support). The registry
+implements `agent.serving.cuda_shared_memory.CudaRegions`, what the endpoints call.
 
 Invariants: region names are unique here and against the system shared-memory regions (a taken
 name is Triton's ALREADY_EXISTS, `ConflictError`); every span read or written lies inside its
@@ -92,8 +93,8 @@ class CudaRegionStatus:
 class CudaRegionRegistry:
     """The CUDA shared-memory regions clients have registered.
 
-    The method names and shapes are those of `agent.serving.cuda_shared_memory.CudaSharedMemory`
-    (the endpoints' object without a GPU), with the register figures added.
+    Implements `agent.serving.cuda_shared_memory.CudaRegions` (the endpoints' interface; its
+    other implementation answers without a GPU) and `shared_memory.DeviceRegions` (tensors).
 
     Args:
         opener: opens IPC handles (cuda-python, or a fake in tests).
@@ -164,19 +165,15 @@ class CudaRegionRegistry:
                     logger.warning("closing CUDA shared memory region %s: %s", key, exc)
                 logger.info("unregistered CUDA shared memory region %s", key)
 
-    def status(self, name: str | None = None) -> list[dict[str, object]]:
-        """Every region, or the one named, as Triton's status JSON.
+    def status(self, name: str | None = None) -> list[CudaRegionStatus]:
+        """Every region, or the one named.
 
         Raises:
             SharedMemoryNotFoundError: `name` is not a registered CUDA region.
         """
         if name is None:
-            return [status.to_json() for status, _ in self._regions.values()]
-        return [self._get(name)[0].to_json()]
-
-    def regions(self) -> list[CudaRegionStatus]:
-        """Every registered region (for gRPC's status message)."""
-        return [status for status, _ in self._regions.values()]
+            return [status for status, _ in self._regions.values()]
+        return [self._get(name)[0]]
 
     def has(self, name: str) -> bool:
         """Whether a CUDA region of that name is registered."""
@@ -227,6 +224,9 @@ def register_request_from_json(doc: Mapping[str, Any]) -> tuple[bytes, int, int]
     """(raw handle, device id, byte size) from Triton's HTTP register body:
     `{"raw_handle": {"b64": "..."}, "device_id": 0, "byte_size": N}`.
 
+    The handle is decoded as tritonclient's gRPC client decodes it (characters outside base64's
+    alphabet are skipped); a handle that is not 64 bytes then is refused by `register`.
+
     Raises:
         InvalidInputError: a missing or malformed field.
     """
@@ -238,7 +238,7 @@ def register_request_from_json(doc: Mapping[str, Any]) -> tuple[bytes, int, int]
             '"device_id": integer, "byte_size": integer}'
         )
     try:
-        handle = base64.b64decode(b64, validate=True)
+        handle = base64.b64decode(b64)
     except (binascii.Error, ValueError):
         raise InvalidInputError("'raw_handle.b64' is not valid base64") from None
     return handle, device_id, byte_size

@@ -43,7 +43,8 @@ from agent.scheduling.sequence_policy import sequence_parameters
 from agent.scheduling.sequence_scheduler import SequenceScheduler
 from agent.scheduling.statistics import FailureReason
 from agent.serving.client_text import PathScrubber
-from agent.serving.cuda_shared_memory import CudaSharedMemory
+from agent.serving.cuda_regions import CudaRegionRegistry
+from agent.serving.cuda_shared_memory import CudaRegions, CudaSharedMemory
 from agent.serving.decoupled import stream_responses
 from agent.serving.log_settings import LogSettings
 from agent.serving.response_cache import ResponseCache, cache_key
@@ -109,12 +110,19 @@ class DataPlane:
         self._ready = False
         self._changes: set[asyncio.Future[Any]] = set()  # model-control changes under way
         self.server_name = server_name
-        self.cuda_shared_memory = CudaSharedMemory(self.shared_memory)
+        self._no_cuda = CudaSharedMemory(self.shared_memory)
         # What a client-facing message must not show: the repository and the model cache.
         pushed_root = [pushed.root] if pushed is not None else []
         self.scrub = PathScrubber([registry.repository, *pushed_root, *private_paths])
         # Ensemble steps and Python models' BLS requests are ordinary inferences.
         registry.step_runner.bind(self.infer, self.infer_stream)
+
+    @property
+    def cuda_shared_memory(self) -> CudaRegions:
+        """The CUDA regions the endpoints use: the registry the daemon hooked into the shared
+        memory (`shared_memory.device`, where CUDA is present), else Triton's no-GPU answers."""
+        device = self.shared_memory.device
+        return device if isinstance(device, CudaRegionRegistry) else self._no_cuda
 
     def set_ready(self, ready: bool) -> None:
         """Ready once start-up loading is done; not ready again while shutting down."""
@@ -130,6 +138,8 @@ class DataPlane:
         extensions = [
             e for e in EXTENSIONS if e != "system_shared_memory" or self.shared_memory.enabled
         ]
+        if isinstance(self.shared_memory.device, CudaRegionRegistry):
+            extensions.append("cuda_shared_memory")  # as Triton built with GPU support lists it
         return {"name": self.server_name, "version": __version__, "extensions": extensions}
 
     def model_ready(self, name: str, version: str | None) -> bool:

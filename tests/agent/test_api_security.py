@@ -4,6 +4,7 @@ mutual TLS with tritonclient, shared-memory registration for local clients only.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import socket
@@ -55,6 +56,7 @@ HTTP_CALLS: dict[str, tuple[str, str, bytes | None]] = {
     "trace": ("GET", "/v2/trace/setting", None),
     "logging": ("GET", "/v2/logging", None),
     "cache": ("GET", "/v2/repository/models/s/versions", None),
+    "status": ("GET", "/v2/status", None),
     "canary": ("GET", "/v2/models/s/canary", None),
 }
 
@@ -347,8 +349,13 @@ def shm_object() -> Iterator[str]:
 
 
 def _register(host: str, port: int, region: str, key: str) -> tuple[int, bytes]:
-    body = json.dumps({"key": f"/{key}", "offset": 0, "byte_size": 64}).encode()
-    url = f"http://{host}:{port}/v2/systemsharedmemory/region/{region}/register"
+    body = {"key": f"/{key}", "offset": 0, "byte_size": 64}
+    return _post(host, port, f"/v2/systemsharedmemory/region/{region}/register", body)
+
+
+def _post(host: str, port: int, path: str, doc: dict[str, object]) -> tuple[int, bytes]:
+    body = json.dumps(doc).encode()
+    url = f"http://{host}:{port}{path}"
     try:
         with urllib.request.urlopen(urllib.request.Request(url, data=body), timeout=30) as r:
             return r.status, r.read()
@@ -373,6 +380,18 @@ def test_shared_memory_registration_is_refused_for_remote_clients(
         with pytest.raises(grpc.RpcError) as refused:
             stub.SystemSharedMemoryRegister(request, timeout=30)
         assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        # CUDA regions too (refused for the peer before any GPU is asked).
+        cuda = pb.CudaSharedMemoryRegisterRequest(
+            name="remote", raw_handle=bytes(64), device_id=0, byte_size=64
+        )
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.CudaSharedMemoryRegister(cuda, timeout=30)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    handle = {"b64": base64.b64encode(bytes(64)).decode()}
+    doc = {"raw_handle": handle, "device_id": 0, "byte_size": 64}
+    status, body = _post(address, exposed.http_port, "/v2/cudasharedmemory/region/r/register", doc)
+    assert status == 403
+    assert "for local clients only" in json.loads(body)["error"]
     status, _ = _register("127.0.0.1", exposed.http_port, "local", shm_object)
     assert status == 200
     _http_unregister(exposed.http_port, "local")

@@ -1,6 +1,7 @@
 """CUDA shared-memory regions on a fake CUDA (no GPU here): the registry's rules, Triton's HTTP
-register body, and inference with inputs read from and outputs written to "device" regions,
-equal to the host-memory path. The real CUDA IPC path runs in tests/gpu/test_cuda_shared_memory.py.
+register body, tritonclient's register / status / unregister calls over HTTP and gRPC, and
+inference with inputs read from and outputs written to "device" regions, equal to the
+host-memory path. The real CUDA IPC path runs in tests/gpu/test_cuda_shared_memory.py.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import base64
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,6 +23,7 @@ from agent.serving.cuda_regions import (
     IPC_HANDLE_SIZE,
     CudaCallError,
     CudaRegionRegistry,
+    CudaRegionStatus,
     register_request_from_json,
 )
 from agent.serving.shared_memory import SharedMemoryRegistry
@@ -72,7 +75,8 @@ def test_fake_cuda_register_status_unregister() -> None:
     regions = CudaRegionRegistry(cuda)
     handle, _ = cuda.export(256)
     regions.register("frames", handle, 0, 256)
-    assert regions.status() == [{"name": "frames", "device_id": 0, "byte_size": 256}]
+    assert regions.status() == [CudaRegionStatus("frames", 0, 256)]
+    assert regions.status()[0].to_json() == {"name": "frames", "device_id": 0, "byte_size": 256}
     assert regions.status("frames") == regions.status()
     with pytest.raises(ConflictError, match="'frames' already in manager"):
         regions.register("frames", handle, 0, 256)
@@ -165,7 +169,11 @@ def test_http_register_body_as_tritonclient_sends_it() -> None:
         with pytest.raises(InvalidInputError, match="register request body"):
             register_request_from_json(bad)
     with pytest.raises(InvalidInputError, match="not valid base64"):
-        register_request_from_json({"raw_handle": {"b64": "%%%"}, "device_id": 0, "byte_size": 8})
+        register_request_from_json({"raw_handle": {"b64": "abc"}, "device_id": 0, "byte_size": 8})
+    # Outside the alphabet is skipped, as tritonclient's gRPC client decodes; the registry then
+    # refuses a handle that is not 64 bytes.
+    doc = {"raw_handle": {"b64": "%%%"}, "device_id": 0, "byte_size": 8}
+    assert register_request_from_json(doc) == (b"", 0, 8)
 
 
 @pytest.fixture
@@ -195,9 +203,10 @@ def test_fake_cuda_infer_from_and_into_device_regions_equals_host_path(
     in_handle, in_memory = cuda.export(64 * 1024)
     out_handle, out_memory = cuda.export(4096)
     in_memory[256 : 256 + x.nbytes] = x.tobytes()  # what the camera pipeline wrote
-    regions.register("cam_in", in_handle, 0, 64 * 1024)
-    regions.register("cam_out", out_handle, 0, 4096)
     try:
+        # tritonclient takes the handle as cudashm.get_raw_handle gives it: base64 bytes.
+        client.register_cuda_shared_memory("cam_in", base64.b64encode(in_handle), 0, 64 * 1024)
+        client.register_cuda_shared_memory("cam_out", base64.b64encode(out_handle), 0, 4096)
         plain = lib.InferInput("INPUT0", [4, 64], "FP32")
         plain.set_data_from_numpy(x)
         expected = client.infer("mlp_classifier", [plain]).as_numpy("OUTPUT0")
@@ -220,5 +229,58 @@ def test_fake_cuda_infer_from_and_into_device_regions_equals_host_path(
         with pytest.raises(InferenceServerException, match="Invalid offset"):
             client.infer("mlp_classifier", [past])
     finally:
-        regions.unregister()
+        client.unregister_cuda_shared_memory()
+        client.close()
+    assert regions.status() == []
+
+
+def cuda_status(client: Any, name: str = "") -> dict[str, tuple[int, int]]:
+    """{region: (device id, byte size)} from tritonclient's CUDA status, HTTP or gRPC."""
+    if isinstance(client, httpclient.InferenceServerClient):
+        doc = client.get_cuda_shared_memory_status(name)
+        return {r["name"]: (r["device_id"], r["byte_size"]) for r in doc}
+    reply = client.get_cuda_shared_memory_status(name)
+    return {r.name: (r.device_id, r.byte_size) for r in reply.regions.values()}
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_fake_cuda_register_status_unregister_through_tritonclient(
+    fake_cuda_agent: tuple[RunningAgent, FakeCudaIpc], protocol: str
+) -> None:
+    agent, cuda = fake_cuda_agent
+    lib: Any = httpclient if protocol == "http" else grpcclient
+    port = agent.http_port if protocol == "http" else agent.grpc_port
+    client = lib.InferenceServerClient(f"127.0.0.1:{port}")
+    frames, _ = cuda.export(1024)
+    masks, _ = cuda.export(512)
+    try:
+        client.register_cuda_shared_memory("frames", base64.b64encode(frames), 0, 1024)
+        client.register_cuda_shared_memory("masks", base64.b64encode(masks), 0, 512)
+        assert cuda.log == ["open 1024", "open 512"]  # each handle opened once, at register
+        assert cuda_status(client) == {"frames": (0, 1024), "masks": (0, 512)}
+        assert cuda_status(client, "masks") == {"masks": (0, 512)}
+        metadata = client.get_server_metadata()
+        extensions = metadata["extensions"] if protocol == "http" else metadata.extensions
+        assert "cuda_shared_memory" in extensions
+
+        for name, handle, device, message in (
+            ("frames", frames, 0, "'frames' already in manager"),
+            ("short", b"x" * 8, 0, "64-byte CUDA IPC handle, got 8 bytes"),
+            ("gpu1", masks, 1, "failed to open CUDA IPC handle: cudaSetDevice"),
+        ):
+            with pytest.raises(InferenceServerException, match=message):
+                client.register_cuda_shared_memory(name, base64.b64encode(handle), device, 8)
+        assert set(cuda_status(client)) == {"frames", "masks"}
+
+        client.unregister_cuda_shared_memory("frames")
+        client.unregister_cuda_shared_memory("never-registered")  # not an error, as in Triton
+        assert cuda.log[-1] == "close"
+        assert cuda_status(client) == {"masks": (0, 512)}
+        with pytest.raises(InferenceServerException, match="cuda shared memory region: 'frames'"):
+            client.get_cuda_shared_memory_status("frames")
+        client.unregister_cuda_shared_memory()
+        assert cuda_status(client) == {}
+        assert cuda.log.count("close") == 2
+    finally:
+        client.unregister_cuda_shared_memory()
         client.close()

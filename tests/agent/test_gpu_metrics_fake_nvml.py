@@ -1,6 +1,7 @@
 """GPU telemetry end to end on a fake NVML module (no GPU here): `/metrics` over HTTP with Triton's
-`nv_gpu_*` families and `gpu_uuid` labels, the same figures in MQTT telemetry, and the reader's
-units, unsupported figures and failures. The real NVML runs in tests/gpu/test_nvml_metrics.py."""
+`nv_gpu_*` families and `gpu_uuid` labels, the same figures in MQTT telemetry and in the doctor's
+report, and the reader's units, unsupported figures and failures. The real NVML runs in
+tests/gpu/test_nvml_metrics.py."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.api.metrics import build_registry, create_metrics_app, render
-from agent.backends.gpu_telemetry import CachedGpuReader, GpuReading, NvmlReader
+from agent.device.checks import device_checks
+from agent.device.facts import device_facts
+from agent.device.gpu import CachedGpuReader, GpuReading, NvmlReader
 from agent.fleet.telemetry import TelemetrySampler
 from agent.models.loader import LoadSettings
 from agent.models.registry import ModelRegistry
@@ -33,6 +36,7 @@ class FakeGpu:
     power_mw: int | None  # None: NVML_ERROR_NOT_SUPPORTED
     limit_mw: int | None
     energy_mj: int | None
+    name: str | bytes | None = None  # bytes: nvidia-ml-py before 11.5; None: not supported
 
 
 @dataclass
@@ -71,6 +75,11 @@ class FakeNvml:
     def nvmlDeviceGetUUID(self, handle: FakeGpu) -> str:
         return handle.uuid
 
+    def nvmlDeviceGetName(self, handle: FakeGpu) -> str | bytes:
+        if handle.name is None:
+            raise FakeNvmlError("Not Supported")
+        return handle.name
+
     def nvmlDeviceGetUtilizationRates(self, handle: FakeGpu) -> FakeUtil:
         return FakeUtil(handle.busy_percent)
 
@@ -100,8 +109,10 @@ OLD = "GPU-6f1c0a2e-0000-4000-8000-000000000002"
 def two_gpus() -> FakeNvml:
     return FakeNvml(
         [
-            FakeGpu(H200, 37, 150_000 << 20, 2_000 << 20, 123_456, 700_000, 5_000_000),
-            FakeGpu(OLD, 0, 16_000 << 20, 300 << 20, None, None, None),
+            FakeGpu(
+                H200, 37, 150_000 << 20, 2_000 << 20, 123_456, 700_000, 5_000_000, "NVIDIA H200"
+            ),
+            FakeGpu(OLD, 0, 16_000 << 20, 300 << 20, None, None, None, b"Tesla T4"),
         ]
     )
 
@@ -131,7 +142,10 @@ def samples(text: str) -> dict[tuple[str, str], float]:
 
 def test_fake_nvml_readings_in_triton_units() -> None:
     first, second = open_reader(two_gpus()).read()
-    assert first == GpuReading(0, H200, 0.37, 150_000 << 20, 2_000 << 20, 123.456, 700.0, 0.0)
+    assert first == GpuReading(
+        0, H200, 0.37, 150_000 << 20, 2_000 << 20, 123.456, 700.0, 0.0, "NVIDIA H200"
+    )
+    assert second.name == "Tesla T4"  # older nvidia-ml-py gives the name as bytes
     # A GPU without power figures (NVML_ERROR_NOT_SUPPORTED) reads None there, not 0.
     assert (second.power_w, second.power_limit_w, second.energy_j) == (None, None, None)
     assert second.utilization == 0.0
@@ -188,6 +202,7 @@ def test_fake_nvml_figures_in_mqtt_telemetry(tmp_path: Path) -> None:
         {
             "index": 0,
             "uuid": H200,
+            "name": "NVIDIA H200",
             "util_percent": 37,
             "memory_used_bytes": 2_000 << 20,
             "memory_total_bytes": 150_000 << 20,
@@ -198,11 +213,25 @@ def test_fake_nvml_figures_in_mqtt_telemetry(tmp_path: Path) -> None:
         {
             "index": 1,
             "uuid": OLD,
+            "name": "Tesla T4",
             "util_percent": 0,
             "memory_used_bytes": 300 << 20,
             "memory_total_bytes": 16_000 << 20,
         },
     ]
+
+
+def test_fake_nvml_in_the_doctors_report(tmp_path: Path) -> None:
+    """The doctor reads the GPUs through the same reader: names and memory per GPU."""
+    facts = device_facts(tegra_release=tmp_path / "absent", gpu_reader=open_reader(two_gpus()))
+    assert [(g["name"], g["memory_total_bytes"]) for g in facts["gpu"]] == [
+        ("NVIDIA H200", 150_000 << 20),
+        ("Tesla T4", 16_000 << 20),
+    ]
+    (gpu,) = [c for c in device_checks(facts) if c.name == "gpu"]
+    assert gpu.detail == (
+        "GPU 0 (NVIDIA H200): 150000 MiB, 2000 MiB used; GPU 1 (Tesla T4): 16000 MiB, 300 MiB used"
+    )
 
 
 def test_fake_nvml_that_cannot_start_gives_no_reader_and_says_why() -> None:

@@ -119,7 +119,11 @@ def test_explicit_mode_loads_only_what_it_is_told(tmp_path: Path) -> None:
             "Request for unknown model: 'other' has no available versions: unloaded"
         )
         bad = {"parameters": {"config": "{not json"}}
-        assert post(port, "/v2/repository/models/m/load", bad)[0] == 400
+        status, raw = post(port, "/v2/repository/models/m/load", bad)
+        assert status == 500  # Triton fails the poll: INTERNAL, as the model-control examples read
+        assert json.loads(raw)["error"].startswith(
+            "failed to load 'm', failed to poll from model repository: Invalid config override: "
+        )
         override = {"parameters": {"config": json.dumps({"name": "m", "max_batch_size": 2})}}
         assert post(port, "/v2/repository/models/m/load", override)[0] == 200
         assert agent.dataplane.model_config("m", None)["max_batch_size"] == 2

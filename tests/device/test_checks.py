@@ -117,9 +117,11 @@ def test_simulated_jetpack_5_fails() -> None:
 
 def test_simulated_x86_gpu_host_with_cpu_runtime_warns_to_use_the_gpu_extra() -> None:
     gpu = [
-        {"index": 0, "util_percent": 0, "memory_used_bytes": GIB, "memory_total_bytes": 16 * GIB}
-    ]
+        {"index": 0, "uuid": "GPU-0", "name": "Tesla T4", "util_percent": 0,
+         "memory_used_bytes": GIB, "memory_total_bytes": 16 * GIB}
+    ]  # fmt: skip
     checks = by_name(device_checks(facts(gpu=gpu, cuda={"toolkit": None, "driver": "12.4"})))
+    assert checks["gpu"].detail == "GPU 0 (Tesla T4): 16384 MiB, 1024 MiB used"
     assert checks["onnxruntime"].status is Status.WARN
     assert "edge-agent[gpu]" in checks["onnxruntime"].fix
     assert checks["tensorrt"].status is Status.WARN

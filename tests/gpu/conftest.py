@@ -33,7 +33,7 @@ def _tensorrt_reason() -> str | None:
 
 
 def _nvml_reason() -> str | None:
-    from agent.backends.gpu_telemetry import NvmlReader
+    from agent.device.gpu import NvmlReader
 
     reader, why = NvmlReader.open()
     return None if reader is not None else why

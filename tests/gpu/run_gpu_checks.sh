@@ -3,7 +3,7 @@
 #   bash tests/gpu/run_gpu_checks.sh            # LIMIT_S=240 by default
 #
 # What runs (each part skips with the reason where what it needs is missing, see conftest.py):
-#   test_nvml_metrics.py        NVML figures on a running agent's /metrics (nvidia-ml-py)
+#   test_nvml_metrics.py        NVML figures on a running agent's /metrics and in the doctor (nvidia-ml-py)
 #   test_cuda_shared_memory.py  tritonclient CUDA shared memory over HTTP and gRPC (cuda-python)
 #   test_tensorrt.py            engine builds and serving (tensorrt; not installable offline)
 #

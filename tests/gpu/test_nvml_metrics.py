@@ -1,5 +1,6 @@
 """NVML on a real GPU: Triton's `nv_gpu_*` metrics on a running agent's `/metrics` with plausible
-values, and the device-memory probe the load check uses."""
+values, the same reader in `edge-agent doctor` (GPU name and memory), and the device-memory probe
+the load check uses."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.backends.gpu_telemetry import NvmlReader
+from agent.device.checks import device_checks
+from agent.device.facts import device_facts
+from agent.device.gpu import NvmlReader, detect_gpu_reader
 from agent.models.device_memory import MemoryKind, detect_device_memory
 from agent.runtime.demo import write_demo_repository
 from tests.support import free_port, wait_listening
@@ -69,6 +72,18 @@ def test_reader_sees_the_gpus() -> None:
     print(why, readings)
     assert readings
     assert all(r.memory_total_bytes for r in readings)
+    assert all(r.name for r in readings)  # "NVIDIA H200" ...
+
+
+def test_doctor_names_the_gpu_and_its_memory() -> None:
+    reader = detect_gpu_reader()
+    assert isinstance(reader, NvmlReader)
+    facts = device_facts(gpu_reader=reader)
+    (gpu,) = [c for c in device_checks(facts) if c.name == "gpu"]
+    print(gpu.detail)
+    first = facts["gpu"][0]
+    assert f"GPU 0 ({first['name']}): " in gpu.detail
+    assert "MiB used" in gpu.detail
 
 
 def test_device_memory_probe_reads_free_memory() -> None:
