@@ -487,18 +487,26 @@ class DataPlane:
         loaded = served.versions[number]
         if isinstance(loaded.scheduler, SequenceScheduler):
             self._sequences.started(served.name, sequence, served, number)
+        trace = self._stream_trace(name, request)
+        if trace is not None:
+            trace.stamp("REQUEST_START", start)
+            trace.model_version = number
         try:
             if any(t.shm is not None for t in request.inputs) or shared_memory_outputs(request):
                 raise InvalidInputError(
                     "shared-memory tensors are not supported with decoupled models"
                 )
             valid = served.signature.validate(request)
+            if trace is not None:  # an ensemble's steps become its children
+                valid = self._trace_inputs(trace, request, valid, served.signature)
             priority, timeout_us = _scheduling_parameters(request.parameters)
         except AgentError as exc:
             loaded.stats.record_failure(
                 request_ns=time.perf_counter_ns() - start, reason="OTHER", now_ms=_now_ms()
             )
             self._canary_outcome(name, routed, start, exc)
+            if trace is not None:
+                self._stream_trace_end(trace)
             raise
         responses = stream_responses(
             served,
@@ -520,6 +528,8 @@ class DataPlane:
                 failed = failed or item.error
                 if item.final:  # judged once complete (a client that left is not judged)
                     self._canary_outcome(name, routed, start, failed)
+                if trace is not None and (item.response is not None or item.error is not None):
+                    trace.stamp("INFER_RESPONSE_COMPLETE")
                 yield item
         except AgentError as exc:
             if isinstance(exc, ModelInstanceFailedError):
@@ -528,6 +538,23 @@ class DataPlane:
             raise
         finally:
             await responses.aclose()
+            if trace is not None:
+                self._stream_trace_end(trace)
+
+    def _stream_trace(self, name: str, request: InferRequest) -> Trace | None:
+        """A streamed request's trace: the child of the request that made it (an ensemble step,
+        a BLS call), or its own when the settings sample it."""
+        if request.parent_trace is not None:
+            return self._child_trace(name, request)
+        if self.tracer.active:
+            return self.tracer.start(name, request.id or "")
+        return None
+
+    def _stream_trace_end(self, trace: Trace) -> None:
+        """The streamed request ended (final flag, failure or the client gone): keep its trace
+        (no transport finishes a stream's trace)."""
+        trace.stamp("REQUEST_END")
+        self.tracer.finish(trace)
 
     def _child_trace(self, name: str, request: InferRequest) -> Trace | None:
         parent = request.parent_trace

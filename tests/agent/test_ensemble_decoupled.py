@@ -22,7 +22,7 @@ import tritonclient.http as httpclient
 from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
-from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
+from agent.config.schema import AgentConfig, LogConfig, ModelsConfig, ServerConfig
 from agent.runtime.daemon import RunningAgent
 from tests.decoupled_models import DECOUPLED_MODEL, decoupled_config
 from tests.models import save_ready, write_model
@@ -75,7 +75,14 @@ def markers(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def agent(tmp_path_factory: pytest.TempPathFactory, markers: Path) -> Iterator[RunningAgent]:
+def trace_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("traces")
+
+
+@pytest.fixture(scope="module")
+def agent(
+    tmp_path_factory: pytest.TempPathFactory, markers: Path, trace_dir: Path
+) -> Iterator[RunningAgent]:
     repo = tmp_path_factory.mktemp("repo")
     write_python_model(repo, "streamer", DECOUPLED_MODEL, decoupled_config("streamer", markers))
     write_model(repo, "times_ten", times_ten_model(), TIMES_TEN_CONFIG)
@@ -84,6 +91,7 @@ def agent(tmp_path_factory: pytest.TempPathFactory, markers: Path) -> Iterator[R
     config = AgentConfig(
         server=ServerConfig(http_port=0, grpc_port=0, metrics_port=-1),
         models=ModelsConfig(repository=repo, intra_op_threads=1, exit_on_error=False),
+        log=LogConfig(trace_file=trace_dir / "trace.json"),
     )
     with running_agent(config) as running:
         yield running
@@ -194,3 +202,32 @@ def test_closing_the_stream_cancels_the_decoupled_step(agent: RunningAgent, mark
     got = stream(agent, 77, mode=2, stop_after=2)
     assert got == [0.0, 10.0]
     wait_until((markers / "cancelled-77").exists, "the decoupled step to see is_cancelled()")
+
+
+def test_a_streamed_request_is_traced_with_its_steps_as_children(
+    agent: RunningAgent, trace_dir: Path
+) -> None:
+    tracer = agent.dataplane.tracer
+    keys = ("trace_level", "trace_rate", "log_frequency")
+    tracer.update(None, dict(zip(keys, (["TIMESTAMPS"], "1", "1"), strict=True)))
+    try:
+        assert stream(agent, 2) == [0.0, 10.0]
+    finally:
+        tracer.update(None, dict.fromkeys(keys))
+        tracer.flush()
+    heads: dict[int, dict[str, Any]] = {}
+    stamps: dict[int, list[str]] = {}
+    for path in trace_dir.iterdir():
+        for entry in json.loads(path.read_text()):
+            if "timestamps" in entry:
+                stamps.setdefault(entry["id"], []).extend(t["name"] for t in entry["timestamps"])
+            elif "model_name" in entry:
+                heads[entry["id"]] = entry
+    (top,) = [i for i, h in heads.items() if h["model_name"] == "stream_pipeline"]
+    assert stamps[top][0] == "REQUEST_START"
+    assert stamps[top].count("INFER_RESPONSE_COMPLETE") == 2  # one per ensemble response
+    assert stamps[top][-1] == "REQUEST_END"
+    children = sorted(h["model_name"] for h in heads.values() if h.get("parent_id") == top)
+    assert children == ["streamer", "times_ten", "times_ten"]
+    (step,) = [i for i, h in heads.items() if h["model_name"] == "streamer"]
+    assert stamps[step].count("INFER_RESPONSE_COMPLETE") == 2
