@@ -1,7 +1,8 @@
 """Triton's tensor helpers of `triton_python_backend_utils`: BYTES (de)serialization and the
-mapping between numpy types and Triton's numeric data type codes (`TRITONSERVER_DataType`).
+mapping between numpy types and Triton's numeric data type codes (`TRITONSERVER_DataType`),
+config data types ("TYPE_FP32") and KServe datatypes ("FP32").
 
-Re-exported by `agent.pb_utils`; needs only numpy and the standard library.
+Re-exported by `agent.pb_utils`; needs only numpy and `agent.tensors.datatypes`.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import struct
 from typing import Any
 
 import numpy as np
+
+from agent.tensors import datatypes
 
 # TRITONSERVER_DataType codes, as `triton_to_numpy_type` takes them (BF16, 14, has no numpy type).
 _BY_CODE: dict[int, type[Any]] = {
@@ -85,3 +88,29 @@ def deserialize_bytes_tensor(encoded_tensor: bytes) -> np.ndarray:
         items.append(bytes(view[offset : offset + length]))
         offset += length
     return np.array(items, dtype=np.object_)
+
+
+def triton_string_to_numpy(type_string: str) -> type[Any]:
+    """The numpy type for a config data type ("TYPE_FP32" → np.float32, TYPE_STRING → object).
+
+    Raises:
+        ValueError: not a data type the agent serves.
+    """
+    found = datatypes.from_config(type_string)
+    if found is None:
+        raise ValueError(f"unsupported data type {type_string!r}")
+    return found.numpy.type
+
+
+def numpy_to_kserve(dtype: np.dtype) -> str:
+    """The KServe datatype of a numpy dtype; str and bytes arrays are BYTES.
+
+    Raises:
+        ValueError: a dtype no KServe datatype holds.
+    """
+    if dtype.kind in "OSU":
+        return "BYTES"
+    for kind in datatypes.BY_KSERVE.values():
+        if kind.numpy == dtype:
+            return kind.kserve
+    raise ValueError(f"numpy dtype {dtype} has no KServe datatype")

@@ -27,7 +27,7 @@ error. Two models that declare one name with different kinds conflict in the age
 the first and logs the second.
 
 This module is imported by `agent.pb_utils` (which re-exports its public names) and needs only
-the standard library (and pb_utils' exception, imported when raised).
+the standard library (and pb_utils' exception, from `agent.pb_errors`).
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from agent.pb_errors import TritonModelException
 
 _NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -120,9 +122,6 @@ def take_updates() -> dict[str, Any] | None:
 
 
 def _raise(prefix: str, text: str) -> Any:
-    # Imported here: agent.pb_utils imports this module (to re-export it) after its exceptions.
-    from agent.pb_utils import TritonModelException  # noqa: PLC0415
-
     raise TritonModelException(f"{prefix}: {text}")
 
 
