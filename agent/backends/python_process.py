@@ -9,10 +9,12 @@ fresh interpreter (`python -m agent.backends.python_worker`), never a fork of th
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
 import queue
 import signal
 import subprocess
+import sys
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -20,6 +22,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 import agent
+from agent.errors import ModelLoadError
 
 _REAP_S = 5.0  # how long a worker that closed its pipe may take to exit before SIGKILL
 
@@ -87,3 +90,35 @@ def reap_worker(worker: Worker) -> int:
     except subprocess.TimeoutExpired:
         kill_worker(worker)
         return worker.process.wait()
+
+
+def spawn_worker(launcher: Launcher, index: int, instance_name: str, model_name: str) -> Worker:
+    """Start a worker interpreter (`python -m agent.backends.python_worker`) on a new pipe.
+
+    Raises:
+        ModelLoadError: the process could not be started.
+    """
+    ours, theirs = multiprocessing.Pipe(duplex=True)
+    argv = [
+        sys.executable,
+        "-m",
+        "agent.backends.python_worker",
+        str(theirs.fileno()),
+        str(os.getpid()),
+    ]
+    try:
+        process = launcher.start(argv, theirs.fileno())
+    except OSError as exc:
+        ours.close()
+        raise ModelLoadError(f"python model '{model_name}': cannot start a worker: {exc}") from None
+    finally:
+        theirs.close()  # the worker holds its own copy; EOF then means the worker is gone
+    return Worker(index, instance_name, process, ours)
+
+
+def exit_reason(worker: Worker) -> str:
+    """How the worker ended ("exited with code N", "killed by signal N"), once it has."""
+    code = reap_worker(worker)
+    if code < 0:
+        return f"worker (pid {worker.process.pid}) killed by signal {-code}"
+    return f"worker (pid {worker.process.pid}) exited with code {code}"

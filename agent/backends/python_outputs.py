@@ -1,0 +1,62 @@
+"""The outputs a Python model's `execute` returned, checked against the config's declaration.
+
+A Python model declares its outputs in the config only, so the agent checks each returned
+array's datatype and shape (and, for a batched model, its batch rows) before serving it; a
+mismatch is the request's BackendError, worded so the model's author knows the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from agent.errors import BackendError
+from agent.tensors import datatypes
+from agent.tensors.datatypes import ModelTensor
+
+
+def checked_output(
+    model_name: str,
+    declared_outputs: Mapping[str, ModelTensor],
+    name: str,
+    array: np.ndarray | None,
+    rows: int | None,
+) -> np.ndarray:
+    """`array`, what the model returned as output `name`, if it fits that output's declaration.
+
+    `rows`: the batch's row count, for a batched model (None: not checked).
+
+    Raises:
+        BackendError: no such tensor was returned, or its datatype or shape is not declared.
+    """
+    where = f"python model '{model_name}' output '{name}'"
+    if array is None:
+        raise BackendError(f"{where}: execute returned no tensor of that name")
+    declared = declared_outputs[name]
+    assert declared.datatype is not None
+    got = "BYTES" if array.dtype == np.object_ else _kserve(array.dtype)
+    if got != declared.datatype.kserve:
+        raise BackendError(
+            f"{where} is {got} but the config says {declared.type_name} "
+            "(convert it with .astype before returning it)"
+        )
+    shape = declared.shape
+    fits = len(array.shape) == len(shape) and all(
+        want is None or want == have for want, have in zip(shape, array.shape, strict=True)
+    )
+    if not fits or (rows is not None and array.shape[0] != rows):
+        expected = ["-1" if d is None else str(d) for d in shape]
+        if rows is not None:
+            expected[0] = str(rows)
+        raise BackendError(
+            f"{where} has shape {list(array.shape)}, expected [{', '.join(expected)}]"
+        )
+    return array
+
+
+def _kserve(dtype: np.dtype) -> str:
+    for kind in datatypes.BY_KSERVE.values():
+        if kind.numpy == dtype:
+            return kind.kserve
+    return str(dtype)
