@@ -395,8 +395,8 @@ def test_triton_mode_starts_no_opentelemetry() -> None:
     code = (
         "import json, sys\n"
         "from agent.config.schema import AgentConfig\n"
-        "from agent.runtime.daemon import _tracer\n"
-        "tracer = _tracer(AgentConfig())\n"
+        "from agent.runtime.tracing import build_tracer\n"
+        "tracer = build_tracer(AgentConfig())\n"
         "tracer.update(None, {'trace_level': ['TIMESTAMPS'], 'trace_rate': '1'})\n"
         "tracer.finish(tracer.start('m'))\n"
         "tracer.close()\n"
