@@ -25,7 +25,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from agent.cli.main import _flags, build_parser
+from agent.cli.main import build_parser
+from agent.cli.serve_args import config_flags
 from agent.config.loader import load_config
 from agent.config.schema import AgentConfig, LogConfig, ModelsConfig, ServerConfig, validate
 from agent.errors import AgentConfigError
@@ -371,7 +372,7 @@ def test_cli_flags_reach_the_config() -> None:
             "site=7",
         ]
     )
-    flags = _flags(args)
+    flags = config_flags(args)
     assert flags["log.trace_mode"] == "opentelemetry"
     assert flags["log.trace_otlp_url"] == "http://collector:4318/v1/traces"
     assert flags["log.trace_otlp_resource"] == ("service.name=edge", "site=7")
