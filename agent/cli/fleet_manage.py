@@ -27,8 +27,9 @@ from agent.cli.rollout_driver import FleetConnection, drive
 from agent.fleet.devices import inventory_rows, inventory_table
 from agent.fleet.mqtt import MqttError, MqttSettings, random_client_id
 from agent.fleet.outbox import StoreError
-from agent.fleet.rollout import JOB_STATES, Job, Rollout, RolloutSpec
+from agent.fleet.rollout import Rollout
 from agent.fleet.rollout_gate import GateError
+from agent.fleet.rollout_plan import JOB_STATES, Job, RolloutSpec
 from agent.fleet.rollout_store import RolloutConflictError, RolloutStore
 
 VERBS = ("inventory", "rollout", "exporter")
