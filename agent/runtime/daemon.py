@@ -97,7 +97,7 @@ class RunningAgent:
 
         The sync cycle in progress finishes (an install is never cut short), the fleet link
         publishes its retained "offline" status, the listeners let in-flight requests finish
-        (within DRAIN_TIMEOUT_S), then the models are unloaded and the cache is closed.
+        (within `listeners.DRAIN_TIMEOUT_S`), then the models are unloaded and the cache is closed.
         """
         self.dataplane.set_ready(False)
         await self.stack.aclose()
