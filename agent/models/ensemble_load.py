@@ -12,9 +12,10 @@ from pathlib import Path
 
 from agent.ensemble.plan import build_plan, composing_model_names, is_ensemble
 from agent.ensemble.runner import EnsembleScheduler, StepRunnerSlot
-from agent.errors import AgentError, ModelConfigError
+from agent.errors import AgentError
 from agent.models.served import LoadedVersion, ModelRecord, ModelState, ServedModel, VersionStatus
 from agent.proto import model_config_pb2 as mc
+from agent.repository.autocomplete import named_copy
 from agent.repository.model_config import load_model_config
 from agent.scheduling.batching import BatchingPolicy
 from agent.scheduling.statistics import StatisticsRegistry
@@ -45,14 +46,7 @@ def load_ensemble(
     Raises:
         ModelConfigError: the config's name is not its folder's, or its plan is invalid.
     """
-    completed = mc.ModelConfig()
-    completed.CopyFrom(config)
-    if not completed.name:
-        completed.name = name
-    elif completed.name != name:
-        raise ModelConfigError(
-            f"config name '{completed.name}' does not match the model directory '{name}'"
-        )
+    completed = named_copy(config, name)
     if completed.version_policy.WhichOneof("policy_choice") is None:
         completed.version_policy.latest.num_versions = 1
     plan = build_plan(completed, served_config, served_versions)
