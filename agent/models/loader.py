@@ -22,7 +22,12 @@ import onnxruntime as ort
 from agent.backends.base import Backend
 from agent.backends.onnx import default_intra_op_threads
 from agent.backends.select import BackendKind, backend_kind, create_backend, worker_memory_bytes
-from agent.ensemble.plan import build_plan, composing_model_names, is_ensemble
+from agent.ensemble.plan import (
+    build_plan,
+    composing_model_names,
+    decoupled_ensemble,
+    is_ensemble,
+)
 from agent.ensemble.runner import EnsembleScheduler, StepRunnerSlot
 from agent.errors import (
     AgentError,
@@ -235,6 +240,8 @@ class ModelLoader:
         if completed.version_policy.WhichOneof("policy_choice") is None:
             completed.version_policy.latest.num_versions = 1
         plan = build_plan(completed, self._served_config, self._served_versions)
+        if decoupled_ensemble(plan):  # as Triton: it streams its decoupled step's responses
+            completed.model_transaction_policy.decoupled = True
         signature = ModelSignature.from_config(completed)
         policy = BatchingPolicy.from_config(completed)
         loaded: dict[int, LoadedVersion] = {}
@@ -278,7 +285,7 @@ class ModelLoader:
                 version=version,
                 auto_complete=auto,
                 custom_metrics=self.stats.custom_metrics,
-                bls=self.step_runner.submit_threadsafe,  # Python models' BLS requests
+                bls=self.step_runner,  # Python models' BLS requests
             )
             # A Python model's auto_complete_config may have declared more than the file said.
             declared = getattr(backend, "declared_config", config)
