@@ -150,11 +150,11 @@ def test_the_dashboard_follows_a_real_rollout_wave_by_wave_and_a_bad_versions_ro
     log = tmp_path / "manager.log"
     with Traffic(list(fleet.values())) as traffic:
         code = _rollout(broker, db, log, "m", "2", "--group", "lab", "--waves", "20%,60%,100%",
-                        "--gate", "error_rate<=0.01,p95_ms<=1000", "--soak", "2.5s")  # fmt: skip
+                        "--gate", "error_rate<=0.01,p95_ms<=1000", "--soak", "3s")  # fmt: skip
         assert code == 0, log.read_text()
         wait_for(browser, lambda d: "m-v2: m v2 succeeded" in text_of(d, "#rollouts"))
         seen = browser.execute_script("return window.seen;")
-        # Each wave soaked (2.5 s > the page's 2 s poll) while the next still waited.
+        # Each wave soaked (3 s > the page's 2 s poll) while the next still waited.
         assert _in_order(seen, ["soaking,pending,pending", "done,soaking,pending",
                                 "done,done,soaking", "done,done,done"]), seen  # fmt: skip
         waves = rows_of(browser, "#waves-m-v2 tr")
@@ -177,8 +177,8 @@ def test_the_dashboard_follows_a_real_rollout_wave_by_wave_and_a_bad_versions_ro
     wave1 = target_order(BAD_ROLLOUT, NAMES)[:2]
     assert first.startswith("wave 1 (40%) aborted "), first
     assert f"{BROKEN}: failed, rolled_back" in first, first
-    assert all(f"{d}: " in first and f"{d}: succeeded, rolled_back" in first
-               for d in wave1 if d != BROKEN), first  # fmt: skip
+    # The other one was sent the version too (answered or not by the abort): rolled back.
+    assert all(re.search(rf"{d}: \w+, rolled_back", first) for d in wave1), first
     assert second.startswith("wave 2 (100%) not_run "), second
     assert ": pending" in second
     span = browser.find_element(
