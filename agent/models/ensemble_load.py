@@ -10,7 +10,12 @@ import logging
 from collections.abc import Callable, Collection
 from pathlib import Path
 
-from agent.ensemble.plan import build_plan, composing_model_names, is_ensemble
+from agent.ensemble.plan import (
+    build_plan,
+    composing_model_names,
+    decoupled_ensemble,
+    is_ensemble,
+)
 from agent.ensemble.runner import EnsembleScheduler, StepRunnerSlot
 from agent.errors import AgentError
 from agent.models.served import LoadedVersion, ModelRecord, ModelState, ServedModel, VersionStatus
@@ -50,6 +55,8 @@ def load_ensemble(
     if completed.version_policy.WhichOneof("policy_choice") is None:
         completed.version_policy.latest.num_versions = 1
     plan = build_plan(completed, served_config, served_versions)
+    if decoupled_ensemble(plan):  # as Triton: it streams its decoupled step's responses
+        completed.model_transaction_policy.decoupled = True
     signature = ModelSignature.from_config(completed)
     policy = BatchingPolicy.from_config(completed)
     loaded: dict[int, LoadedVersion] = {}

@@ -237,7 +237,7 @@ class ModelLoader:
                 version=version,
                 auto_complete=auto,
                 custom_metrics=self.stats.custom_metrics,
-                bls=self.step_runner.submit_threadsafe,  # Python models' BLS requests
+                bls=self.step_runner,  # Python models' BLS requests
             )
             # A Python model's auto_complete_config may have declared more than the file said.
             declared = getattr(backend, "declared_config", config)

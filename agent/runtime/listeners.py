@@ -87,6 +87,11 @@ async def serve_http(
         shutdown_timeout=DRAIN_TIMEOUT_S if drain else 1.0,
         keepalive_timeout=limits.idle_timeout_s,
         lingering_time=LINGER_S,
+        # A client that disconnects cancels its handler, so its inference request is cancelled
+        # as in Triton (dropped while queued, `is_cancelled()` while running); model control
+        # runs to completion regardless (the data plane shields it). Free on the fast path:
+        # aiohttp only reads the flag when a connection is lost.
+        handler_cancellation=True,
     )
     await runner.setup()
     stack.push_async_callback(runner.cleanup)
