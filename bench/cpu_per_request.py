@@ -5,7 +5,9 @@ process spends per request moves far less, so this is the figure to compare chan
 server and concurrency it reads the server's utime+stime from /proc/PID/stat, sends a fixed
 number of requests with perf_analyzer (HTTP, binary tensors, batch 1) and reads it again:
 µs CPU per request = delta / requests. perf_analyzer's own CPU is reported too (it is a child of
-this process: the RUSAGE_CHILDREN delta around its run).
+this process: the RUSAGE_CHILDREN delta around its run). Voluntary context switches per request
+(all the server's threads, /proc/PID/task/*/status) count thread hand-offs: unlike CPU time they
+barely move with the machine's load.
 
 Servers, each on the benchmark MLP (bench.models):
     floor     bench.floor_server: aiohttp answering with a fixed body (no model, no agent code)
@@ -55,6 +57,7 @@ class Point:
     client_us: float  # perf_analyzer CPU per request
     p50_us: float
     p99_us: float
+    switches: float = 0.0  # the server's voluntary context switches per request (0: not read)
 
     avg_us: float
 
@@ -63,6 +66,20 @@ class Point:
         """Little's law, concurrency / mean latency: perf_analyzer's own figure and its run time
         move in whole seconds when it sends a fixed number of requests."""
         return self.concurrency / self.avg_us * 1e6
+
+
+def voluntary_switches(pid: int) -> int:
+    """Voluntary context switches of all of a process's threads (those alive now)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            text = (task / "status").read_text(encoding="ascii")
+        except OSError:  # the thread ended meanwhile
+            continue
+        for line in text.splitlines():
+            if line.startswith("voluntary_ctxt_switches:"):
+                total += int(line.split()[1])
+    return total
 
 
 def cpu_us(pid: int) -> float:
@@ -165,6 +182,7 @@ def run_point(
     )
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     before = cpu_us(server.pid)
+    switches_before = voluntary_switches(server.pid)
     done = subprocess.run(
         drive(binary, port, concurrency, requests, csv_path, protocol),
         capture_output=True,
@@ -174,6 +192,7 @@ def run_point(
         cwd=REPO_ROOT,
     )
     after = cpu_us(server.pid)
+    switches_after = voluntary_switches(server.pid)
     children_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0 or not csv_path.is_file():
         raise BenchError(
@@ -193,6 +212,7 @@ def run_point(
         avg_us=_mean_latency_us(done.stdout),
         p50_us=float(row["p50 latency"]),
         p99_us=float(row["p99 latency"]),
+        switches=(switches_after - switches_before) / requests,
     )
 
 
@@ -214,14 +234,15 @@ def render(points: Sequence[Point]) -> str:
             f"{p.throughput:,.0f}",
             f"{p.p50_us:.0f}",
             f"{p.p99_us:.0f}",
+            f"{p.switches:.1f}",
         ]
         for p in points
     ]
     header = [
         "server", "conc", "requests", "server CPU µs/req", "perf_analyzer CPU µs/req",
-        "inf/s", "p50 µs", "p99 µs",
+        "inf/s", "p50 µs", "p99 µs", "switches/req",
     ]  # fmt: skip
-    return markdown_table(header, rows, [False] + [True] * 7)
+    return markdown_table(header, rows, [False] + [True] * 8)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -291,3 +291,49 @@ def test_cancelled_requests_are_skipped_in_the_queue_and_signalled_while_running
         asyncio.run(main())
     # Three executions would mean the cancelled queued request ran: it must not.
     assert backend.seen == [[True], [False]]
+
+
+class HandOffCostBackend(RecordingBackend):
+    """Burns `burn_ns` of CPU only off the event loop's thread: the hand-off and GIL wait that a
+    busy machine adds to every execution on the executor."""
+
+    def __init__(self, inner: OnnxBackend, loop_thread: int) -> None:
+        super().__init__(inner)
+        self.loop_thread = loop_thread
+
+    def run(
+        self,
+        feeds: Mapping[str, np.ndarray],
+        output_names: Sequence[str],
+        *,
+        shrink_memory: bool = False,
+    ) -> list[np.ndarray]:
+        self.burn_ns = 0 if threading.get_ident() == self.loop_thread else 3_000_000
+        return super().run(feeds, output_names, shrink_memory=shrink_memory)
+
+
+def test_a_model_slow_only_on_the_executor_is_measured_inline_again(
+    onnx_backend: OnnxBackend,
+) -> None:
+    with ThreadPoolExecutor(1) as executor:
+
+        async def main() -> tuple[HandOffCostBackend, bool]:
+            backend = HandOffCostBackend(onnx_backend, threading.get_ident())
+            scheduler = ModelScheduler(
+                model="mlp",
+                version=1,
+                backend=backend,
+                policy=BatchingPolicy(max_batch_size=8, dynamic_batching=False),
+                instances=1,
+                executor=executor,
+                inline_below_ns=2_000_000,  # executor runs measure 3 ms: over, but within 4x
+            )
+            await submit_each(scheduler, range(40))
+            return backend, scheduler.inline
+
+        backend, inline = asyncio.run(main())
+    loop_thread = backend.loop_thread
+    # The probe runs on the executor look too slow; a re-probe on the loop shows the real cost.
+    assert all(t != loop_thread for t in backend.threads[:4])
+    assert inline
+    assert backend.threads[-1] == loop_thread
