@@ -57,9 +57,9 @@ class Point:
     client_us: float  # perf_analyzer CPU per request
     p50_us: float
     p99_us: float
-    switches: float = 0.0  # the server's voluntary context switches per request (0: not read)
 
     avg_us: float
+    switches: float = 0.0  # the server's voluntary context switches per request (0: not read)
 
     @property
     def throughput(self) -> float:
