@@ -2,9 +2,11 @@
 PYTHON ?= python3
 VENV ?= .venv
 PERF_VENV ?= .venv-perf
+KSERVE_VENV ?= .venv-kserve
+KSERVE_VERSION ?= 0.21.0
 BIN := $(VENV)/bin
 
-.PHONY: run test lint typecheck unit perf-analyzer systemd-tools mosquitto lint-ansible bench proto clean
+.PHONY: run test fuzz lint typecheck unit perf-analyzer kserve-sdk systemd-tools mosquitto chromium lint-ansible bench proto clean
 
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
@@ -19,7 +21,7 @@ $(BIN)/.installed: pyproject.toml
 run: $(BIN)/.installed
 	$(BIN)/edge-agent serve --demo
 
-test: $(BIN)/.installed perf-analyzer systemd-tools lint lint-ansible typecheck unit
+test: $(BIN)/.installed perf-analyzer kserve-sdk systemd-tools lint lint-ansible typecheck unit
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
@@ -29,14 +31,29 @@ lint: $(BIN)/.installed
 typecheck: $(BIN)/.installed
 	$(BIN)/mypy
 
-unit: $(BIN)/.installed mosquitto
-	PERF_ANALYZER=$(CURDIR)/$(PERF_VENV)/bin/perf_analyzer $(BIN)/pytest
+unit: $(BIN)/.installed mosquitto chromium
+	PERF_ANALYZER=$(CURDIR)/$(PERF_VENV)/bin/perf_analyzer \
+	  KSERVE_PYTHON=$(CURDIR)/$(KSERVE_VENV)/bin/python $(BIN)/pytest
+
+# Schemathesis against the HTTP API (docs/api.md#fuzzing-the-http-api): a longer, random run
+# than the 10 examples per operation of `make test`.
+EDGE_AGENT_FUZZ_EXAMPLES ?= 200
+fuzz: $(BIN)/.installed
+	EDGE_AGENT_FUZZ_EXAMPLES=$(EDGE_AGENT_FUZZ_EXAMPLES) $(BIN)/pytest tests/agent/test_http_fuzz.py -p no:logging
 
 # Triton's load generator (Debian 12). Best effort: without it the perf_analyzer test skips
 # and says why.
 perf-analyzer:
 	@[ -x $(PERF_VENV)/bin/perf_analyzer ] || bash bench/install-perf-analyzer.sh $(PERF_VENV) \
 	  || echo "perf_analyzer could not be installed; tests that need it will skip"
+
+# KServe's Python SDK (the Open Inference Protocol's reference client) for tests/test_kserve_sdk.py,
+# in a venv of its own: its pins (psutil<6 ...) conflict with the agent's. Best effort: without it
+# that test skips and says why.
+kserve-sdk:
+	@$(KSERVE_VENV)/bin/python -c 'import kserve' 2>/dev/null || { \
+	  $(PYTHON) -m venv $(KSERVE_VENV) && $(KSERVE_VENV)/bin/pip install -q 'kserve==$(KSERVE_VERSION)'; } \
+	  || echo "KServe's SDK could not be installed; tests/test_kserve_sdk.py will skip"
 
 # systemd-analyze / systemd-sysusers for tests/deploy (Debian's "systemd" package; no running
 # systemd needed).
@@ -54,6 +71,15 @@ mosquitto:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto >/dev/null; \
 	  else echo "mosquitto missing: sudo apt-get install mosquitto (MQTT tests will skip)"; fi; }
 
+# tests/pages and the dashboard test drive Debian's headless chromium through selenium; without
+# it they skip and say why.
+chromium:
+	@{ command -v chromium >/dev/null && command -v chromedriver >/dev/null; } || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      chromium chromium-driver >/dev/null || echo "chromium could not be installed; browser tests will skip"; \
+	  else echo "chromium missing: sudo apt-get install chromium chromium-driver (browser tests will skip)"; fi; }
+
 lint-ansible: $(BIN)/.installed
 	cd deploy/ansible && PATH=$(CURDIR)/$(BIN):$$PATH $(CURDIR)/$(BIN)/ansible-lint --offline --profile production
 
@@ -69,4 +95,4 @@ proto: $(BIN)/.installed
 	$(BIN)/python agent/proto/fix_generated.py agent/proto/*_pb2.py agent/proto/*_pb2_grpc.py
 
 clean:
-	rm -rf $(VENV) $(PERF_VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(PERF_VENV) $(KSERVE_VENV) .mypy_cache .ruff_cache .pytest_cache

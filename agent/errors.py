@@ -35,8 +35,21 @@ class ModelNotReadyError(AgentError):
     """The model or version exists but is not loaded and ready to serve."""
 
 
+class NoReadyVersionError(ModelNotReadyError):
+    """A request names a known model without a version, and no version of it is READY.
+
+    Still "not ready" for the agent's own callers; Triton answers this case NOT_FOUND ("has no
+    available versions"), so the transports do too.
+    """
+
+
 class SharedMemoryNotFoundError(AgentError):
     """A request names a shared-memory region that is not registered."""
+
+
+class AccessDeniedError(AgentError):
+    """The client may not do this (a remote client registering shared memory, an object of
+    another user)."""
 
 
 class OverloadedError(AgentError):
@@ -79,12 +92,33 @@ class MemoryBudgetError(ModelLoadError):
     """A model version does not fit in what is left of the memory budget."""
 
 
+class RepositoryPollError(ModelLoadError):
+    """A load request's model could not be read into a model folder (its config override does
+    not parse, its files cannot be written): Triton's "failed to poll from model repository"."""
+
+
 class ConflictError(AgentError):
     """The request conflicts with what is in progress (e.g. a canary already runs)."""
 
 
+class RegionExistsError(ConflictError):
+    """A shared-memory region of that name is registered already.
+
+    Triton's ALREADY_EXISTS, which its HTTP endpoint answers 400 (not 409).
+    """
+
+
 class ModelControlError(AgentError):
     """A model-control request is not allowed in the current mode (e.g. load without explicit)."""
+
+
+class ModelControlDisabledError(ModelControlError):
+    """Explicit load / unload while the model-control mode is not explicit (Triton: UNAVAILABLE)."""
+
+
+class UnsupportedError(AgentError):
+    """The model cannot serve the request this way (Triton's UNSUPPORTED: e.g. a plain infer
+    call to a decoupled model)."""
 
 
 class InternalError(AgentError):

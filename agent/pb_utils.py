@@ -19,6 +19,12 @@ As in Triton, the requests of a dynamic batch reach `execute` together, each its
 `InferenceRequest` (not merged), and `execute` returns one response per request, in order.
 `request_id()` is empty.
 
+Decoupled models (`model_transaction_policy { decoupled: true }`) answer through each request's
+`get_response_sender()` instead: `send(response)` any number of times, then
+`send(flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL)` (with or without a last response); `execute`
+returns None, and the sender may be used from another thread after `execute` returned.
+`request.is_cancelled()` turns true when the client went away.
+
 This module is imported inside the worker process; it needs only numpy.
 """
 
@@ -29,6 +35,7 @@ import inspect
 import json
 import os
 import sys
+import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, ClassVar
@@ -175,6 +182,78 @@ class Tensor:
         return numpy_to_kserve(self._data.dtype)
 
 
+# Response flags (Triton's TRITONSERVER_ResponseCompleteFlag).
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+
+
+class InferenceResponseSender:
+    """Sends the responses of one request of a decoupled model (`get_response_sender()`).
+
+    The transport (set by the worker) gets each checked response with its final flag; the
+    checks and their wording are Triton's Python backend's.
+    """
+
+    def __init__(
+        self,
+        transport: Callable[[InferenceResponse | None, bool], None],
+        cancelled: Callable[[], bool],
+        *,
+        decoupled: bool = True,
+    ) -> None:
+        self._transport = transport
+        self._cancelled = cancelled
+        self._decoupled = decoupled
+        self._lock = threading.Lock()
+        self._closed = False
+        self._sent = 0
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        """Send a response, and/or with TRITONSERVER_RESPONSE_COMPLETE_FINAL end the request.
+
+        Raises:
+            TritonModelException: a bad flag, no response without the final flag, or the
+                sender was closed by an earlier final flag.
+        """
+        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+            raise TritonModelException("Unable to send response. Unsupported flag provided.")
+        if flags == 0 and response is None:
+            raise TritonModelException(
+                "Inference Response object must be provided when the response flags is set to zero."
+            )
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException(
+                f"Unable to send response. Expected an InferenceResponse, got "
+                f"{type(response).__name__}."
+            )
+        final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        with self._lock:
+            if not self._decoupled and response is not None and self._sent:
+                raise TritonModelException(
+                    "Unable to send response. Non-decoupled model cannot send more than one "
+                    "response."
+                )
+            if not self._decoupled and response is None and not self._sent:
+                raise TritonModelException(
+                    "Unable to send response. Non-decoupled model cannot send complete final "
+                    "before sending a response."
+                )
+            if self._closed:
+                raise TritonModelException(
+                    "Unable to send response. Response sender has been closed."
+                )
+            if final:
+                self._closed = True
+            self._sent += 1
+            self._transport(response, final)
+
+    def is_cancelled(self) -> bool:
+        return self._cancelled()
+
+    def is_closed(self) -> bool:
+        with self._lock:
+            return self._closed
+
+
 class InferenceTrace:
     """A request's trace, as `request.trace()` returns it inside `execute`.
 
@@ -249,6 +328,26 @@ class InferenceRequest:
 
     def inputs(self) -> list[Tensor]:
         return list(self._inputs)
+
+    def get_response_sender(self) -> InferenceResponseSender:
+        """This request's response sender (decoupled models).
+
+        A model that is not decoupled may answer through it too (one response, inside
+        `execute`, which then returns None), as Triton allows.
+
+        Raises:
+            TritonModelException: the request was built by the model (BLS).
+        """
+        sender: InferenceResponseSender | None = getattr(self, "_sender", None)
+        if sender is None:
+            raise TritonModelException(
+                "get_response_sender() is only available on the requests `execute` receives"
+            )
+        return sender
+
+    def set_response_sender(self, sender: InferenceResponseSender) -> None:
+        """Attach the sender (the worker does this for decoupled models; not Triton's API)."""
+        self._sender = sender
 
     def requested_output_names(self) -> list[str]:
         return list(self._outputs)

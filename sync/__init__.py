@@ -8,7 +8,9 @@ this package adds transport, our own rules about what a model version is, and or
     keys.py       key files (0600), root metadata, key rotation and thresholds
     publish.py    `Publisher`: add a model version to the signed repository
     policy.py     pure rules: valid signed versions, desired state, what to fetch and serve
-    client.py     `SyncClient.sync_once`: refresh → download → verify → cache.install
+    model_signature.py  pure OMS check: a model's signature bundle against its files and keys
+    provenance.py  per installed version: who signed it, verified or not (for status, events)
+    client.py     `SyncClient.sync_once`: refresh → download → verify → OMS check → cache.install
     periodic.py   the daemon's loop: interval with jitter, exponential backoff
     config.py     `SyncConfig` (the agent's `[sync]` section)
     cli.py        `edge-agent keys init|rotate`, `publish`, `sync --once`

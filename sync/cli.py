@@ -14,17 +14,25 @@ import time
 from pathlib import Path
 from typing import TextIO
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
 from model_cache import CacheError, ModelCache
 from sync.cli_parser import EXIT_CONFIG, EXIT_ERROR
 from sync.client import Progress, SyncClient, activate_in_cache
-from sync.config import SyncConfig, validate
+from sync.config import SyncConfig, signature_check, validate
 from sync.errors import SyncConfigError, SyncError
 from sync.keys import RoleSpec, init_keys, rotate_keys
+from sync.model_signature import TrustedSigner, parse_trusted_signers
 from sync.policy import parse_desired
 from sync.publish import ModelCheck, Publisher
 from sync.roles import ROLES
 from sync.store import S3Settings
 from sync.stores import open_store
+
+PUBLISH_SETTINGS = "publish.toml"  # in the repository folder: the publisher's own settings
 
 
 def run(
@@ -91,12 +99,21 @@ def _publish(args: argparse.Namespace, out: TextIO, check: ModelCheck | None) ->
             raise SyncConfigError("--create-bucket is for s3:// stores")
         ensure()
     publisher = Publisher(args.repo, store)
+    require, signers = publish_settings(
+        args.repo, args.require_model_signature, tuple(args.model_signer)
+    )
     if args.model is None:
         report = publisher.resign()
         print(f"re-signed: targets v{report.targets_version}", end="", file=out)
     else:
         report = publisher.publish(
-            args.model, args.version, args.source, args.quantize_report, check=check
+            args.model,
+            args.version,
+            args.source,
+            args.quantize_report,
+            check=check,
+            require_signature=require,
+            signers=signers,
         )
         for note in report.notes:
             print(f"{args.model} version {args.version}: {note}", file=out)
@@ -109,6 +126,59 @@ def _publish(args: argparse.Namespace, out: TextIO, check: ModelCheck | None) ->
         )
     print(f", snapshot v{report.snapshot_version}, timestamp v{report.timestamp_version}", file=out)
     return 0
+
+
+def publish_settings(
+    repo: Path, require: bool, signers: tuple[str, ...]
+) -> tuple[bool, tuple[TrustedSigner, ...]]:
+    """The model-signature settings of a publish: `REPO/publish.toml`'s `[publish]`, plus flags.
+
+        [publish]
+        require_model_signature = true
+        model_signers = ["resnet*=ml-team.pub"]   # [PATTERN=]KEY, relative to REPO
+
+    Args:
+        repo: The repository folder.
+        require: `--require-model-signature` (only ever turns the requirement on).
+        signers: `--model-signer` values (relative to the working directory).
+
+    Raises:
+        SyncConfigError: An unreadable or malformed file, or a bad key.
+
+    Returns:
+        Whether a signature is required, and the trusted keys.
+    """
+    path = repo / PUBLISH_SETTINGS
+    section: dict[str, object] = {}
+    if path.is_file():
+        try:
+            section = tomllib.loads(path.read_text()).get("publish", {})
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise SyncConfigError(f"{path}: {exc}") from None
+    unknown = set(section) - {"require_model_signature", "model_signers"}
+    if unknown:
+        raise SyncConfigError(f"{path}: unknown [publish] key(s) {', '.join(sorted(unknown))}")
+    in_file = section.get("require_model_signature", False)
+    listed = section.get("model_signers", [])
+    if not isinstance(in_file, bool) or not (
+        isinstance(listed, list) and all(isinstance(e, str) for e in listed)
+    ):
+        raise SyncConfigError(
+            f"{path}: require_model_signature must be true/false, model_signers a list of strings"
+        )
+    entries = [_signer_entry(e, repo) for e in listed] + [_signer_entry(e, None) for e in signers]
+    try:
+        return require or in_file, parse_trusted_signers(entries)
+    except ValueError as exc:
+        raise SyncConfigError(str(exc).replace("trusted_model_signers", "model signer")) from None
+
+
+def _signer_entry(entry: str, base: Path | None) -> str:
+    pattern, sep, key = entry.rpartition("=")
+    key_path = Path(key.strip())
+    if base is not None and not key_path.is_absolute():
+        key_path = base / key_path
+    return f"{pattern if sep else '*'}={key_path}"
 
 
 def sync_once(
@@ -163,6 +233,7 @@ def _sync(
             max_parallel=config.max_parallel,
             max_version_bytes=config.max_version_bytes,
             progress=bar.update,
+            signatures=signature_check(config),
         )
         report = client.sync_once()
         bar.finish()
@@ -172,11 +243,14 @@ def _sync(
     if activate:
         for model, version in report.activate:
             print(f"serving {model} version {version}", file=out)
-    for message in [f"{m}: {r}" for m, r in report.errors] + failures:
+    for model, version, why in report.unverified:
+        print(f"edge-agent: warning: {model} version {version}: model signature: {why}", file=err)
+    refused = [f"{m} version {v}: model signature refused: {r}" for m, v, r in report.refused]
+    for message in [f"{m}: {r}" for m, r in report.errors] + refused + failures:
         print(f"edge-agent: error: {message}", file=err)
-    if not (report.installed or report.activate or report.errors):
+    if not (report.installed or report.activate or report.errors or refused):
         print("up to date", file=out)
-    return EXIT_ERROR if report.errors or failures else 0
+    return EXIT_ERROR if report.errors or refused or failures else 0
 
 
 class ProgressBar:

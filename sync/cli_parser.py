@@ -53,6 +53,20 @@ def add_commands(subparsers: Any) -> None:  # argparse's _SubParsersAction is pr
         help="do not load the model files before signing (no ONNX Runtime here); the config "
         "is still checked",
     )
+    publish.add_argument(
+        "--require-model-signature",
+        action="store_true",
+        help="refuse a folder without a valid OpenSSF model signature (SOURCE/model.sig); "
+        "also `require_model_signature = true` in REPO/publish.toml",
+    )
+    publish.add_argument(
+        "--model-signer",
+        action="append",
+        default=[],
+        metavar="[PATTERN=]KEY",
+        help="a public key trusted to sign models (matching PATTERN, default *); repeatable; "
+        "adds to `model_signers` in REPO/publish.toml",
+    )
     _s3_flags(publish)
     publish.add_argument("model", nargs="?", help="omit all three to re-sign (new expiry)")
     publish.add_argument("version", nargs="?", type=int)

@@ -14,8 +14,12 @@ One cycle, in order (nothing is installed before everything it depends on is ver
     3. Each file of each version to fetch is streamed into `WORK/downloads/SHA256.part`
        (`Downloader`: capped at its signed length, resumed with range requests), a few at a time,
        then python-tuf's `TargetFile.verify_length_and_hashes` accepts or refuses it.
-    4. A version whose files all verified is assembled as a Triton folder of hard links under
-       `WORK/staging/` and handed to `ModelCache.install`, which hashes and stores it durably.
+    4. A version whose files all verified has its OpenSSF model signature checked against their
+       verified digests (`sync/model_signature.py`, policy off | warn | require); under
+       `require` a failure rejects the version on this device (`SyncReport.refused`) and
+       nothing is installed. Its provenance record is written (`sync/provenance.py`), then it
+       is assembled as a Triton folder of hard links under `WORK/staging/` and handed to
+       `ModelCache.install`, which hashes and stores it durably.
     5. The versions to serve are returned; activation (the hot swap) is the caller's.
 
 Invariants:
@@ -45,7 +49,14 @@ from tuf.api import exceptions as tuf_exceptions
 from tuf.api.metadata import Metadata, Root, TargetFile, Targets
 from tuf.ngclient import Updater, UpdaterConfig
 
-from model_cache import CacheError, CacheFullError, ModelCache, RejectedVersion, VersionState
+from model_cache import (
+    CacheError,
+    CacheFullError,
+    ModelCache,
+    RejectedVersion,
+    RejectionCause,
+    VersionState,
+)
 from model_cache.atomic import ensure_dir, remove_tree, temp_name
 from sync.errors import (
     DiskFullError,
@@ -57,7 +68,9 @@ from sync.errors import (
     VerificationError,
 )
 from sync.fetcher import Downloader, StoreFetcher
+from sync.model_signature import SignatureCheck, SignaturePolicy, Verdict
 from sync.policy import CachedVersion, Choice, Desired, SignedVersion, group_targets, plan
+from sync.provenance import Provenance, ProvenanceStore
 from sync.publish import METADATA_PREFIX, TARGETS_PREFIX
 from sync.store import ObjectStore
 
@@ -85,6 +98,8 @@ class SyncReport:
     resumed_bytes: int = 0
     transient: bool = False  # a download failed in transport: worth retrying sooner
     choices: tuple[Choice, ...] = ()  # per model: the version the policy serves, and why
+    refused: tuple[tuple[str, int, str], ...] = ()  # (model, version, why): OMS check, rejected
+    unverified: tuple[tuple[str, int, str], ...] = ()  # (model, version, why): installed (warn)
 
 
 @dataclass(slots=True)
@@ -117,6 +132,10 @@ class SyncClient:
         downloader: Streams target files (injected to simulate faults).
         progress: Called with byte counts while downloading (from worker threads).
         updater_config: python-tuf's limits (metadata size caps, root rotations).
+        signatures: The OMS policy and trusted keys (`sync/model_signature.py`); a version
+            that fails the check under `require` is rejected on this device, never installed.
+        provenance: Where each installed version's signer is recorded (default
+            `work_dir/provenance`).
     """
 
     def __init__(
@@ -132,6 +151,8 @@ class SyncClient:
         downloader: Downloader | None = None,
         progress: Callable[[Progress], None] = lambda _p: None,
         updater_config: UpdaterConfig | None = None,
+        signatures: SignatureCheck | None = None,
+        provenance: ProvenanceStore | None = None,
     ) -> None:
         self._store = store
         self._cache = cache
@@ -144,6 +165,8 @@ class SyncClient:
         self._progress = progress
         self._tuf_config = updater_config or UpdaterConfig()
         self._consistent = True  # from the verified root, at each refresh
+        self._signatures = signatures or SignatureCheck()
+        self.provenance = provenance or ProvenanceStore(work_dir / "provenance")
 
     def set_desired(self, desired: Mapping[str, Desired]) -> None:
         """Replace the per-model version policy; the next cycle plans with it.
@@ -188,11 +211,22 @@ class SyncClient:
                 fetch.append(item)
         files, tally = self._download(fetch, errors)
         installed: list[tuple[str, int]] = []
+        refusals: list[tuple[str, int, str]] = []
+        unverified: list[tuple[str, int, str]] = []
         for item in fetch:
-            if all(f.target.hashes["sha256"] in files for f in item.files):
+            if all(f.target.hashes["sha256"] in files for f in item.downloads):
                 try:
+                    verdict = self._check_signature(item, files)
+                    failed = (item.model, item.version, verdict.reason)
+                    if not verdict.ok and self._signatures.policy is SignaturePolicy.REQUIRE:
+                        self._refuse(item, verdict)
+                        refusals.append(failed)  # rejected, not installed
+                        continue
+                    self._record(item, verdict)
                     self._install(item, files)
                     installed.append((item.model, item.version))
+                    if not verdict.ok:
+                        unverified.append(failed)  # installed anyway ("warn")
                 except SyncError as exc:
                     logger.debug(
                         "install of %s version %d failed: %s", item.model, item.version, exc
@@ -212,6 +246,8 @@ class SyncClient:
             tally.resumed,
             tally.transient,
             todo.choices,
+            tuple(refusals),
+            tuple(unverified),
         )
 
     def _refresh(self) -> dict[str, TargetFile]:
@@ -274,7 +310,7 @@ class SyncClient:
         downloads = self._work / "downloads"
         unique: dict[str, tuple[TargetFile, str]] = {}
         for item in fetch:
-            for f in item.files:
+            for f in item.downloads:
                 unique.setdefault(f.target.hashes["sha256"], (f.target, item.model))
         tally = _Tally(sum(t.length for t, _m in unique.values()), self._progress)
         if not unique:
@@ -357,6 +393,59 @@ class SyncClient:
                 version=item.version,
             )
         logger.info("installed %s version %d sha256:%s", item.model, item.version, done.digest)
+
+    def _check_signature(self, item: SignedVersion, files: Mapping[str, Path]) -> Verdict:
+        """The OMS verdict on a downloaded version (its files as python-tuf verified them)."""
+        if self._signatures.policy is SignaturePolicy.OFF:
+            return Verdict(True)
+        bundle = None
+        if item.signature is not None:
+            path = files[item.signature.target.hashes["sha256"]]
+            try:
+                bundle = path.read_bytes()
+            except OSError as exc:
+                raise SyncError(f"cannot read {path}: {exc.strerror}", model=item.model) from None
+        digests = {f.rel: f.target.hashes["sha256"] for f in item.files}
+        return self._signatures.verdict(item.model, bundle, digests)
+
+    def _refuse(self, item: SignedVersion, verdict: Verdict) -> None:
+        """Reject a version whose signature failed under `require` (the active one serves on).
+
+        Reported in `SyncReport.refused`, not as a model error: the rejection is the record,
+        and the next plan serves the newest version not rejected.
+        """
+        reason = f"model signature refused: {verdict.reason}"
+        logger.warning("%s version %d: %s", item.model, item.version, reason)
+        try:
+            self._cache.rejections.reject(item.model, item.version, RejectionCause.FAILED, reason)
+        except CacheError as exc:
+            raise SyncError(f"cannot reject {item.model} version {item.version}: {exc}") from None
+
+    def _record(self, item: SignedVersion, verdict: Verdict) -> None:
+        """Write the version's provenance before installing it."""
+        policy = self._signatures.policy
+        published = item.files[0].target.custom.get("model_signature") if item.files else None
+        record = published if isinstance(published, dict) else {}
+        checked = policy is not SignaturePolicy.OFF
+        item_record = Provenance(
+            item.model,
+            item.version,
+            signer=verdict.signer if checked and verdict.signer else str(record.get("signer", "")),
+            bundle_sha256=(
+                verdict.bundle_sha256 if checked else str(record.get("bundle_sha256", ""))
+            ),
+            verified=checked and verdict.ok,
+            policy=policy.value,
+            reason=verdict.reason if checked else "not checked on this device (policy off)",
+        )
+        try:
+            self.provenance.record(item_record)
+        except (OSError, CacheError) as exc:
+            raise SyncError(
+                f"cannot record the provenance of {item.model} version {item.version}: {exc}",
+                model=item.model,
+                version=item.version,
+            ) from None
 
 
 def activate_in_cache(cache: ModelCache, pairs: tuple[tuple[str, int], ...]) -> list[str]:

@@ -9,6 +9,8 @@
     remind_after_s = 0                        # a failure is told once; N: remind after N s, 2N...
     s3_endpoint = "http://127.0.0.1:5000"     # "" : AWS; credentials from the environment
     s3_region = ""
+    model_signature_policy = "require"        # off (default) | warn | require
+    trusted_model_signers = ["resnet*=/etc/edge-agent/ml-team.pub"]   # PATTERN=PUBLIC_KEY
 
 Field types are those the agent's config loader knows (str, int, tuple[str, ...], Path | None):
 it reads this section like its own, from the file, the environment and flags, for `serve` and
@@ -21,6 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sync.errors import SyncConfigError
+from sync.model_signature import (
+    SignatureCheck,
+    SignaturePolicy,
+    parse_policy,
+    parse_trusted_signers,
+)
 from sync.policy import parse_desired
 from sync.store import S3Settings
 
@@ -41,6 +49,8 @@ class SyncConfig:
     max_parallel: int = 3  # target files downloaded at once
     max_version_bytes: int = 8 * 1024**3  # refuse bigger versions before downloading
     work_dir: Path | None = None  # metadata, part files, staging; default CACHE_DIR/sync
+    model_signature_policy: str = "off"  # OMS signatures: off | warn | require
+    trusted_model_signers: tuple[str, ...] = ()  # PATTERN=PUBLIC_KEY_FILE | PATTERN=CA_FILE#ID
 
     @property
     def enabled(self) -> bool:
@@ -84,3 +94,28 @@ def validate(config: SyncConfig, cache_dir: Path | None) -> None:
     if config.max_version_bytes < 1:
         raise SyncConfigError("sync.max_version_bytes must be >= 1")
     parse_desired(config.desired)
+    signature_check(config)
+
+
+def signature_check(config: SyncConfig) -> SignatureCheck:
+    """The OMS policy and trusted keys a config describes (the key files are read here).
+
+    Args:
+        config: The `[sync]` section.
+
+    Raises:
+        SyncConfigError: A bad policy or entry, an unreadable key, or `require` without keys.
+
+    Returns:
+        What `SyncClient` checks each version's model signature with.
+    """
+    try:
+        policy = parse_policy(config.model_signature_policy)
+        trusted = parse_trusted_signers(config.trusted_model_signers)
+    except ValueError as exc:
+        raise SyncConfigError(f"sync.{exc}") from None
+    if policy is SignaturePolicy.REQUIRE and not trusted:
+        raise SyncConfigError(
+            'sync.model_signature_policy = "require" needs sync.trusted_model_signers'
+        )
+    return SignatureCheck(policy, trusted)

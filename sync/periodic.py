@@ -27,6 +27,9 @@ Invariants:
       failing (`sync_failing`, that model), and their ends (`sync_recovered`) are told once each
       (`sync.notices`); reminders only when `remind_after_s` asks for them. The swap that fails
       tells its own failure; a rejected version is only reminded of (`version_rejected`).
+    * A version refused for its model signature (`SyncReport.refused`: rejected, never
+      installed) is one `signature_refused` event and counts as a rejection for the rerun; one
+      installed under "warn" despite a failed check is one `signature_unverified` event.
     * Log lines say what serves after a failure, as the cache records it.
     * `stop` ends the loop at the next wait or after the running cycle, never mid-install.
 """
@@ -44,7 +47,7 @@ from typing import Any, Protocol
 
 from model_cache import CacheError, ModelCache
 from sync.client import SyncClient, SyncReport
-from sync.config import SyncConfig, validate
+from sync.config import SyncConfig, signature_check, validate
 from sync.errors import SyncConfigError, SyncError
 from sync.notices import Notice, NoticeKind, Notices, Reminders
 from sync.policy import Choice, parse_desired
@@ -121,6 +124,7 @@ def build_client(config: SyncConfig, cache: ModelCache) -> SyncClient:
         parse_desired(config.desired),
         max_parallel=config.max_parallel,
         max_version_bytes=config.max_version_bytes,
+        signatures=signature_check(config),
     )
 
 
@@ -209,7 +213,9 @@ class SyncLoop:
         for model, reason in report.errors:
             errors[model] = f"{errors[model]}; {reason}" if model in errors else reason
         self._tell_models(self._models.observe(now, errors, scope=lambda k: k != STORE))
+        self._tell_signatures(report)
         activated, rejected = await self._activate_all(report, stop)
+        rejected += tuple((m, v) for m, v, _why in report.refused)
         try:
             current = {f"{r.model}/{r.version}": r.reason for r in self._cache.rejections.entries()}
         except CacheError as exc:
@@ -283,6 +289,24 @@ class SyncLoop:
             "no version serves" if active is None else f"version {active.version} keeps serving"
         )
         return serving, rejected
+
+    def _tell_signatures(self, report: SyncReport) -> None:
+        """One event per version whose model signature failed: refused, or installed (warn)."""
+        for model, version, why in report.refused:
+            logger.error(
+                "%s version %d refused: model signature: %s; %s",
+                model,
+                version,
+                why,
+                self._after_failure(model, version)[0],
+            )
+            detail = {"reason": f"model signature refused: {why}", "policy": "require"}
+            self._events(model, version, "signature_refused", detail)
+        for model, version, why in report.unverified:
+            logger.warning(
+                "%s version %d installed with a model signature failure: %s", model, version, why
+            )
+            self._events(model, version, "signature_unverified", {"reason": why, "policy": "warn"})
 
     def _tell_store(self, notices: list[Notice]) -> None:
         for notice in notices:

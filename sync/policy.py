@@ -11,8 +11,10 @@ rollback), the desired state and the cache's state; there is no I/O and no clock
 Rules for signed targets (all or nothing: one bad entry refuses the whole target set, since
 signed garbage means a broken or compromised publisher):
     * A path is `MODEL/VERSION/REST`: a valid model name, a decimal version, and REST either
-      `config.pbtxt` or a relative path inside `VERSION/` with no empty, `.` or `..` segment, no
-      backslash and no leading `/`. Nothing can be written outside the version's folder.
+      `config.pbtxt`, `model.sig` (the version's OMS signature bundle, checked by
+      `sync/model_signature.py` and never installed) or a relative path inside `VERSION/` with no
+      empty, `.` or `..` segment, no backslash and no leading `/`. Nothing can be written outside
+      the version's folder.
     * `custom.model` and `custom.version` equal the path's; every target of a version carries
       the same `custom.config_sha256`, and it is the signed SHA-256 of that version's
       `config.pbtxt` (so a config swapped in without re-signing is caught twice: here, and by
@@ -52,6 +54,7 @@ from model_cache import CacheError
 from model_cache.layout import validate_model_name, validate_relpath, validate_version
 from model_cache.manifest import Manifest, ManifestEntry
 from sync.errors import SyncConfigError, UnsafeTargetError
+from sync.model_signature import SIGNATURE_NAME
 
 CONFIG_NAME = "config.pbtxt"
 WILDCARD = "*"
@@ -88,12 +91,19 @@ class SignedVersion:
     model: str
     version: int
     config_sha256: str
-    files: tuple[SignedFile, ...]
+    files: tuple[SignedFile, ...]  # what the cache installs (the OMS bundle is not one of them)
+    signature: SignedFile | None = None  # the OMS bundle (`model.sig`), when one was published
 
     @property
     def total_bytes(self) -> int:
-        """Sum of the files' signed lengths."""
-        return sum(f.target.length for f in self.files)
+        """Sum of the files' signed lengths (with the OMS bundle)."""
+        bundle = self.signature.target.length if self.signature is not None else 0
+        return sum(f.target.length for f in self.files) + bundle
+
+    @property
+    def downloads(self) -> tuple[SignedFile, ...]:
+        """Every target to download: the files, then the OMS bundle if there is one."""
+        return self.files + ((self.signature,) if self.signature is not None else ())
 
     @property
     def manifest_digest(self) -> str:
@@ -217,8 +227,14 @@ def group_targets(targets: Mapping[str, TargetFile]) -> dict[tuple[str, int], Si
                 model=model,
                 version=version,
             )
-        files = tuple(sorted((f for f, _c in items), key=lambda f: (f.rel != CONFIG_NAME, f.rel)))
-        result[(model, version)] = SignedVersion(model, version, signed_config, files)
+        bundle = next((f for f, _c in items if f.rel == SIGNATURE_NAME), None)
+        files = tuple(
+            sorted(
+                (f for f, _c in items if f.rel != SIGNATURE_NAME),
+                key=lambda f: (f.rel != CONFIG_NAME, f.rel),
+            )
+        )
+        result[(model, version)] = SignedVersion(model, version, signed_config, files, bundle)
     return result
 
 
@@ -351,10 +367,12 @@ def _split(path: str) -> tuple[str, int, str]:
             or any(s in ("", ".", "..") for s in path.split("/"))
         ):
             raise ValueError("empty, '.' or '..' segment, backslash or absolute path")
-        if rel != CONFIG_NAME:
+        if rel not in (CONFIG_NAME, SIGNATURE_NAME):
             validate_relpath(rel)
             if not rel.startswith(f"{version}/"):
-                raise ValueError(f"not {CONFIG_NAME} and not inside {version}/")
+                raise ValueError(
+                    f"not {CONFIG_NAME}, not {SIGNATURE_NAME} and not inside {version}/"
+                )
     except (CacheError, ValueError) as exc:
         message = exc.message if isinstance(exc, CacheError) else str(exc)
         raise UnsafeTargetError(f"unsafe target path {path!r}: {message}", path=path) from None
@@ -362,7 +380,7 @@ def _split(path: str) -> tuple[str, int, str]:
 
 
 def _parents(rel: str) -> list[str]:
-    if rel == CONFIG_NAME:
+    if rel in (CONFIG_NAME, SIGNATURE_NAME):
         return []
     parts = posixpath.dirname(rel).split("/")
     return ["/".join(parts[: i + 1]) for i in range(len(parts))]

@@ -18,6 +18,12 @@ inside the Triton model folder (`resnet/2/config.pbtxt`, `resnet/2/2/model.onnx`
 carries `custom = {"model", "version", "config_sha256"}`; devices check these against the path
 and against the signed config file (`sync/policy.py`).
 
+Model signatures (OpenSSF Model Signing, `sync/model_signature.py`): a `model.sig` bundle at the
+top of the source folder is published as the target `MODEL/VERSION/model.sig`, and every target's
+custom fields get `model_signature = {"signer", "bundle_sha256", "verified_by_publisher"}`. With
+the signers' public keys, the bundle is verified against the version's files before anything is
+uploaded; `require_signature` refuses a folder without one.
+
 What a device could not load should not be signed: `publish` takes a `ModelCheck`, a callable
 that validates the folder as the agent would load it (config, name, model files). This package
 never imports the agent, so the agent's command line passes its check in
@@ -61,6 +67,13 @@ from sync.keys import (
     read_root,
     sign_role,
     utc_now,
+)
+from sync.model_signature import (
+    SIGNATURE_NAME,
+    TrustedSigner,
+    bundle_signer,
+    trusted_for,
+    verify_signature,
 )
 from sync.quantize_fields import publish_custom_fields
 from sync.store import ObjectStore
@@ -134,6 +147,8 @@ class Publisher:
         quantize_report: Path | None = None,
         *,
         check: ModelCheck | None = None,
+        require_signature: bool = False,
+        signers: Sequence[TrustedSigner] = (),
     ) -> PublishReport:
         """Upload a model version's files and sign targets, snapshot and timestamp.
 
@@ -144,11 +159,16 @@ class Publisher:
             quantize_report: An `edge-agent quantize` report whose figures (and digest) are
                 signed into every target's custom fields.
             check: Validates the folder before anything is uploaded (see `ModelCheck`).
+            require_signature: Refuse a folder without a valid OMS signature (`model.sig`).
+            signers: Public keys trusted to sign models (per name pattern): a `model.sig` found
+                is verified against them and the version's files; without any, its claimed
+                signer is recorded as not verified (and `require_signature` is refused).
 
         Raises:
             PublishError: A bad source folder, an empty directory (it cannot be a target), a
-                folder the check refuses, the version already published with other content,
-                too few keys, or a failed upload.
+                folder the check refuses, a missing, invalid or untrusted model signature
+                (see above), the version already published with other content, too few keys,
+                or a failed upload.
 
         Returns:
             What was published (`unchanged` when the same content was published already).
@@ -181,11 +201,22 @@ class Publisher:
                     f"quantize report {quantize_report}: {exc}", model=model
                 ) from None
         new = {}
+        digests = {}  # path in the model folder → SHA-256, as the OMS statement lists them
         for item in tree.files:
             path = f"{model}/{version}/{item.path}"
             info = TargetFile.from_file(path, str(item.source), ["sha256"])
-            info.unrecognized_fields = {"custom": dict(custom)}
             new[path] = (info, item.source)
+            digests[item.path] = info.hashes["sha256"]
+        bundle_path = Path(source_dir) / SIGNATURE_NAME
+        signature = _signature_fields(
+            model, bundle_path, digests, require=require_signature, signers=signers
+        )
+        if signature is not None:
+            custom["model_signature"] = signature
+            path = f"{model}/{version}/{SIGNATURE_NAME}"
+            new[path] = (TargetFile.from_file(path, str(bundle_path), ["sha256"]), bundle_path)
+        for info, _src in new.values():
+            info.unrecognized_fields = {"custom": dict(custom)}
         targets_md = self._load("targets", Targets)
         prefix = f"{model}/{version}/"
         old = {p: t for p, t in targets_md.signed.targets.items() if p.startswith(prefix)}
@@ -314,6 +345,51 @@ class Publisher:
             path = Path(tmp) / "object"
             path.write_bytes(data)
             self._store.put(key, path)
+
+
+def _signature_fields(
+    model: str,
+    bundle_path: Path,
+    digests: dict[str, str],
+    *,
+    require: bool,
+    signers: Sequence[TrustedSigner],
+) -> dict[str, Any] | None:
+    """The `model_signature` custom field for a folder's `model.sig`, or None without one."""
+    if require and not signers:
+        raise PublishError(
+            "requiring a model signature needs the signers' public keys (--model-signer KEY)"
+        )
+    try:
+        bundle = bundle_path.read_bytes()
+    except FileNotFoundError:
+        if require:
+            raise PublishError(
+                f"no model signature: {bundle_path} is missing (sign the folder with "
+                "`edge-agent sign-model`)",
+                model=model,
+            ) from None
+        return None
+    except OSError as exc:
+        raise PublishError(f"cannot read {bundle_path}: {exc.strerror}", model=model) from None
+    if not signers:
+        try:
+            claimed = bundle_signer(bundle)
+        except ValueError as exc:
+            raise PublishError(f"{bundle_path}: {exc}", model=model) from None
+        return {
+            "signer": claimed,
+            "bundle_sha256": hashlib.sha256(bundle).hexdigest(),
+            "verified_by_publisher": False,
+        }
+    verdict = verify_signature(model, bundle, digests, trusted_for(model, signers))
+    if not verdict.ok:
+        raise PublishError(f"model signature refused: {verdict.reason}", model=model)
+    return {
+        "signer": verdict.signer,
+        "bundle_sha256": verdict.bundle_sha256,
+        "verified_by_publisher": True,
+    }
 
 
 def _meta(version: int, data: bytes) -> MetaFile:

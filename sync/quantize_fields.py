@@ -57,5 +57,10 @@ def publish_custom_fields(report_path: Path) -> dict[str, Any]:
         for k in ("method", "per_channel", "samples", "target")
         if isinstance(calibration, dict) and k in calibration
     }
+    source = body.get("fp32_model_sha256", "")
+    if source:  # the FP32 model the figures were measured against (its signed target's digest)
+        if not (isinstance(source, str) and len(source) == 64):
+            raise ValueError(f"{report_path}: fp32_model_sha256 is not a SHA-256")
+        fields["fp32_model_sha256"] = source
     fields["report_sha256"] = hashlib.sha256(report_path.read_bytes()).hexdigest()
     return {"quantization": fields}

@@ -62,6 +62,13 @@ def decode_infer_request(
         shared_memory_ref(_parameters(t.parameters), f"input '{t.name}'") for t in request.inputs
     ]
     in_band = sum(ref is None for ref in refs)
+    if raw:
+        for tensor, ref in zip(request.inputs, refs, strict=True):
+            if ref is None and tensor.HasField("contents"):
+                raise InvalidInputError(  # Triton's words
+                    "contents field must not be specified when using raw_input_contents for "
+                    f"'{tensor.name}' for model '{request.model_name}'"
+                )
     if raw and len(raw) != in_band:
         raise InvalidInputError(
             f"raw_input_contents has {len(raw)} buffers for {in_band} inputs not in shared "
@@ -93,12 +100,7 @@ def decode_infer_request(
             empty = np.empty(0, dtype=datatypes.BY_KSERVE[tensor.datatype].numpy)
             inputs.append(InferInput(tensor.name, tensor.datatype, shape, empty, ref))
             continue
-        if raw:
-            if tensor.HasField("contents"):  # Triton refuses this too, rather than pick one
-                raise InvalidInputError(
-                    f"input '{tensor.name}': contents must not be given when the request "
-                    "uses raw_input_contents"
-                )
+        if raw:  # (contents beside raw_input_contents were refused above, as Triton does)
             try:
                 data = tensor_from_bytes(raw[index], tensor.datatype, shape)
             except InvalidInputError as exc:

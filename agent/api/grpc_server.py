@@ -7,6 +7,7 @@ Thin like the HTTP handlers: decode with `agent.api.grpc_codec`, call the shared
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import errno
 import json
@@ -19,8 +20,17 @@ import grpc
 from google.protobuf import json_format
 
 from agent.api import grpc_codec
+from agent.api.access import (
+    ApiAccess,
+    RestrictedApiError,
+    grpc_endpoint,
+    require_local_registrant,
+)
 from agent.api.http_limits import ClientTimeoutError, ConnectionLimits
+from agent.api.model_load import ModelLoadFailedError, invalid_override, load_model
+from agent.api.tls import ServerTls, TlsError
 from agent.errors import (
+    AccessDeniedError,
     AgentError,
     BackendError,
     CacheCommitError,
@@ -29,15 +39,20 @@ from agent.errors import (
     InvalidInputError,
     MemoryBudgetError,
     ModelConfigError,
+    ModelControlDisabledError,
     ModelControlError,
     ModelInstanceFailedError,
     ModelLoadError,
     ModelNotFoundError,
     ModelNotReadyError,
+    NoReadyVersionError,
     OverloadedError,
     PayloadTooLargeError,
+    RegionExistsError,
+    RepositoryPollError,
     RequestTimeoutError,
     SharedMemoryNotFoundError,
+    UnsupportedError,
     lookup,
 )
 from agent.models.pushed import FILE_PREFIX
@@ -52,22 +67,34 @@ STATUS_FOR_ERROR: dict[type[AgentError], grpc.StatusCode] = {
     InvalidInputError: grpc.StatusCode.INVALID_ARGUMENT,
     ModelConfigError: grpc.StatusCode.INVALID_ARGUMENT,
     ModelControlError: grpc.StatusCode.FAILED_PRECONDITION,
+    ModelLoadFailedError: grpc.StatusCode.INVALID_ARGUMENT,
     ModelNotFoundError: grpc.StatusCode.NOT_FOUND,
+    AccessDeniedError: grpc.StatusCode.PERMISSION_DENIED,
+    RestrictedApiError: grpc.StatusCode.UNAVAILABLE,  # Triton's answer to a restricted protocol
+    NoReadyVersionError: grpc.StatusCode.NOT_FOUND,
     SharedMemoryNotFoundError: grpc.StatusCode.NOT_FOUND,
     ConflictError: grpc.StatusCode.ALREADY_EXISTS,
+    RegionExistsError: grpc.StatusCode.ALREADY_EXISTS,
     ClientTimeoutError: grpc.StatusCode.DEADLINE_EXCEEDED,
     PayloadTooLargeError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ModelNotReadyError: grpc.StatusCode.UNAVAILABLE,
+    ModelControlDisabledError: grpc.StatusCode.UNAVAILABLE,
     OverloadedError: grpc.StatusCode.UNAVAILABLE,
     RequestTimeoutError: grpc.StatusCode.UNAVAILABLE,
     BackendError: grpc.StatusCode.INTERNAL,
     ModelInstanceFailedError: grpc.StatusCode.INTERNAL,
     CacheCommitError: grpc.StatusCode.INTERNAL,
     ModelLoadError: grpc.StatusCode.INTERNAL,
+    RepositoryPollError: grpc.StatusCode.INTERNAL,
     MemoryBudgetError: grpc.StatusCode.INTERNAL,
     InternalError: grpc.StatusCode.INTERNAL,
+    UnsupportedError: grpc.StatusCode.UNIMPLEMENTED,
+    TlsError: grpc.StatusCode.INTERNAL,
     AgentError: grpc.StatusCode.INTERNAL,
 }
+
+# Triton's answer to ModelInfer on a decoupled model (UNIMPLEMENTED).
+_REFUSAL = "ModelInfer RPC doesn't support models with decoupled transaction policy"
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
@@ -97,7 +124,8 @@ def _mapped(
             if not isinstance(exc, AgentError):
                 logger.exception("gRPC %s failed", handler.__name__)
             error = InternalError.wrap(exc)
-            await context.abort(status_for(error), error.message)
+            # no path of the device in what the client reads
+            await context.abort(status_for(error), self._dp.scrub(error.message))
             raise  # abort raises; this keeps type checkers satisfied
 
     return wrapper
@@ -153,19 +181,76 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         request_iterator: AsyncIterator[pb.ModelInferRequest],
         context: grpc.aio.ServicerContext[pb.ModelInferRequest, pb.ModelStreamInferResponse],
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """One response per request; an error goes back as error_message, the stream goes on."""
+        """Every response of every request on the stream, requests served concurrently.
+
+        Each response carries Triton's `triton_final_response` parameter; a decoupled model's
+        final flag without a response is sent as an empty response only when the request set
+        `triton_enable_empty_final_response`. An error goes back as error_message and the stream
+        goes on. When the client cancels the stream (or goes away), its requests are cancelled.
+        """
         _call.set(context)
-        async for request in request_iterator:
+        out: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        running: set[asyncio.Task[None]] = set()
+
+        async def serve(request: pb.ModelInferRequest) -> None:
+            async for message in self._stream_one(request):
+                out.put_nowait(message)
+
+        async def read() -> None:
             try:
-                response = await self._infer(request)
-            except AgentError as exc:
-                yield pb.ModelStreamInferResponse(error_message=exc.message)
-                continue
-            except Exception as exc:
-                logger.exception("gRPC ModelStreamInfer failed")
-                yield pb.ModelStreamInferResponse(error_message=InternalError.wrap(exc).message)
-                continue
-            yield pb.ModelStreamInferResponse(infer_response=response)
+                # Tasks start in arrival order and reach their model's queue without waiting,
+                # so requests that share a queue keep the stream's order.
+                async for request in request_iterator:
+                    task = asyncio.ensure_future(serve(request))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                while running:  # the client half-closed: finish what it asked for
+                    await asyncio.wait(set(running))
+            finally:
+                out.put_nowait(None)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while (message := await out.get()) is not None:
+                yield message
+            await reader  # a broken request iterator surfaces here
+        finally:
+            reader.cancel()
+            for task in list(running):
+                task.cancel()  # closes each request's response iterator: the model sees it
+
+    async def _stream_one(
+        self, request: pb.ModelInferRequest
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """The stream messages of one request (errors as error_message)."""
+        empty_final = _bool_parameter(request, "triton_enable_empty_final_response")
+        version = request.model_version or None
+        try:
+            infer_request = grpc_codec.decode_infer_request(request, limits=self._limits)
+            async for item in self._dp.infer_stream(request.model_name, version, infer_request):
+                if item.error is not None:
+                    yield pb.ModelStreamInferResponse(
+                        error_message=self._dp.scrub(item.error.message)
+                    )
+                    continue
+                if item.response is None:
+                    if not (item.final and empty_final):
+                        continue
+                    message = pb.ModelInferResponse(
+                        model_name=request.model_name,
+                        model_version=request.model_version,
+                        id=request.id,
+                    )
+                else:
+                    message = grpc_codec.encode_infer_response(item.response, infer_request)
+                message.parameters["triton_final_response"].bool_param = item.final
+                yield pb.ModelStreamInferResponse(infer_response=message)
+        except AgentError as exc:
+            yield pb.ModelStreamInferResponse(error_message=self._dp.scrub(exc.message))
+        except Exception as exc:
+            logger.exception("gRPC ModelStreamInfer failed")
+            text = self._dp.scrub(InternalError.wrap(exc).message)
+            yield pb.ModelStreamInferResponse(error_message=text)
 
     @_mapped
     async def ModelConfig(self, request: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
@@ -214,11 +299,13 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 try:
                     parsed = json.loads(param.string_param)
                 except ValueError as exc:
-                    raise InvalidInputError(
-                        f"parameter 'config' is not valid JSON: {exc}"
+                    raise invalid_override(
+                        request.model_name, f"parameter 'config' is not valid JSON: {exc}"
                     ) from None
                 if not isinstance(parsed, dict):
-                    raise InvalidInputError("parameter 'config' must be a JSON object")
+                    raise invalid_override(
+                        request.model_name, "parameter 'config' must be a JSON object"
+                    )
                 config = parsed
             elif key.startswith(FILE_PREFIX):
                 if kind != "bytes_param":
@@ -228,7 +315,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 files[key] = param.bytes_param
             else:
                 raise InvalidInputError(f"unrecognized load parameter '{key}'.")
-        await self._dp.load_model(request.model_name, config, files)
+        await load_model(self._dp, request.model_name, config, files)
         return pb.RepositoryModelLoadResponse()
 
     @_mapped
@@ -258,6 +345,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def SystemSharedMemoryRegister(
         self, request: pb.SystemSharedMemoryRegisterRequest
     ) -> pb.SystemSharedMemoryRegisterResponse:
+        call = _call.get(None)
+        require_local_registrant(call.peer() if call is not None else None)
         self._dp.shared_memory.register(
             request.name, request.key, request.offset, request.byte_size
         )
@@ -272,6 +361,41 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         else:
             self._dp.shared_memory.unregister_all()
         return pb.SystemSharedMemoryUnregisterResponse()
+
+    # CUDA shared memory: device memory where CUDA is, else Triton's no-GPU answers ------------
+
+    @_mapped
+    async def CudaSharedMemoryStatus(
+        self, request: pb.CudaSharedMemoryStatusRequest
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        response = pb.CudaSharedMemoryStatusResponse()
+        for region in self._dp.cuda_shared_memory.status(request.name or None):
+            response.regions[region.name].CopyFrom(
+                pb.CudaSharedMemoryStatusResponse.RegionStatus(
+                    name=region.name, device_id=region.device_id, byte_size=region.byte_size
+                )
+            )
+        return response
+
+    @_mapped
+    async def CudaSharedMemoryRegister(
+        self, request: pb.CudaSharedMemoryRegisterRequest
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        call = _call.get(None)
+        require_local_registrant(call.peer() if call is not None else None)
+        self._dp.cuda_shared_memory.register(
+            request.name, request.raw_handle, request.device_id, request.byte_size
+        )
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    @_mapped
+    async def CudaSharedMemoryUnregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        self._dp.cuda_shared_memory.unregister(request.name or None)
+        return pb.CudaSharedMemoryUnregisterResponse()
+
+    # ------------------------------------------------------------------------------------------
 
     @_mapped
     async def TraceSetting(self, request: pb.TraceSettingRequest) -> pb.TraceSettingResponse:
@@ -289,7 +413,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             return await self._infer_traced(request)
         infer_request = grpc_codec.decode_infer_request(request, limits=self._limits)
         response = await self._dp.infer(
-            request.model_name, request.model_version or None, infer_request
+            request.model_name, request.model_version or None, infer_request, refusal=_REFUSAL
         )
         return grpc_codec.encode_infer_response(response, infer_request)
 
@@ -300,7 +424,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         infer_request = grpc_codec.decode_infer_request(request, limits=self._limits)
         version = request.model_version or None
         if trace is None:
-            response = await self._dp.infer(request.model_name, version, infer_request)
+            response = await self._dp.infer(
+                request.model_name, version, infer_request, refusal=_REFUSAL
+            )
             return grpc_codec.encode_infer_response(response, infer_request)
         trace.stamp("GRPC_WAITREAD_END", read)
         call = _call.get(None)
@@ -308,13 +434,67 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             metadata = call.invocation_metadata() or ()
             trace.propagate({str(k): v for k, v in metadata if isinstance(v, str)})
         try:
-            response = await self._dp.infer(request.model_name, version, infer_request, trace)
+            response = await self._dp.infer(
+                request.model_name, version, infer_request, trace, refusal=_REFUSAL
+            )
             trace.stamp("GRPC_SEND_START")
             message = grpc_codec.encode_infer_response(response, infer_request)
             trace.stamp("GRPC_SEND_END")
             return message
         finally:
             self._dp.tracer.finish(trace)
+
+
+def _bool_parameter(request: pb.ModelInferRequest, key: str) -> bool:
+    param = request.parameters.get(key)
+    return (
+        param is not None
+        and param.WhichOneof("parameter_choice") == "bool_param"
+        and (param.bool_param)
+    )
+
+
+class _RestrictionInterceptor(grpc.aio.ServerInterceptor):
+    """Refuses calls to a restricted protocol group without its metadata (`agent.api.access`)."""
+
+    def __init__(self, access: ApiAccess) -> None:
+        self._access = access
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
+        ],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        pairs = details.invocation_metadata or ()
+        metadata = {str(k).lower(): v for k, v in pairs if isinstance(v, str)}
+        refusal = self._access.grpc.refusal(grpc_endpoint(details.method), metadata)
+        handler = await continuation(details)
+        if refusal is None or handler is None:
+            return handler
+        return _refusing(handler, refusal)
+
+
+def _refusing(
+    handler: grpc.RpcMethodHandler[Any, Any], message: str
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """A handler of the same shape that answers Triton's refusal without running the method."""
+
+    async def refuse(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        await context.abort(status_for(RestrictedApiError(message)), message)
+
+    codec = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(refuse, **codec)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(refuse, **codec)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(refuse, **codec)
+    return grpc.unary_unary_rpc_method_handler(refuse, **codec)
 
 
 async def start_grpc_server(
@@ -325,25 +505,35 @@ async def start_grpc_server(
     max_message_bytes: int,
     tensor_limits: TensorLimits | None = None,
     connection_limits: ConnectionLimits | None = None,
+    access: ApiAccess | None = None,
+    tls: ServerTls | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """Start the gRPC server; returns it and the bound port (useful with port 0).
+
+    `access`: Triton's restricted protocol groups (`access.grpc`); `tls`: serve TLS (mutual TLS
+    when it has a client CA), its certificate reloaded in place.
 
     Raises:
         OSError: the port cannot be bound.
     """
     server = grpc.aio.server(
+        interceptors=[_RestrictionInterceptor(access)] if access is not None else None,
         options=[
             # A message over the limit is refused (RESOURCE_EXHAUSTED) from its length prefix.
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
             *_connection_options(connection_limits or ConnectionLimits()),
-        ]
+        ],
     )
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(  # type: ignore[no-untyped-call]
         InferenceService(dataplane, tensor_limits), server
     )
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        address = f"{host}:{port}"
+        if tls is None:
+            bound = server.add_insecure_port(address)
+        else:
+            bound = server.add_secure_port(address, tls.grpc_credentials())
     except RuntimeError:  # grpcio >= 1.60 raises where older versions returned port 0
         bound = 0
     if bound == 0:

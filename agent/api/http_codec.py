@@ -360,7 +360,12 @@ def _tensor_from_json(
         if not all(isinstance(v, str | bytes) for v in flat):
             raise InvalidInputError(f"input '{name}': BYTES data must be strings")
         arr = np.empty(len(flat), dtype=np.object_)
-        arr[:] = [v.encode() if isinstance(v, str) else v for v in flat]
+        try:
+            arr[:] = [v.encode() if isinstance(v, str) else v for v in flat]
+        except UnicodeEncodeError:  # JSON text can carry lone surrogates ("\ud800")
+            raise InvalidInputError(
+                f"input '{name}': BYTES data must be valid Unicode (a lone surrogate is not)"
+            ) from None
     else:
         dtype = datatypes.BY_KSERVE[datatype].numpy
         if datatype == "BOOL":
@@ -448,3 +453,23 @@ def _decode_outputs(raw: object) -> tuple[RequestedOutput, ...] | None:
         shm = shared_memory_ref(params, f"output '{item['name']}'")
         result.append(RequestedOutput(item["name"], binary, shm))
     return tuple(result)
+
+
+def tensor_from_json(
+    values: object, datatype: str, shape: tuple[int, ...], name: str
+) -> np.ndarray:
+    """JSON values (nested or flat) as an array of `datatype` and `shape`.
+
+    Raises:
+        InvalidInputError: values of the wrong kind or count.
+    """
+    return _tensor_from_json(values, datatype, shape, name)
+
+
+def tensor_to_json(data: np.ndarray, datatype: str, name: str) -> list[Any]:
+    """An array as a flat JSON list (BYTES as text).
+
+    Raises:
+        InvalidInputError: a BYTES element is not UTF-8.
+    """
+    return _tensor_to_json(data, datatype, name)

@@ -30,7 +30,7 @@ from typing import Any, cast
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from agent.errors import AgentError, PayloadTooLargeError
+from agent.errors import AgentError, InvalidInputError, PayloadTooLargeError
 
 logger = logging.getLogger(__name__)
 
@@ -213,6 +213,7 @@ def body_middleware(max_bytes: int, body_timeout_s: float) -> Middleware:
     Raises (to the error middleware):
         PayloadTooLargeError: the declared Content-Length is over `max_bytes` (nothing read).
         ClientTimeoutError: the body did not arrive in time.
+        InvalidInputError: the body cannot be read as sent (see `read_body`).
     """
 
     @web.middleware
@@ -225,11 +226,11 @@ def body_middleware(max_bytes: int, body_timeout_s: float) -> Middleware:
                     "(server.max_request_bytes)"
                 )
             if request.content.is_eof():  # all arrived with the headers: no timer needed
-                await request.read()  # aiohttp keeps the body: the handler's read() returns it
+                await read_body(request)  # aiohttp keeps the body: the handler's read() returns it
                 return await handler(request)
             started = time.monotonic()
             try:
-                await asyncio.wait_for(request.read(), body_timeout_s)
+                await asyncio.wait_for(read_body(request), body_timeout_s)
             except asyncio.TimeoutError:  # TimeoutError from 3.11 on
                 raise ClientTimeoutError(
                     f"request body not received within {time.monotonic() - started:.1f} s "
@@ -238,6 +239,20 @@ def body_middleware(max_bytes: int, body_timeout_s: float) -> Middleware:
         return await handler(request)
 
     return middleware
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The request body; one that cannot be read as sent (a bad gzip or deflate stream, a body
+    cut short) is the client's error, not the agent's.
+
+    Raises:
+        InvalidInputError: aiohttp could not read or decode the body.
+    """
+    try:
+        return await request.read()
+    except web.RequestPayloadError as exc:
+        reason = " ".join(str(exc).split()).removeprefix("400, message: ")
+        raise InvalidInputError(f"could not read the request body: {reason}") from None
 
 
 def must_close(error: BaseException) -> bool:

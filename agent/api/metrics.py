@@ -22,12 +22,18 @@ Python models' custom metrics (`pb_utils.MetricFamily`, `agent.backends.custom_m
 family under its own name and description, counters untyped like the ones above.
 Host-wide: nv_cpu_utilization, nv_cpu_memory_total_bytes, nv_cpu_memory_used_bytes, and, with a
 `MemorySource`, edge_agent_memory_budget_bytes and edge_agent_memory_used_bytes. With a
+`GpuReader` (NVML, or tegrastats on Jetson; `agent.device.gpu`), per GPU (label
+`gpu_uuid`): nv_gpu_utilization (0.0 to 1.0), nv_gpu_memory_total_bytes,
+nv_gpu_memory_used_bytes, nv_gpu_power_usage and nv_gpu_power_limit (watts), and
+nv_energy_consumption (joules since the agent started; untyped, as the counters); a figure the
+GPU does not report is left out for that GPU. With a
 `CanarySource`, edge_agent_canary_share{model,version}: each running canary's share of the
 model's unversioned traffic, for the candidate and the baseline.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Final, Protocol
@@ -38,6 +44,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric, UnknownMetricFamily
 
 from agent.backends.custom_metrics import FamilySnapshot
+from agent.device.gpu import GpuReader, GpuReading
 from agent.scheduling.statistics import (
     Duration,
     InferStat,
@@ -129,11 +136,13 @@ class TritonCollector:
         memory: MemorySource | None,
         host: HostProbe,
         canary: CanarySource | None = None,
+        gpu: GpuReader | None = None,
     ) -> None:
         self._stats = stats
         self._memory = memory
         self._host = host
         self._canary = canary
+        self._gpu = gpu
 
     def describe(self) -> Iterable[Metric]:
         """No fixed description: the families depend on the models loaded at scrape time."""
@@ -144,6 +153,8 @@ class TritonCollector:
         snaps = [m.snapshot() for m in self._stats.all()]
         yield from _model_families(snaps)
         yield from self._host_families()
+        if self._gpu is not None:
+            yield from _gpu_families(self._gpu.read())
         yield from _custom_families(self._stats.custom_metrics.snapshot())
         if self._canary is not None:
             family = GaugeMetricFamily(
@@ -179,6 +190,45 @@ class TritonCollector:
                 "Memory the agent's loaded models use, in bytes",
                 value=self._memory.used_bytes(),
             )
+
+
+# Triton's GPU families: name, help text, the figure, untyped (a counter) or gauge.
+_GPU_FAMILIES: Final[tuple[tuple[str, str, Callable[[GpuReading], float | None], bool], ...]] = (
+    ("nv_gpu_utilization", "GPU utilization rate [0.0 - 1.0)", lambda g: g.utilization, False),
+    (
+        "nv_gpu_memory_total_bytes",
+        "GPU total memory, in bytes",
+        lambda g: g.memory_total_bytes,
+        False,
+    ),
+    ("nv_gpu_memory_used_bytes", "GPU used memory, in bytes", lambda g: g.memory_used_bytes, False),
+    ("nv_gpu_power_usage", "GPU power usage in watts", lambda g: g.power_w, False),
+    ("nv_gpu_power_limit", "GPU power management limit in watts", lambda g: g.power_limit_w, False),
+    (
+        "nv_energy_consumption",
+        "GPU energy consumption in joules since the agent started",
+        lambda g: g.energy_j,
+        True,
+    ),
+)
+
+
+def _gpu_families(readings: list[GpuReading]) -> Iterator[Metric]:
+    """Triton's GPU metrics, one sample per GPU that reports the figure."""
+    if not readings:
+        return
+    for name, doc, figure, counter in _GPU_FAMILIES:
+        family: Metric = (
+            UnknownMetricFamily(name, doc, labels=("gpu_uuid",))
+            if counter
+            else GaugeMetricFamily(name, doc, labels=("gpu_uuid",))
+        )
+        for reading in readings:
+            value = figure(reading)
+            if value is not None:
+                family.add_sample(name, {"gpu_uuid": reading.uuid}, float(value))
+        if family.samples:
+            yield family
 
 
 def _custom_families(families: list[FamilySnapshot]) -> Iterator[Metric]:
@@ -322,6 +372,7 @@ def build_registry(
     *,
     host: HostProbe | None = None,
     canary: CanarySource | None = None,
+    gpu: GpuReader | None = None,
 ) -> CollectorRegistry:
     """A new registry exposing Triton's metrics for `stats` (never the global default one).
 
@@ -331,9 +382,11 @@ def build_registry(
             gauges.
         host: where CPU and RAM figures come from; psutil unless a test passes a fake.
         canary: running canaries, or None to leave out `edge_agent_canary_share`.
+        gpu: where GPU figures come from (read on each scrape: pass a `CachedGpuReader`), or
+            None to leave out the `nv_gpu_*` families.
     """
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(TritonCollector(stats, memory, host or PsutilHostProbe(), canary))
+    registry.register(TritonCollector(stats, memory, host or PsutilHostProbe(), canary, gpu))
     return registry
 
 
@@ -354,5 +407,6 @@ def create_metrics_app(registry: CollectorRegistry) -> web.Application:
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    body, content_type = render(request.app[METRICS_REGISTRY])
+    # Off the event loop: a scrape may read the GPU (NVML, or tegrastats for up to a second).
+    body, content_type = await asyncio.to_thread(render, request.app[METRICS_REGISTRY])
     return web.Response(body=body, headers={"Content-Type": content_type})

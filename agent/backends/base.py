@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import numpy as np
 
+from agent.errors import AgentError
 from agent.tensors.datatypes import ModelTensor
 
 
@@ -36,4 +37,16 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Release the runtime's resources."""
+        ...
+
+
+class ResponseSink(Protocol):
+    """Where a decoupled backend puts one request's responses (from any thread)."""
+
+    def put(self, outputs: list[np.ndarray] | None, error: AgentError | None, final: bool) -> None:
+        """One response (outputs, or an error) and/or the final flag (outputs None)."""
+        ...
+
+    def on_cancel(self, cancel: Callable[[], None]) -> None:
+        """Call `cancel` when the client cancels (at once if it already has)."""
         ...

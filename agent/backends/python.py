@@ -67,6 +67,7 @@ from agent.backends.python_config import (
     timeouts_from_config,
 )
 from agent.backends.python_process import Launcher, Worker, kill_worker, reap_worker
+from agent.backends.python_stream import DecoupledChannel, DecoupledRequest
 from agent.errors import (
     AgentError,
     BackendError,
@@ -134,6 +135,8 @@ class PythonBackend:
         self._closed = False
         self._workers: list[Worker] = []
         self._idle: queue.SimpleQueue[Worker] = queue.SimpleQueue()
+        self._channels: dict[int, DecoupledChannel] = {}  # decoupled models: per worker
+        self._request_ids = itertools.count(1)
         self._launcher = Launcher(f"{self.name}-{self.version}")
         try:
             # As Triton: the model's auto_complete_config runs before the config is final; the
@@ -144,6 +147,7 @@ class PythonBackend:
             self._inputs, self._outputs = tensors_from_config(config, self.name)
             self._declared = {t.name: t for t in self._outputs}
             self._batched = config.max_batch_size > 0
+            self.decoupled = config.model_transaction_policy.decoupled
             completed = complete_config(
                 config, self.name, self._inputs, self._outputs, auto_complete=True
             )
@@ -152,6 +156,8 @@ class PythonBackend:
             self.close()
             raise
         for worker in self._workers:
+            if self.decoupled:
+                self._channels[worker.index] = self._channel(worker)
             self._idle.put(worker)
 
     @property
@@ -228,17 +234,82 @@ class PythonBackend:
         finally:
             self._idle.put(worker)
 
+    def run_decoupled(self, requests: Sequence[DecoupledRequest]) -> None:
+        """Run the requests of one batch in ONE `execute` call of a decoupled model; returns
+        when `execute` returned (the instance is free again). Each request's responses go to its
+        sink as the model sends them, until its final flag, also after this returned; every
+        failure reaches the sinks as an error response with the final flag.
+
+        Raises:
+            ModelInstanceFailedError: the worker hung (and was killed) or died, now or before.
+        """
+        if self._failure is not None:
+            raise ModelInstanceFailedError(self._failure)
+        worker = self._idle.get()
+        try:
+            self._run_decoupled_on(worker, requests)
+        finally:
+            self._idle.put(worker)
+
+    def _run_decoupled_on(
+        self,
+        worker: Worker,
+        requests: Sequence[DecoupledRequest],
+    ) -> None:
+        channel = self._channels[worker.index]
+        ids = [next(self._request_ids) for _ in requests]
+        try:
+            reply = channel.execute(list(zip(ids, requests, strict=True)), self.timeouts.execute_s)
+        except TimeoutError:
+            kill_worker(worker)
+            self._fail(
+                f"python model '{self.name}' instance {worker.index} hung: no response within "
+                f"{self.timeouts.execute_s:g} s; worker killed"
+            )
+        except (EOFError, OSError, ipc.WireError):
+            self._fail(
+                f"python model '{self.name}' instance {worker.index} {self._exit_reason(worker)}"
+            )
+        if reply.kind == ipc.ERROR:
+            error = BackendError(
+                f"python model '{self.name}' execute failed: {reply.meta.get('message', '')}"
+            )
+            channel.fail_all(error, ids)
+
+    def _channel(self, worker: Worker) -> DecoupledChannel:
+        def side_message(message: ipc.Message) -> bool:
+            return self._side_message(worker, message)
+
+        def check(names: Sequence[str], returned: dict[str, np.ndarray]) -> list[np.ndarray]:
+            return [self._checked(n, returned.get(n), None) for n in names]
+
+        def exit_reason() -> str:
+            return f"python model '{self.name}' instance {worker.index} {self._exit_reason(worker)}"
+
+        return DecoupledChannel(
+            worker.conn, f"{self.name}-{worker.name}", side_message, check, exit_reason
+        )
+
+    def _send(self, worker: Worker, message: ipc.Message) -> None:
+        channel = self._channels.get(worker.index)
+        if channel is not None:
+            channel.send(message)
+        else:
+            ipc.send(worker.conn, message)
+
     def close(self) -> None:
         """Finalize every live worker (bounded), then end each process by PID. Idempotent."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+        for open_channel in self._channels.values():
+            open_channel.closing = True
         asked = []
         for worker in self._workers:
             if worker.ready and worker.process.poll() is None:
                 try:
-                    ipc.send(worker.conn, ipc.Message(ipc.FINALIZE))
+                    self._send(worker, ipc.Message(ipc.FINALIZE))
                     asked.append(worker)
                 except OSError:
                     pass
@@ -257,13 +328,18 @@ class PythonBackend:
                     extra={"model": self.name, "version": self.version},
                 )
         for worker in self._workers:
-            worker.conn.close()
+            channel = self._channels.get(worker.index)
+            if channel is None:
+                worker.conn.close()
             if self._custom_metrics is not None:  # its series go with it, as in Triton
                 self._custom_metrics.release(self._metrics_source(worker))
             if worker.index in finalized:
                 reap_worker(worker)  # it exits by itself after FINALIZED; SIGKILL if it lingers
             else:
                 kill_worker(worker)  # not initialized, stuck in finalize, or already gone
+            if channel is not None:  # its reader thread sees EOF now; then the pipe closes
+                channel.join()
+                worker.conn.close()
         self._launcher.stop()
 
     def _auto_complete(self, config: mc.ModelConfig) -> mc.ModelConfig:
@@ -315,6 +391,9 @@ class PythonBackend:
         Raises:
             TimeoutError, EOFError, OSError, ipc.WireError: as `ipc.receive`.
         """
+        channel = self._channels.get(worker.index)
+        if channel is not None:  # its reader thread has the pipe
+            return channel.receive(deadline)
         while True:
             message = self._receive_one(worker, deadline)
             if message is not None:
@@ -328,12 +407,16 @@ class PythonBackend:
             TimeoutError, EOFError, OSError, ipc.WireError: as `ipc.receive`.
         """
         message = ipc.receive(worker.conn, deadline)
+        return None if self._side_message(worker, message) else message
+
+    def _side_message(self, worker: Worker, message: ipc.Message) -> bool:
+        """Handle a LOG, METRICS or METRIC_VALUE message (True); any other is for the caller."""
         if message.kind == ipc.METRICS:
             self._apply_metrics(worker, message)
         elif message.kind == ipc.METRIC_VALUE:
             self._answer_metric_value(worker, message)
         elif message.kind != ipc.LOG:
-            return message
+            return False
         else:
             meta = message.meta
             logger.log(
@@ -346,7 +429,7 @@ class PythonBackend:
                 meta.get("message", ""),
                 extra={"model": self.name, "version": self.version},
             )
-        return None
+        return True
 
     def _metrics_source(self, worker: Worker) -> str:
         return f"{self.name}/{self.version}/{worker.name}/{worker.process.pid}"
@@ -372,7 +455,7 @@ class PythonBackend:
         if self._custom_metrics is not None and isinstance(labels, dict):
             value = self._custom_metrics.value(str(meta.get("family", "")), labels)
         reply = {"id": meta.get("id"), "value": value}
-        ipc.send(worker.conn, ipc.Message(ipc.METRIC_VALUE_RESULT, reply))
+        self._send(worker, ipc.Message(ipc.METRIC_VALUE_RESULT, reply))
 
     def _start_workers(self, config: mc.ModelConfig, model_dir: Path) -> None:
         config_json = json.dumps(config_to_json(config))

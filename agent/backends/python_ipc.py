@@ -62,12 +62,18 @@ BLS_RESULT = "bls_result"
 BLS_CANCEL = "bls_cancel"
 # agent → worker inside `execute`: meta {"requests": [index, ...]}: those requests of the batch
 # were cancelled (the client went away, or the BLS call that made them was cancelled);
-# `InferenceRequest.is_cancelled()` then answers True.
+# `InferenceRequest.is_cancelled()` then answers True. For a decoupled model, meta {"id"}: that
+# request (see RESPONSE), at any time until its final flag.
 CANCEL = "cancel"
 # worker → agent: meta {"id", "family", "labels"}: the agent's total of one custom metric (every
 # instance's share); the agent answers METRIC_VALUE_RESULT meta {"id", "value"} (None: unknown).
 METRIC_VALUE = "metric_value"
 METRIC_VALUE_RESULT = "metric_value_result"
+# Decoupled models (agent.backends.python_stream): EXECUTE's requests carry an "id" each; the
+# worker sends RESPONSE meta {"id", "final", "error"?}, tensors: the outputs, at any time (from
+# any thread, during or after `execute`), and RESULT meta {"responses": []} when `execute`
+# returned.
+RESPONSE = "response"
 
 MAX_HEADER_BYTES = 1 << 20
 

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import pb_metrics, pb_utils
-from agent.backends import python_bls
+from agent.backends import python_bls, python_decoupled
 from agent.backends import python_ipc as ipc
 from agent.backends.python_mailbox import Mailbox
 
@@ -91,8 +91,9 @@ def main(argv: list[str]) -> int:
     wire = _Wire(conn)
     pb_utils.set_log_sink(wire.log)
     running = _Running()
+    cancels = _Cancels(running)
     # One reader thread takes every message off the pipe as it arrives (python_mailbox says why).
-    mailbox = Mailbox(conn, on_cancel=running.cancel)
+    mailbox = Mailbox(conn, on_cancel=cancels.route)
     mailbox.start()
     ids = itertools.count(1)  # ids of calls to the agent (BLS, metric values)
     bls = python_bls.BlsClient(wire.send, mailbox, ids)
@@ -108,16 +109,21 @@ def main(argv: list[str]) -> int:
         model = _load(wire, init)
     if model is None:
         return 1
+    # Decoupled models answer through response senders (agent.backends.python_decoupled).
+    cancels.decoupled = _decoupled_runtime(wire, init)
     while True:
         try:
             message = mailbox.receive()
-        except EOFError:
+        except (EOFError, OSError, ipc.WireError):
             return 0  # the agent closed the pipe: no finalize, nothing to answer
         if message.kind == ipc.EXECUTE:
             bls.begin()
             try:
                 with totals.listening():
-                    answer = _execute(model, message, running)
+                    if cancels.decoupled is not None:
+                        answer = cancels.decoupled.execute(model, message)
+                    else:
+                        answer = _execute(model, message, running)
             finally:
                 bls.end()
                 running.end()
@@ -128,6 +134,20 @@ def main(argv: list[str]) -> int:
             return 0
         else:
             wire.send(_error(f"unexpected message {message.kind!r}"))
+
+
+def _decoupled_runtime(wire: _Wire, init: ipc.Message) -> python_decoupled.DecoupledRuntime | None:
+    args = dict(init.meta.get("args", {}))
+    try:
+        config = json.loads(str(args.get("model_config", "{}")))
+    except ValueError:
+        return None
+    if not isinstance(config, dict) or not pb_utils.using_decoupled_model_transaction_policy(
+        config
+    ):
+        return None
+    name = str(args.get("model_name", ""))
+    return python_decoupled.DecoupledRuntime(wire.send, name, _response_tensors, _run_coroutine)
 
 
 class _Running:
@@ -208,6 +228,20 @@ class _MetricTotals:
             return None
         value = reply.meta.get("value")
         return float(value) if isinstance(value, int | float) else None
+
+
+class _Cancels:
+    """Routes CANCEL (reader thread): a decoupled model's by request id, others by execute."""
+
+    def __init__(self, running: _Running) -> None:
+        self.running = running
+        self.decoupled: python_decoupled.DecoupledRuntime | None = None
+
+    def route(self, message: ipc.Message) -> None:
+        if self.decoupled is not None and "id" in message.meta:
+            self.decoupled.cancel(message)
+        else:
+            self.running.cancel(message)
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -306,6 +340,7 @@ def _execute(model: Any, message: ipc.Message, running: _Running) -> ipc.Message
         trace = pb_utils.InferenceTrace(index if isinstance(index, int) else None)
         outputs = [str(n) for n in item["outputs"]]
         requests.append(pb_utils.InferenceRequest(inputs, outputs, trace=trace))
+    sent = _response_slots(requests)
     seq = message.meta.get("seq")
     running.start(seq if isinstance(seq, int) else -1, requests)
     try:
@@ -315,6 +350,8 @@ def _execute(model: Any, message: ipc.Message, running: _Running) -> ipc.Message
     except Exception as exc:  # noqa: BLE001 - user code: report it, stay alive
         traceback.print_exc()
         return _error(_describe(exc), user=True)
+    if responses is None and any(sent):  # answered through response senders (Triton allows)
+        responses = [slot[0] if slot else None for slot in sent]
     if not isinstance(responses, list | tuple) or len(responses) != len(requests):
         return _error(
             f"execute must return a list of {len(requests)} InferenceResponse, "
@@ -331,6 +368,26 @@ def _execute(model: Any, message: ipc.Message, running: _Running) -> ipc.Message
             answers.append({"tensors": len(outcome)})
             tensors.extend(outcome)
     return ipc.Message(ipc.RESULT, {"responses": answers}, tensors)
+
+
+def _response_slots(requests: list[pb_utils.InferenceRequest]) -> list[list[Any]]:
+    """Give each request of a model that is not decoupled a response sender; what each sends
+    (one response at most, Triton's checks) lands in its slot."""
+    slots: list[list[Any]] = []
+    for request in requests:
+        slot: list[Any] = []
+        slots.append(slot)
+
+        def keep(
+            response: pb_utils.InferenceResponse | None, final: bool, to: list[Any] = slot
+        ) -> None:
+            if response is not None:
+                to.append(response)
+
+        request.set_response_sender(
+            pb_utils.InferenceResponseSender(keep, request.is_cancelled, decoupled=False)
+        )
+    return slots
 
 
 _loop: Any = None

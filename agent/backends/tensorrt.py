@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from agent.backends.cuda import cuda_check, cuda_runtime
+from agent.backends.tensorrt_api import ICudaEngine, IExecutionContext, TensorRT
 from agent.backends.tensorrt_build import import_tensorrt
 from agent.backends.tensorrt_config import complete_from_engine
 from agent.errors import BackendError, InvalidInputError, ModelConfigError, ModelLoadError
@@ -41,9 +42,18 @@ from agent.tensors import datatypes
 from agent.tensors.datatypes import ModelTensor
 
 
-def _numpy_dtype(trt: Any, dtype: Any) -> np.dtype[Any]:
+def _numpy_dtype(trt: TensorRT, dtype: Any) -> np.dtype[Any]:
     result: np.dtype[Any] = np.dtype(trt.nptype(dtype))
     return result
+
+
+def _activation_bytes(engine: ICudaEngine) -> int:
+    """The engine's activation memory: `device_memory_size_v2` (TensorRT 10.1 and later),
+    else `device_memory_size` (8.6 and 10.0; removed in 11)."""
+    size: int | None = getattr(engine, "device_memory_size_v2", None)
+    if size is None:
+        size = getattr(engine, "device_memory_size", 0)
+    return int(size or 0)
 
 
 class TensorRTBackend:
@@ -66,7 +76,7 @@ class TensorRTBackend:
                 for another GPU or TensorRT version.
             ModelConfigError: auto-complete refused the config (Triton's words).
         """
-        trt = import_tensorrt()
+        trt: TensorRT = import_tensorrt()
         self._cudart = cudart = cuda_runtime()
         if not path.is_file():
             raise ModelLoadError(f"engine file {path} not found")
@@ -77,16 +87,20 @@ class TensorRTBackend:
         try:
             cuda_check(cudart.cudaSetDevice(device), "cudaSetDevice")
             self._runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
-            self._engine = self._runtime.deserialize_cuda_engine(path.read_bytes())
-            if self._engine is None:
+            engine = self._runtime.deserialize_cuda_engine(path.read_bytes())
+            if engine is None:
                 raise ModelLoadError(
                     f"TensorRT {trt.__version__} cannot load {path}: built for another GPU or "
                     "TensorRT version, or not an engine; rebuild it (edge-agent build-engine)"
                 )
+            self._engine: ICudaEngine = engine
             if auto_complete:
-                config = complete_from_engine(config, self._engine, model_name or config.name)
+                config = complete_from_engine(config, engine, model_name or config.name)
             self.declared_config = config
-            self._context = self._engine.create_execution_context()
+            context = engine.create_execution_context()
+            if context is None:  # TensorRT could not allocate its activation memory
+                raise ModelLoadError(f"TensorRT cannot create an execution context for {path}")
+            self._context: IExecutionContext = context
             self._stream = cuda_check(cudart.cudaStreamCreate(), "cudaStreamCreate")
             self.max_batch = max(1, config.max_batch_size)
             self._inputs, self._outputs = self._io_tensors()
@@ -106,8 +120,7 @@ class TensorRTBackend:
         except (ModelLoadError, ModelConfigError):
             self.close()
             raise
-        engine_bytes = int(getattr(self._engine, "device_memory_size", 0))
-        self.device_memory_bytes = engine_bytes + io_bytes
+        self.device_memory_bytes = _activation_bytes(self._engine) + io_bytes
         self.providers = ("TensorRT",)
 
     def _names(self) -> list[str]:
@@ -180,7 +193,8 @@ class TensorRTBackend:
                     ),
                     "cudaMemcpyAsync",
                 )
-            if not self._context.execute_async_v3(self._stream):
+            # TensorRT takes the stream as an integer handle (cuda-python's cudaStream_t wraps it).
+            if not self._context.execute_async_v3(int(self._stream)):
                 raise BackendError("TensorRT execute_async_v3 failed")
             results = []
             for name in output_names:

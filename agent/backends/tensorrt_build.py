@@ -11,7 +11,19 @@ different key and builds its own engine: a wrong engine is never looked up, let 
     edge-agent build-engine MODEL_DIR [--version N] [--precision fp16|int8|fp32] ...
 
 INT8 builds use the QDQ model from `edge-agent quantize` (explicit quantization): the scales are
-in the graph, so no calibrator runs on the device.
+in the graph, so no calibrator runs on the device (implicit INT8 calibration, `int8_calibrator`,
+is deprecated since TensorRT 10.1 and removed in 11).
+
+Precision, by TensorRT version (docs/tensorrt.md):
+
+* TensorRT 10.x (JetPack 6 and 7, x86 hosts): FP16 sets `BuilderFlag.FP16`; INT8 sets
+  `BuilderFlag.INT8` and `FP16` on the QDQ model, so the layers without Q/DQ run in half
+  precision (weak typing: deprecated in late 10.x, still the faster engine there).
+* TensorRT 11 removed the weak-typing flags: every network is strongly typed, each layer runs in
+  the type the model gives it. INT8 (QDQ) and FP32 build as they are; FP16 is refused with what
+  to do (convert the model to FP16 first, then build it as fp32).
+The flags are found by name, so the choice follows the installed TensorRT, not its version
+string.
 """
 
 from __future__ import annotations
@@ -19,6 +31,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import hashlib
+import importlib
 import json
 import logging
 import os
@@ -31,6 +44,7 @@ from typing import Any
 from google.protobuf import text_format
 
 from agent.backends.cuda import cuda_check, cuda_runtime
+from agent.backends.tensorrt_api import IBuilderConfig, TensorRT
 from agent.errors import ModelLoadError
 from agent.proto import model_config_pb2 as mc
 from model_cache.atomic import atomic_write_bytes
@@ -107,17 +121,17 @@ def engine_cache_dir(cache_root: Path) -> Path:
     return cache_root / ENGINES_DIR
 
 
-def import_tensorrt() -> Any:
-    """The `tensorrt` module.
+def import_tensorrt() -> TensorRT:
+    """The `tensorrt` module, typed by `agent.backends.tensorrt_api.TensorRT`.
 
     Raises:
         ModelLoadError: TensorRT is not installed (the model becomes UNAVAILABLE with this text).
     """
     try:
-        import tensorrt  # type: ignore[import-not-found]  # noqa: PLC0415 - optional, GPU only
+        module: TensorRT = importlib.import_module("tensorrt")  # optional: the `gpu` extra
     except ImportError as exc:
         raise ModelLoadError(f"TensorRT is not installed on this device: {exc}") from None
-    return tensorrt
+    return module
 
 
 def compute_capability(device: int = 0) -> str:
@@ -143,34 +157,57 @@ def compute_capability(device: int = 0) -> str:
     return f"{major}.{minor}"
 
 
-def build_engine(onnx_path: Path, spec: EngineSpec, trt: Any | None = None) -> bytes:
+def _builder_flag(trt: TensorRT, name: str) -> Any | None:
+    """A `BuilderFlag` member, or None where this TensorRT has removed it (11.x: FP16, INT8)."""
+    return getattr(trt.BuilderFlag, name, None)
+
+
+def _set_precision(trt: TensorRT, config: IBuilderConfig, precision: Precision, onnx: Path) -> None:
+    """The builder flags for a precision (see the module docstring)."""
+    fp16, int8 = _builder_flag(trt, "FP16"), _builder_flag(trt, "INT8")
+    if precision is Precision.FP16:
+        if fp16 is None:
+            raise ModelLoadError(
+                f"TensorRT {trt.__version__} builds strongly typed networks only (no FP16 "
+                f"builder flag): convert {onnx} to FP16 first (e.g. NVIDIA ModelOpt AutoCast) "
+                "and build it with precision fp32"
+            )
+        config.set_flag(fp16)
+    elif precision is Precision.INT8 and int8 is not None and fp16 is not None:
+        # Explicit quantization: Q/DQ nodes carry the scales; FP16 lets the rest run in half.
+        config.set_flag(int8)
+        config.set_flag(fp16)
+    # INT8 without the flags (TensorRT 11) and FP32: the network's own types, strongly typed.
+
+
+def _network_flags(trt: TensorRT) -> int:
+    """`create_network` flags: explicit batch before TensorRT 10 (implied from 10 on)."""
+    if int(trt.__version__.split(".")[0]) >= 10:
+        return 0
+    return 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
+
+
+def build_engine(onnx_path: Path, spec: EngineSpec, trt: TensorRT | None = None) -> bytes:
     """Build a serialized engine from an ONNX file with the TensorRT builder.
 
     Dynamic dimensions get one optimization profile: batch dimension 1..max_batch_size (opt at
     the max); any other dynamic dimension is refused, since the agent cannot pick its range.
 
     Raises:
-        ModelLoadError: TensorRT is missing, the parser refuses the model or the build fails.
+        ModelLoadError: TensorRT is missing, the parser refuses the model, the precision is not
+            available in this TensorRT, or the build fails.
     """
     trt = trt or import_tensorrt()
     trt_logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(trt_logger)
-    flags = 0
-    if int(trt.__version__.split(".")[0]) < 10:
-        flags = 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
-    network = builder.create_network(flags)
+    network = builder.create_network(_network_flags(trt))
     parser = trt.OnnxParser(network, trt_logger)
     if not parser.parse(onnx_path.read_bytes()):
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
         raise ModelLoadError(f"TensorRT cannot parse {onnx_path}: {errors}")
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, spec.workspace_bytes)
-    if spec.precision is Precision.FP16:
-        config.set_flag(trt.BuilderFlag.FP16)
-    elif spec.precision is Precision.INT8:
-        # Explicit quantization: Q/DQ nodes carry the scales; FP16 lets the rest run in half.
-        config.set_flag(trt.BuilderFlag.INT8)
-        config.set_flag(trt.BuilderFlag.FP16)
+    _set_precision(trt, config, spec.precision, onnx_path)
     profile = builder.create_optimization_profile()
     dynamic = False
     for i in range(network.num_inputs):
@@ -199,7 +236,7 @@ def cached_engine(
     cache_root: Path,
     spec: EngineSpec,
     *,
-    trt: Any | None = None,
+    trt: TensorRT | None = None,
     capability: str | None = None,
 ) -> Path:
     """The engine for this model on this GPU and TensorRT, built once and then reused.

@@ -35,6 +35,7 @@ from typing import Any
 
 MAX_WINDOW = 100_000  # candidate requests kept for judging: bounds memory per canary
 MAX_PROMOTE_AFTER = 1_000_000_000
+_MAX_P95_MS = 2**31 // 1000  # max_p95_us is an int32 count of µs (as the other limits)
 POLICY_KEYS = (
     "version",
     "share",
@@ -151,21 +152,22 @@ def parse_policy(doc: Mapping[str, Any]) -> CanaryPolicy:
     p95_us: int | None = None
     raw_p95 = doc.get("max_p95_ms")
     if raw_p95 is not None:
-        if not _is_number(raw_p95) or not math.isfinite(raw_p95) or raw_p95 <= 0:
+        p95_ms = _finite_float("max_p95_ms", raw_p95)
+        # The bound keeps the conversion to µs finite (1e308 ms would overflow to infinity).
+        if not 0 < p95_ms <= _MAX_P95_MS:
             raise CanaryPolicyError(
-                "max_p95_ms", f"max_p95_ms must be a number > 0, got {raw_p95!r}"
+                "max_p95_ms", f"max_p95_ms must be in (0, {_MAX_P95_MS}], got {raw_p95!r}"
             )
-        p95_us = max(1, round(raw_p95 * 1000))
-    for key in ("share", "max_error_rate"):
-        if key in doc and not _is_number(doc[key]):
-            raise CanaryPolicyError(key, f"{key} must be a number, got {doc[key]!r}")
+        p95_us = max(1, round(p95_ms * 1000))
     defaults = CanaryPolicy.__dataclass_fields__
     return CanaryPolicy(
         candidate=doc["version"],
-        share=float(doc["share"]),
+        share=_finite_float("share", doc["share"]),
         promote_after=doc.get("promote_after", defaults["promote_after"].default),
         window=doc.get("window", defaults["window"].default),
-        max_error_rate=float(doc.get("max_error_rate", defaults["max_error_rate"].default)),
+        max_error_rate=_finite_float(
+            "max_error_rate", doc.get("max_error_rate", defaults["max_error_rate"].default)
+        ),
         max_p95_us=p95_us,
         min_requests=doc.get("min_requests"),
     )
@@ -377,6 +379,19 @@ class Canary:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _finite_float(key: str, value: Any) -> float:
+    """A JSON number as a finite float (JSON text may carry Infinity, NaN or a 400-digit int)."""
+    if not _is_number(value):
+        raise CanaryPolicyError(key, f"{key} must be a number, got {value!r}")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise CanaryPolicyError(key, f"{key} must be a finite number, got {value!r}")
+    return number
 
 
 def _positive_int(key: str, value: Any, upper: int = 2**31) -> None:

@@ -1,5 +1,37 @@
-"""The `edge-agent` command line: one front door per sub-command."""
+"""The `edge-agent` command line: one front door per sub-command.
 
-from agent.cli.main import main
+`doctor` runs before anything imports ONNX Runtime, so it can say what is missing; every other
+command needs an importable ONNX Runtime and stops with the fix when there is none.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+EXIT_NO_RUNTIME = 2
 
 __all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run `edge-agent ARGS` (default: the process's arguments)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["doctor"]:
+        from agent.cli import doctor  # noqa: PLC0415 - the serving stack stays unloaded
+
+        return doctor.main(args[1:])
+    from agent.device.checks import ORT_FIX  # noqa: PLC0415 - cheap, and only here
+    from agent.device.facts import onnxruntime_import_error  # noqa: PLC0415
+
+    missing = onnxruntime_import_error()
+    if missing is not None:
+        print(
+            f"edge-agent: error: no ONNX Runtime is importable ({missing}); {ORT_FIX}. "
+            "`edge-agent doctor` reports what this device has.",
+            file=sys.stderr,
+        )
+        return EXIT_NO_RUNTIME
+    from agent.cli.main import main as run_command  # noqa: PLC0415 - needs onnxruntime
+
+    return run_command(argv)

@@ -3,6 +3,7 @@
     edge-agent fleet send jetson-17 activate model=resnet version=3 --host broker
     edge-agent fleet send jetson-17 set-desired --args '{"models": {"*": "latest"}}'
     edge-agent fleet watch [DEVICE] [--json] [--count N]
+    edge-agent fleet dashboard [--port 9500] [--bind 127.0.0.1] [--token T]
 
 `send` subscribes to a private reply topic, publishes the command with a fresh id (MQTT 5
 response topic and correlation data; under 3.1.1 it listens on the device's `responses` topic
@@ -18,13 +19,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import signal
 import sys
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from agent.api.access import is_loopback_host
 from agent.fleet.config import Topics
+from agent.fleet.dashboard import Dashboard
 from agent.fleet.mqtt import (
     Message,
     MqttClient,
@@ -157,9 +162,21 @@ def add_commands(subparsers: Any) -> None:  # argparse's _SubParsersAction is pr
     watch.add_argument("device", nargs="?", help="default: every device")
     watch.add_argument("--json", action="store_true", help="print raw JSON payloads")
     watch.add_argument("--count", type=int, default=0, help="exit after N messages")
-    for parser in (send, watch):
+    board = verbs.add_parser("dashboard", help="serve a read-only web page of the fleet")
+    board.add_argument("--bind", default="127.0.0.1", help="address to listen on")
+    board.add_argument(
+        "--port", dest="http_port", type=int, default=9500, help="the page's port (default 9500)"
+    )
+    board.add_argument(
+        "--token",
+        default=os.environ.get("EDGE_AGENT_DASHBOARD_TOKEN", ""),
+        help="requests must carry it (Authorization: Bearer, or ?token=); required beyond "
+        "loopback (default: $EDGE_AGENT_DASHBOARD_TOKEN)",
+    )
+    for parser in (send, watch, board):
         parser.add_argument("--host", default="127.0.0.1")
-        parser.add_argument("--port", type=int, default=1883)
+        broker_port = "--mqtt-port" if parser is board else "--port"
+        parser.add_argument(broker_port, dest="port", type=int, default=1883)
         parser.add_argument("--prefix", default="edge", help="topic prefix (default edge)")
         parser.add_argument("--username", default="")
         parser.add_argument("--password", default="")
@@ -191,6 +208,10 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | No
         if args.fleet_command == "send":
             command_args = parse_args(args.args, args.args_json)
             return asyncio.run(_send(settings, args, command_args, out))
+        if args.fleet_command == "dashboard":
+            if not args.token and not is_loopback_host(args.bind):
+                raise ValueError(f"--bind {args.bind} is beyond loopback: set --token")
+            return asyncio.run(_dashboard(settings, args, out))
         return asyncio.run(_watch(settings, args, out))
     except ValueError as exc:
         print(f"edge-agent: error: {exc}", file=err)
@@ -249,6 +270,21 @@ async def _watch(settings: MqttSettings, args: argparse.Namespace, out: TextIO) 
             seen += 1
             if args.count and seen >= args.count:
                 break
+    return EXIT_OK
+
+
+async def _dashboard(settings: MqttSettings, args: argparse.Namespace, out: TextIO) -> int:
+    board = Dashboard(settings, prefix=args.prefix, token=args.token or None)
+    port = await board.start(args.bind, args.http_port)
+    print(f"fleet dashboard on http://{args.bind}:{port}/", file=out, flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await board.stop()
     return EXIT_OK
 
 

@@ -8,6 +8,7 @@ import functools
 import json
 import logging
 import os
+import ssl
 import sys
 import urllib.error
 import urllib.parse
@@ -18,7 +19,9 @@ from typing import Any
 
 from agent import __version__
 from agent.backends import tensorrt_build as engine_build
+from agent.cli import doctor as doctor_cli
 from agent.cli import fleet as fleet_cli
+from agent.cli import sign_model
 from agent.config.loader import load_config
 from agent.config.schema import AgentConfig
 from agent.config.tools import check_command, show_command
@@ -78,6 +81,44 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         dest="server.shared_memory",
         help="let local clients pass tensors in system shared memory (default on)",
+    )
+    serve.add_argument(
+        "--tls-cert-file",
+        type=Path,
+        dest="server.tls_cert_file",
+        metavar="PEM",
+        help="serve HTTP, gRPC and metrics over TLS with this certificate (chain)",
+    )
+    serve.add_argument("--tls-key-file", type=Path, dest="server.tls_key_file", metavar="PEM")
+    serve.add_argument(
+        "--tls-client-ca-file",
+        type=Path,
+        dest="server.tls_client_ca_file",
+        metavar="PEM",
+        help="mutual TLS: require client certificates signed by this CA",
+    )
+    serve.add_argument(
+        "--http-restricted-api",
+        action="append",
+        dest="server.http_restricted_api",
+        metavar="<API>,...:<KEY>=<VALUE>",
+        help="Triton's restricted API group: these APIs answer only requests with header KEY: "
+        "VALUE (repeatable; groups: health, metadata, inference, shared-memory, model-config, "
+        "model-repository, statistics, trace, logging, cache, canary)",
+    )
+    serve.add_argument(
+        "--grpc-restricted-protocol",
+        action="append",
+        dest="server.grpc_restricted_protocol",
+        metavar="<PROTOCOL>,...:<KEY>=<VALUE>",
+        help="the same for gRPC (metadata triton-grpc-protocol-KEY: VALUE)",
+    )
+    serve.add_argument(
+        "--strict-security",
+        action="store_const",
+        const=True,
+        dest="server.strict_security",
+        help="refuse to start beyond loopback without TLS and restricted control groups",
     )
     serve.add_argument(
         "--exit-on-error",
@@ -191,6 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     quantize_args.add_commands(commands)
     engine_build.add_commands(commands)
     fleet_cli.add_commands(commands)
+    sign_model.add_commands(commands)
+    doctor_cli.add_commands(commands)
 
     for verb, text in (
         ("activate", "serve a cached version on a running agent (hot swap)"),
@@ -206,6 +249,16 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             cmd.add_argument("--version", type=int, help="default: every rejected version")
         cmd.add_argument("--url", default="http://127.0.0.1:8000", help="the agent's HTTP address")
+        cmd.add_argument(
+            "--header",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="a header to send, e.g. a restricted API group's key (repeatable)",
+        )
+        cmd.add_argument("--cacert", type=Path, help="https: the CA that signed the agent")
+        cmd.add_argument("--cert", type=Path, help="https: client certificate (mutual TLS)")
+        cmd.add_argument("--key", type=Path, help="https: the client certificate's key")
     return parser
 
 
@@ -223,6 +276,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_sync(args)
     if args.command == "fleet":
         return fleet_cli.run(args)
+    if args.command in ("sign-model", "verify-model"):
+        return sign_model.run(args)
+    if args.command == "doctor":
+        return doctor_cli.run(args)
     if args.command == "quantize":
         from agent.quantize import command as quantize  # noqa: PLC0415 - onnx only here
 
@@ -275,7 +332,13 @@ def sync_command(args: argparse.Namespace) -> int:
 def _flags(args: argparse.Namespace) -> dict[str, Any]:
     """The parsed flags whose destination is a `section.key` of the config (None: not given)."""
     flags: dict[str, Any] = {k: v for k, v in vars(args).items() if "." in k}
-    for key in ("models.load_models", "sync.desired", "log.trace_otlp_resource"):
+    for key in (
+        "models.load_models",
+        "sync.desired",
+        "log.trace_otlp_resource",
+        "server.http_restricted_api",
+        "server.grpc_restricted_protocol",
+    ):
         if flags.get(key) is not None:
             flags[key] = tuple(flags[key])
     return flags
@@ -328,10 +391,22 @@ def swap_command(args: argparse.Namespace) -> int:
     if not args.url.startswith(("http://", "https://")):
         print("edge-agent: error: --url must start with http:// or https://", file=sys.stderr)
         return EXIT_CONFIG
-    url = args.url.rstrip("/") + path
-    request = urllib.request.Request(url, data=body, method="POST")  # noqa: S310 - scheme checked
+    headers: dict[str, str] = {}
+    for pair in args.header:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            print(f"edge-agent: error: --header must be KEY=VALUE, got {key!r}", file=sys.stderr)
+            return EXIT_CONFIG
+        headers[key.strip()] = value
     try:
-        with urllib.request.urlopen(request, timeout=600) as resp:  # noqa: S310 - scheme checked
+        context = _client_tls(args)
+    except (OSError, ssl.SSLError) as exc:
+        print(f"edge-agent: error: TLS files: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    url = args.url.rstrip("/") + path
+    request = urllib.request.Request(url, data=body, method="POST", headers=headers)  # noqa: S310
+    try:
+        with urllib.request.urlopen(request, timeout=600, context=context) as resp:  # noqa: S310
             doc = json.loads(resp.read())
     except urllib.error.HTTPError as err:
         try:
@@ -352,6 +427,16 @@ def swap_command(args: argparse.Namespace) -> int:
         return 0
     print(f"{doc['model']} now serves version {doc['version']}")
     return 0
+
+
+def _client_tls(args: argparse.Namespace) -> ssl.SSLContext | None:
+    """The TLS context of `activate`/`rollback`/`clear-rejected` over https (None: defaults)."""
+    if args.cacert is None and args.cert is None:
+        return None
+    context = ssl.create_default_context(cafile=args.cacert)
+    if args.cert is not None:
+        context.load_cert_chain(args.cert, args.key)
+    return context
 
 
 def _run(main: Coroutine[Any, Any, int]) -> int:

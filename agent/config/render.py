@@ -1,7 +1,8 @@
 """The effective config as TOML (for `config show`): secrets masked, read back by the loader.
 
 Invariant: `render_toml` never prints a secret: string values of keys named like a password,
-token, secret or key material are masked, and so is the password in a URL's user-info.
+token, secret or key material are masked, and so are the password in a URL's user-info and the
+header value of a restricted API spec.
 """
 
 from __future__ import annotations
@@ -21,6 +22,16 @@ _SECRET = re.compile(
     r"(password|passwd|passphrase|secret|token|credential|api_?key|access_?key|private_?key|_key$|^key$)",
     re.IGNORECASE,
 )
+
+
+# Triton's restricted API specs "<group>,...:<key>=<value>": the value is a credential.
+_RESTRICTION_SUFFIXES = ("_restricted_api", "_restricted_protocol")
+
+
+def mask_restriction(spec: str) -> str:
+    """`groups:key=value` → `groups:key=********` (the header name stays readable)."""
+    head, sep, _ = spec.partition("=")
+    return head + sep + MASK if sep else spec
 
 
 def is_secret_key(name: str) -> bool:
@@ -50,6 +61,8 @@ def render_toml(config: AgentConfig) -> str:
                 continue
             if isinstance(item, str) and item and is_secret_key(field.name):
                 item = MASK
+            if field.name.endswith(_RESTRICTION_SUFFIXES):
+                item = tuple(mask_restriction(spec) for spec in item)
             lines.append(f"{field.name} = {_toml_value(field.name, item)}")
     for model, policy in config.canary:
         lines += ["", f"[canary.{_toml_string(model)}]"]

@@ -1,8 +1,10 @@
 """The agent's settings: frozen dataclasses, read once at start-up by `agent.config.loader`.
 
-    [server]  host, http_port, grpc_port, metrics_port, max_request_bytes, shared_memory,
+    [server]  name, host, http_port, grpc_port, metrics_port, max_request_bytes, shared_memory,
               max_bytes_elements, max_connections, header_timeout_ms, body_timeout_ms,
-              idle_timeout_ms
+              idle_timeout_ms, tls_cert_file, tls_key_file, tls_client_ca_file,
+              http_restricted_api, grpc_restricted_protocol, strict_security, status_token,
+              status_sample_ms
     [models]  repository, demo, strict_model_config, exit_on_error, intra_op_threads,
               memory_budget_bytes, response_cache_bytes, max_queue_size, control_mode,
               load_models, poll_quiet_ms
@@ -31,6 +33,7 @@ else:  # pragma: no cover - Python 3.10
     pass
 
 from agent.canary.policy import CanaryPolicy
+from agent.config.security import validate_security
 from agent.errors import AgentConfigError
 from agent.fleet.config import MqttConfig, validate_mqtt
 from sync.config import SyncConfig
@@ -46,6 +49,7 @@ TRACE_MODES = ("triton", "opentelemetry")
 class ServerConfig:
     """Network endpoints."""
 
+    name: str = "edge-agent"  # server metadata's "name" (a fleet whose clients check it: "triton")
     host: str = "127.0.0.1"
     http_port: int = 8000
     grpc_port: int = 8001  # KServe v2 gRPC; -1 turns it off
@@ -58,6 +62,16 @@ class ServerConfig:
     header_timeout_ms: int = 30_000  # request line + headers, from their first byte
     body_timeout_ms: int = 60_000  # a request's body, once its headers are in; else 408
     idle_timeout_ms: int = 75_000  # an HTTP or gRPC connection without a request is closed
+    # Off loopback (agent/api/tls.py, agent/api/access.py, agent/config/security.py):
+    tls_cert_file: Path | None = None  # set (with tls_key_file): HTTP, gRPC, metrics over TLS
+    tls_key_file: Path | None = None
+    tls_client_ca_file: Path | None = None  # set: mutual TLS, clients need a cert it signed
+    http_restricted_api: tuple[str, ...] = ()  # Triton's "<group>,...:<key>=<value>" specs
+    grpc_restricted_protocol: tuple[str, ...] = ()  # the same; header triton-grpc-protocol-<key>
+    strict_security: bool = False  # refuse to start beyond loopback without TLS + restrictions
+    # The status page (GET /, GET /v2/status): open on loopback; beyond, only with this token.
+    status_token: str = ""
+    status_sample_ms: int = 5000  # how often the page's figures and sparklines are sampled
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +151,8 @@ def validate(config: AgentConfig, *, serving: bool = True) -> None:
         raise AgentConfigError(
             f"server.metrics_port must be 0..65535 (or -1 for off), got {server.metrics_port}"
         )
+    if not server.name.strip():
+        raise AgentConfigError("server.name must not be empty")
     if server.max_request_bytes < 1024:
         raise AgentConfigError(
             f"server.max_request_bytes must be at least 1024, got {server.max_request_bytes}"
@@ -144,7 +160,7 @@ def validate(config: AgentConfig, *, serving: bool = True) -> None:
     for key in ("max_bytes_elements", "max_connections"):
         if getattr(server, key) < 1:
             raise AgentConfigError(f"server.{key} must be >= 1, got {getattr(server, key)}")
-    for key in ("header_timeout_ms", "body_timeout_ms", "idle_timeout_ms"):
+    for key in ("header_timeout_ms", "body_timeout_ms", "idle_timeout_ms", "status_sample_ms"):
         if getattr(server, key) < 10:
             raise AgentConfigError(f"server.{key} must be >= 10, got {getattr(server, key)}")
     if config.log.level.lower() not in LOG_LEVELS:
@@ -152,6 +168,7 @@ def validate(config: AgentConfig, *, serving: bool = True) -> None:
             f"log.level must be one of {', '.join(LOG_LEVELS)}, got {config.log.level!r}"
         )
     _validate_trace(config.log)
+    validate_security(server)
     for key in ("intra_op_threads", "memory_budget_bytes", "response_cache_bytes"):
         if getattr(models, key) < 0:
             raise AgentConfigError(f"models.{key} must be >= 0")

@@ -108,9 +108,18 @@ def build_plan(
     steps: list[EnsembleStep] = []
     for index, configured in enumerate(steps_config):
         steps.append(_check_step(name, index, configured, lookup, config.max_batch_size, versions))
-    for step in steps:
+    for index, step in enumerate(steps):
         model = lookup(step.model_name)
         assert model is not None  # checked by _check_step
+        if model.model_transaction_policy.decoupled:
+            # Triton streams a decoupled step's responses through the rest of the ensemble;
+            # this agent does not (yet): refused at load rather than failing every request.
+            raise ModelConfigError(
+                f"ensemble '{name}': step {index} (model '{step.model_name}') uses the "
+                "decoupled transaction policy; ensembles with decoupled steps are not "
+                "supported by this agent (call the decoupled model directly: gRPC "
+                "ModelStreamInfer or HTTP generate_stream)"
+            )
         model_outputs = {t.name: _spec(t, model.max_batch_size > 0) for t in model.output}
         for model_output, tensor in step.outputs.items():
             if tensor in producer:

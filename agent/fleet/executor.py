@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from agent.errors import (
+    AccessDeniedError,
     AgentError,
     BackendError,
     CacheCommitError,
@@ -27,15 +28,20 @@ from agent.errors import (
     InvalidInputError,
     MemoryBudgetError,
     ModelConfigError,
+    ModelControlDisabledError,
     ModelControlError,
     ModelInstanceFailedError,
     ModelLoadError,
     ModelNotFoundError,
     ModelNotReadyError,
+    NoReadyVersionError,
     OverloadedError,
     PayloadTooLargeError,
+    RegionExistsError,
+    RepositoryPollError,
     RequestTimeoutError,
     SharedMemoryNotFoundError,
+    UnsupportedError,
     lookup,
 )
 from agent.fleet import commands as cmd
@@ -56,17 +62,23 @@ ERROR_CODES: dict[type[AgentError], str] = {
     ModelNotFoundError: "not_found",
     SharedMemoryNotFoundError: "failed",
     ModelNotReadyError: "not_ready",
+    NoReadyVersionError: "not_ready",
     ModelControlError: "not_allowed",
+    AccessDeniedError: "not_allowed",
+    ModelControlDisabledError: "not_allowed",
     ConflictError: "conflict",
+    RegionExistsError: "conflict",
     MemoryBudgetError: "out_of_memory",
     ModelConfigError: "bad_config",
     CacheCommitError: "load_failed",
     ModelLoadError: "load_failed",
+    RepositoryPollError: "load_failed",
     OverloadedError: "busy",
     RequestTimeoutError: "failed",
     BackendError: "failed",
     ModelInstanceFailedError: "failed",
     InternalError: "internal",
+    UnsupportedError: "not_allowed",
     AgentError: "failed",
 }
 

@@ -31,16 +31,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from agent import __version__
+from agent.device.gpu import GpuReader
 from agent.errors import AgentError, InternalError, OverloadedError
 from agent.fleet import commands as cmd
 from agent.fleet.config import MqttConfig, Topics
@@ -51,7 +53,7 @@ from agent.fleet.outbox import Kind, Outbox
 from agent.fleet.runner import CommandRunner, response_doc
 from agent.fleet.slo import SloEvaluator
 from agent.fleet.state import FleetState
-from agent.fleet.telemetry import GpuProbe, TelemetrySampler
+from agent.fleet.telemetry import TelemetrySampler
 from agent.models.memory_plan import MemoryLedger
 from agent.models.registry import ModelRegistry
 from agent.serving.dataplane import DataPlane
@@ -85,7 +87,7 @@ class FleetLink:
         on_desired: Called with `MODEL=POLICY` lines after `set-desired` (and at start).
         sync_state: The sync loop's state, for telemetry.
         cache_disk: Bytes the model cache uses, for telemetry.
-        gpu: A GPU probe, for telemetry.
+        gpu: A GPU reader, for telemetry.
         clock: Monotonic seconds (telemetry cadence, SLO windows).
     """
 
@@ -101,7 +103,7 @@ class FleetLink:
         on_desired: Callable[[tuple[str, ...]], None] | None = None,
         sync_state: Callable[[], Mapping[str, Any]] | None = None,
         cache_disk: Callable[[], int] | None = None,
-        gpu: GpuProbe | None = None,
+        gpu: GpuReader | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
@@ -256,7 +258,7 @@ class FleetLink:
     def status(self) -> dict[str, Any]:
         """The status document (as the retained status message and the `status` command)."""
         models = [
-            {"name": s.name, "versions": sorted(s.versions)}
+            {"name": s.name, "versions": sorted(s.versions), **self._signers(s.name, s.versions)}
             for s in sorted(self._registry.served_models(), key=lambda s: s.name)
         ]
         doc = self._envelope("status")
@@ -274,6 +276,18 @@ class FleetLink:
             doc["reason"] = "; ".join(f"{part}: {text}" for part, text in sorted(faults.items()))
             doc["faults"] = faults
         return doc
+
+    def _signers(self, model: str, versions: Iterable[int]) -> dict[str, Any]:
+        """`{"signers": {"VERSION": signer}}` of the served versions with a recorded signer."""
+        cached = self._dataplane.versions
+        if cached is None:
+            return {}
+        found = {}
+        for version in sorted(versions):
+            record = _or_none(functools.partial(cached.signature, model, version))
+            if record and record.get("signer"):
+                found[str(version)] = record["signer"]
+        return {"signers": found} if found else {}
 
     def _health_changed(self) -> None:
         """Publish the status again (from any thread)."""

@@ -6,139 +6,25 @@ It keeps the previous counters per model version to turn them into rates; `now` 
 seconds passed in. The probes may do I/O (disk usage, NVML, tegrastats): call `sample` from a
 worker thread.
 
-GPU figures come from NVML (through ctypes, so no extra dependency) where `libnvidia-ml.so.1`
-loads, else from one line of `tegrastats` on Jetson (whose GPU shares the RAM); otherwise the
-`gpu` key is omitted.
+GPU figures come from an `agent.device.gpu.GpuReader` (NVML through nvidia-ml-py,
+else one line of `tegrastats` on Jetson, whose GPU shares the RAM), the same figures `/metrics`
+reports; without one, or when it reads nothing, the `gpu` key is omitted.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import math
-import re
-import shutil
-import subprocess
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
+from agent.device.gpu import GpuReader
 from agent.fleet.slo import Sample
 from agent.models.memory_plan import MemoryLedger
 from agent.models.registry import ModelRegistry
 from agent.scheduling.statistics import LatencySummary, StatsSnapshot
 
 logger = logging.getLogger(__name__)
-
-_TEGRA_RAM = re.compile(r"\bRAM (\d+)/(\d+)MB")
-_TEGRA_GPU = re.compile(r"\bGR3D_FREQ (\d+)%")
-
-
-class GpuProbe(Protocol):
-    """Reads GPU utilisation and memory; None when it cannot."""
-
-    def read(self) -> list[dict[str, int]] | None: ...
-
-
-class _Utilization(ctypes.Structure):
-    _fields_ = (("gpu", ctypes.c_uint), ("memory", ctypes.c_uint))
-
-
-class _Memory(ctypes.Structure):
-    _fields_ = (
-        ("total", ctypes.c_ulonglong),
-        ("free", ctypes.c_ulonglong),
-        ("used", ctypes.c_ulonglong),
-    )
-
-
-class NvmlProbe:
-    """NVML through ctypes: utilisation and memory of every GPU."""
-
-    def __init__(self, lib: ctypes.CDLL) -> None:
-        self._lib = lib
-
-    @classmethod
-    def open(cls) -> NvmlProbe | None:
-        """Load and initialise NVML; None where there is no NVIDIA driver."""
-        try:
-            lib = ctypes.CDLL("libnvidia-ml.so.1")
-            if lib.nvmlInit_v2() != 0:
-                return None
-        except (OSError, AttributeError):
-            return None
-        return cls(lib)
-
-    def read(self) -> list[dict[str, int]] | None:
-        """One entry per GPU: index, util_percent, memory_used_bytes, memory_total_bytes."""
-        count = ctypes.c_uint()
-        if self._lib.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
-            return None
-        gpus = []
-        for index in range(count.value):
-            handle = ctypes.c_void_p()
-            util, mem = _Utilization(), _Memory()
-            if (
-                self._lib.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(handle)) != 0
-                or self._lib.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(mem)) != 0
-            ):
-                return None
-            busy = self._lib.nvmlDeviceGetUtilizationRates(handle, ctypes.byref(util)) == 0
-            entry = {
-                "index": index,
-                "memory_used_bytes": int(mem.used),
-                "memory_total_bytes": int(mem.total),
-            }
-            if busy:
-                entry["util_percent"] = int(util.gpu)
-            gpus.append(entry)
-        return gpus
-
-
-class TegrastatsProbe:
-    """Jetson: one line of `tegrastats` (GPU load, and the RAM the GPU shares)."""
-
-    def __init__(self, command: str) -> None:
-        self._command = command
-
-    @classmethod
-    def open(cls) -> TegrastatsProbe | None:
-        """None where `tegrastats` is not on the PATH."""
-        found = shutil.which("tegrastats")
-        return cls(found) if found else None
-
-    def read(self) -> list[dict[str, int]] | None:
-        """Run tegrastats until its first line (bounded to 5 s) and parse it."""
-        try:
-            with subprocess.Popen(
-                [self._command, "--interval", "500"], stdout=subprocess.PIPE, text=True
-            ) as proc:
-                try:
-                    line = proc.stdout.readline() if proc.stdout else ""
-                finally:
-                    proc.kill()
-        except OSError as exc:
-            logger.debug("tegrastats failed: %s", exc)
-            return None
-        parsed = parse_tegrastats(line)
-        return [parsed] if parsed else None
-
-
-def parse_tegrastats(line: str) -> dict[str, int] | None:
-    """GPU load and shared memory from a tegrastats line; None if it has no GR3D_FREQ."""
-    gpu = _TEGRA_GPU.search(line)
-    if gpu is None:
-        return None
-    entry = {"index": 0, "util_percent": int(gpu.group(1))}
-    ram = _TEGRA_RAM.search(line)
-    if ram is not None:
-        entry["memory_used_bytes"] = int(ram.group(1)) << 20
-        entry["memory_total_bytes"] = int(ram.group(2)) << 20
-    return entry
-
-
-def detect_gpu() -> GpuProbe | None:
-    """NVML, else tegrastats, else None."""
-    return NvmlProbe.open() or TegrastatsProbe.open()
 
 
 def _quantiles_us(summary: LatencySummary) -> dict[str, float | None]:
@@ -156,7 +42,7 @@ class TelemetrySampler:
         ledger: The memory budget, when the agent has one.
         cache_disk: Bytes the model cache uses on disk (None: no cache).
         sync_state: The sync loop's last state (None: no sync configured).
-        gpu: A GPU probe (None: the `gpu` key is omitted).
+        gpu: A GPU reader (None: the `gpu` key is omitted).
         started: Monotonic seconds when the agent started (for `uptime_s`).
         rejected: Versions rejected on this device, with cause and reason (None: omitted).
     """
@@ -169,7 +55,7 @@ class TelemetrySampler:
         started: float,
         cache_disk: Callable[[], int] | None = None,
         sync_state: Callable[[], Mapping[str, Any]] | None = None,
-        gpu: GpuProbe | None = None,
+        gpu: GpuReader | None = None,
         rejected: Callable[[], list[dict[str, Any]]] | None = None,
     ) -> None:
         self._registry = registry
@@ -205,9 +91,9 @@ class TelemetrySampler:
         body["sync"] = dict(self._sync_state()) if self._sync_state is not None else None
         if self._rejected is not None:
             body["rejected"] = self._rejected()
-        gpu = self._gpu.read() if self._gpu is not None else None
+        gpu = self._gpu.read() if self._gpu is not None else []
         if gpu:
-            body["gpu"] = gpu
+            body["gpu"] = [reading.to_json() for reading in gpu]
         return body, samples
 
 

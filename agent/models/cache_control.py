@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from agent.errors import (
     AgentError,
     CacheCommitError,
     ConflictError,
+    InvalidInputError,
     ModelLoadError,
     ModelNotFoundError,
 )
@@ -37,14 +38,19 @@ from agent.models.events import CACHE_GC_FAILED, EventSink, guarded
 from model_cache import (
     CacheError,
     InstalledVersion,
+    InvalidVersionError,
     ModelCache,
     RejectionCause,
     VersionNotFoundError,
     VersionState,
     collect,
 )
+from model_cache.layout import validate_model_name, validate_version
 
 logger = logging.getLogger(__name__)
+
+#: A version's model signature record (`sync.provenance.Provenance.to_json()`), or None.
+ProvenanceOf = Callable[[str, int], Mapping[str, Any] | None]
 
 
 class CacheEvents:
@@ -68,7 +74,9 @@ class CachedVersions:
 
     After each swap, old versions are collected: the active one plus `keep_last` retained per
     model stay, and least recently used ones go first while the cache is over its disk budget.
-    Events (a failed collection) go to `events`, by default the manager's.
+    Events (a failed collection) go to `events`, by default the manager's. `provenance` gives
+    a version's model signature record (who signed it, verified or not): it is shown in
+    `versions()` and in the `version_activated` event.
     """
 
     def __init__(
@@ -79,8 +87,10 @@ class CachedVersions:
         keep_last: int = 2,
         disk_budget_bytes: int | None = None,
         events: EventSink | None = None,
+        provenance: ProvenanceOf | None = None,
     ) -> None:
         self.cache = cache
+        self._provenance = provenance
         self._manager = manager
         self._events = guarded(events) if events is not None else manager.events
         self._keep_last = keep_last
@@ -96,11 +106,13 @@ class CachedVersions:
                 a rejected version is refused.
 
         Raises:
+            InvalidInputError: a name or number the cache cannot hold.
             ModelNotFoundError: the cache does not hold that version.
             ConflictError: the version is rejected on this device (not `operator`).
             ModelLoadError: it failed verification, loading or warm-up (and is now rejected);
                 the old one still serves.
         """
+        _check_request(model, version)
         if operator:
             await asyncio.to_thread(self.clear_rejected, model, version, by="activate")
         else:
@@ -117,9 +129,11 @@ class CachedVersions:
         rollback; the version rolled back to loses its rejection, if it had one.
 
         Raises:
+            InvalidInputError: a name or number the cache cannot hold.
             ModelNotFoundError: nothing retained to roll back to, or no such version.
             ModelLoadError: the version failed verification or loading; the current one serves.
         """
+        _check_request(model, to_version)
         version = (
             to_version if to_version is not None else await asyncio.to_thread(self._previous, model)
         )
@@ -137,7 +151,9 @@ class CachedVersions:
 
         Raises:
             ModelLoadError: the cache's database failed.
+            InvalidInputError: a name or number the cache cannot hold.
         """
+        _check_request(model, version)
         try:
             return [r.version for r in self.cache.rejections.clear(model, version, by=by)]
         except CacheError as exc:
@@ -175,9 +191,13 @@ class CachedVersions:
         """The cached versions of a model with their states and rejections (HTTP API, CLI).
 
         A rejected version whose files were evicted is listed too, with state "evicted".
+
+        Raises:
+            InvalidInputError: a name the cache cannot hold (such as '..').
         """
+        _check_request(model)
         rejected = {r["version"]: r for r in self.rejected(model)}
-        rows = [
+        rows: list[dict[str, Any]] = [
             {
                 "model": v.model,
                 "version": v.version,
@@ -198,18 +218,33 @@ class CachedVersions:
             row["rejected"] = found is not None
             row["rejected_cause"] = found["cause"] if found else ""
             row["rejected_reason"] = found["reason"] if found else ""
+            signature = self.signature(model, int(row["version"]))
+            row["signer"] = str(signature.get("signer", "")) if signature else ""
+            row["signature"] = signature
         return sorted(rows, key=lambda row: int(row["version"]))
+
+    def signature(self, model: str, version: int) -> dict[str, Any] | None:
+        """A version's model signature record (signer, verified, ...), or None without one."""
+        if self._provenance is None:
+            return None
+        found = self._provenance(model, version)
+        return dict(found) if found is not None else None
 
     async def _swap(
         self, model: str, version: int, target: InstalledVersion, *, rollback: bool
     ) -> str:
         """Load `target` and make it active; a load or warm-up failure rejects the version."""
+        signature = await asyncio.to_thread(self.signature, model, version)
+        detail = {"signer": signature.get("signer", "")} if signature else {}
+        if signature:
+            detail["signature_verified"] = bool(signature.get("verified"))
         try:
             return await self._manager.load(
                 model,
                 source=target.path,
                 before_switch=lambda: self._commit(model, version, rollback=rollback),
                 version=version,
+                detail=detail,
             )
         except (ModelNotFoundError, CacheCommitError):
             raise
@@ -283,3 +318,18 @@ class CachedVersions:
             self.cache.rejections.clear(model, version, by="failed rollback")
         except CacheError as exc:
             logger.error("cannot lift the rejection of %s version %d: %s", model, version, exc)
+
+
+def _check_request(model: str, version: int | None = None) -> None:
+    """Refuse a name or number no cached version can have before the cache sees it (its
+    InvalidVersionError would otherwise read as a failed load, or a bug).
+
+    Raises:
+        InvalidInputError: e.g. model '..', version 0 or 10**18.
+    """
+    try:
+        validate_model_name(model)
+        if version is not None:
+            validate_version(version)
+    except InvalidVersionError as exc:
+        raise InvalidInputError(str(exc)) from None

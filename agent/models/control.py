@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -104,6 +104,7 @@ class ModelManager:
         source: Path | None = None,
         before_switch: Callable[[], None] | None = None,
         version: int | None = None,
+        detail: Mapping[str, object] | None = None,
     ) -> str:
         """Load a model, or swap it for what the repository (or `config`) now says.
 
@@ -115,6 +116,7 @@ class ModelManager:
                 routing switches, e.g. to activate the version in the cache; if it raises, the
                 old model keeps serving.
             version: the version being loaded, when one is (for events and logs).
+            detail: more fields for the `version_activated` event (e.g. the version's signer).
 
         Returns:
             The strategy used: "load", "load-then-switch" or "drain-first".
@@ -124,7 +126,7 @@ class ModelManager:
             AgentError: the new build failed; the old one (if any) still serves.
         """
         lock = self._locks.setdefault(name, asyncio.Lock())
-        plan = _Plan(config, source, before_switch, version)
+        plan = _Plan(config, source, before_switch, version, dict(detail or {}))
         async with lock:
             try:
                 return await self._load(name, plan)
@@ -217,7 +219,7 @@ class ModelManager:
             build.name,
             max(versions),
             "version_activated",
-            {"versions": versions, "strategy": strategy},
+            {"versions": versions, "strategy": strategy, **plan.detail},
         )
         if old is not None:
             await _drain(old)
@@ -264,6 +266,7 @@ class _Plan:
     source: Path | None
     before_switch: Callable[[], None] | None
     version: int | None
+    detail: dict[str, object] = field(default_factory=dict)
     strategy: str = "load"
 
 

@@ -31,6 +31,14 @@ from agent.errors import (
     ModelLoadError,
     ModelNotFoundError,
 )
+from agent.models.device_memory import (
+    DeviceMemoryProbe,
+    MemoryKind,
+    check_device_fit,
+    device_need_bytes,
+    folder_bytes,
+    gpu_device,
+)
 from agent.models.memory_plan import Footprint, MemoryLedger, fit_config, plan_capacity
 from agent.models.memory_probe import measure_version
 from agent.models.served import (
@@ -104,6 +112,8 @@ class ModelLoader:
         self._generation = 0
         # Ensembles run their steps through the data plane, which binds its `infer` here.
         self.step_runner = StepRunnerSlot()
+        # GPU memory (`agent.models.device_memory`): set by the daemon where a discrete GPU is.
+        self.device_memory: DeviceMemoryProbe | None = None
 
     def build(
         self,
@@ -124,11 +134,14 @@ class ModelLoader:
             version's status kept for the repository index.
 
         Raises:
-            ModelNotFoundError: no such directory in the repository.
+            ModelNotFoundError: no such directory in the repository (or a name that would leave
+                it, such as '..').
         """
+        if model_dir is None and not repository.is_model_name(name):
+            raise ModelNotFoundError(f"no model '{name}' in repository {self.root}")
         model_dir = model_dir or self.root / name
         if not model_dir.is_dir():
-            raise ModelNotFoundError(f"no model '{name}' in repository {self.root}")
+            raise ModelNotFoundError(f"no model directory '{name}' in the repository")
         record = ModelRecord()
         with self._lock:
             self._generation += 1
@@ -158,7 +171,7 @@ class ModelLoader:
         if config is None:
             if not self.settings.auto_complete:
                 raise ModelConfigError(
-                    f"model '{name}': {model_dir}/config.pbtxt is missing and auto-complete is off"
+                    f"model '{name}': config.pbtxt is missing and auto-complete is off"
                 )
             config = mc.ModelConfig()
         validate_config(config, name)
@@ -167,7 +180,7 @@ class ModelLoader:
         if is_ensemble(config):
             return self._load_ensemble(name, config, wanted or [1], record, generation)
         if not wanted:
-            raise ModelLoadError(f"model '{name}': no version folders (1/, 2/, ...) in {model_dir}")
+            raise ModelLoadError(f"model '{name}': no version folders (1/, 2/, ...) in its folder")
         loaded: dict[int, LoadedVersion] = {}
         completed: mc.ModelConfig | None = None
         for version in sorted(wanted, reverse=True):  # the newest version completes the config
@@ -281,6 +294,7 @@ class ModelLoader:
                 raise
             return backend, checked
 
+        self._check_device_memory(config, path.parent, name, version)
         footprint: Footprint | None = None
         estimated = ""  # why the footprint is an estimate from the model file, when it is
         warmed_up = False
@@ -407,6 +421,30 @@ class ModelLoader:
             executor=executor,
             stats=stats,
             inline_below_ns=0 if python else INLINE_BELOW_NS,  # as for the dynamic scheduler
+        )
+
+    def _check_device_memory(
+        self, config: mc.ModelConfig, version_dir: Path, name: str, version: int
+    ) -> None:
+        """Refuse, before loading, a GPU version that does not fit in its GPU's free memory."""
+        probe = self.device_memory
+        if probe is None or probe.kind is MemoryKind.UNIFIED:
+            return  # no GPU, or its memory is the host's (the host budget covers it)
+        tensorrt = backend_kind(config, version_dir) is BackendKind.TENSORRT
+        device = gpu_device(config, tensorrt=tensorrt)
+        memory = probe.read(device) if device is not None else None
+        if memory is None:
+            return
+        need = device_need_bytes(folder_bytes(version_dir))
+        check_device_fit(need, memory, model=name, version=version)
+        logger.info(
+            "model %s version %d: %d MiB of GPU %d memory expected, %d MiB free",
+            name,
+            version,
+            need >> 20,
+            device,
+            memory.free_bytes >> 20,
+            extra={"model": name},
         )
 
     def _fit_to_budget(

@@ -13,6 +13,8 @@ reservations add up to more than its budget.
 
 RSS covers what the CPU allocator maps. On Jetson, CUDA and TensorRT allocations come from the
 same physical RAM but mostly do not show in RSS, so footprints of GPU models are lower bounds.
+On a discrete GPU, device memory is checked apart from this budget, against the GPU's free
+memory, before a GPU version loads (`agent.models.device_memory`).
 The budget is for models: the caller reserves the agent's own baseline RSS in the ledger.
 """
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from google.protobuf import text_format
 
-from agent.errors import AgentError, InvalidInputError
+from agent.errors import AgentError, InvalidInputError, RepositoryPollError
 from agent.models.control import ModelManager
 from agent.proto import model_config_pb2 as mc
 
@@ -150,9 +150,14 @@ class PushedModels:
         Raises:
             AgentError: as `ModelManager.load`; the folder is removed and what served before
                 keeps serving.
-            OSError: the files could not be written (nothing is left behind).
+            RepositoryPollError: the files could not be written (nothing is left behind).
         """
-        folder = await asyncio.to_thread(self._write, name, config, files)
+        try:
+            folder = await asyncio.to_thread(self._write, name, config, files)
+        except OSError as exc:  # a name too long, a full disk: the client's files, not a crash
+            raise RepositoryPollError(
+                f"could not write the files sent with the load request: {exc.strerror}"
+            ) from None
         try:
             strategy = await manager.load(name, config, source=folder)
         except AgentError as exc:

@@ -9,10 +9,18 @@ Loading itself is the loader's job; `build`, `load_model` and `load_all` hand it
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from pathlib import Path
 
-from agent.errors import AgentError, ModelLoadError, ModelNotFoundError, ModelNotReadyError
+from agent.errors import (
+    AgentError,
+    InvalidInputError,
+    ModelLoadError,
+    ModelNotFoundError,
+    ModelNotReadyError,
+    NoReadyVersionError,
+)
 from agent.models.loader import LoadSettings, ModelLoader, load_order
 from agent.models.memory_plan import MemoryLedger
 from agent.models.served import (
@@ -29,6 +37,8 @@ from agent.scheduling.scheduler import LimiterGate
 from agent.scheduling.statistics import StatisticsRegistry
 
 logger = logging.getLogger(__name__)
+
+_INTEGER = re.compile(r"[+-]?[0-9]+")
 
 __all__ = [
     "LoadSettings",
@@ -140,7 +150,7 @@ class ModelRegistry:
         with self._lock:
             record = self._records.get(name)
             if record is None:
-                raise ModelNotFoundError(f"unknown model: '{name}'")
+                raise ModelNotFoundError(f"Request for unknown model: '{name}' is not found")
             served, record.served = record.served, None
             record.reason = "unloaded"
             record.versions = {
@@ -227,29 +237,37 @@ class ModelRegistry:
     def resolve(self, name: str, version: str | None) -> tuple[ServedModel, int]:
         """The model and version a request addresses; no version means the latest READY one.
 
+        Messages are Triton's for the same case ("Request for unknown model: ..."), the agent's
+        reason after them.
+
         Raises:
-            ModelNotFoundError: unknown model, or a version that is not a positive integer or not in
-                the repository.
-            ModelNotReadyError: the model or version exists but is not READY.
+            InvalidInputError: the version is not an integer, or is negative.
+            ModelNotFoundError: unknown model, or a version not in the repository.
+            NoReadyVersionError: no version given and none is READY.
+            ModelNotReadyError: the version exists but is not READY.
         """
+        number = parse_version(version)
         record = self._records.get(name)
         if record is None:
-            raise ModelNotFoundError(f"unknown model: '{name}'")
+            raise ModelNotFoundError(f"Request for unknown model: '{name}' is not found")
         served = record.served
-        if not version:
+        if number is None:
             if served is None:
-                raise ModelNotReadyError(f"model '{name}' is not ready: {record.reason}")
+                raise NoReadyVersionError(
+                    f"Request for unknown model: '{name}' has no available versions: "
+                    f"{record.reason or 'not loaded'}"
+                )
             return served, served.latest_version
-        if not version.isdigit():
-            raise ModelNotFoundError(f"model '{name}' has no version '{version}'")
-        number = int(version)
         if served is not None and number in served.versions:
             return served, number
         status = record.versions.get(number)
         if status is None:
-            raise ModelNotFoundError(f"unknown version {number} of model '{name}'")
+            raise ModelNotFoundError(
+                f"Request for unknown model: '{name}' version {number} is not found"
+            )
         raise ModelNotReadyError(
-            f"model '{name}' version {number} is not ready: {status.reason or status.state.value}"
+            f"Request for unknown model: '{name}' version {number} is not at ready state: "
+            f"{status.reason or status.state.value}"
         )
 
     def served_models(self) -> list[ServedModel]:
@@ -289,3 +307,25 @@ class ModelRegistry:
         for record in records:
             if record.served is not None:
                 self.release(record.served)
+
+
+def parse_version(text: str | None) -> int | None:
+    """A request's version string as Triton reads it: None (latest) when empty, else >= 0.
+
+    Raises:
+        InvalidInputError: not an integer, or negative (Triton's two messages, INVALID_ARG).
+    """
+    if not text:
+        return None
+    if not _INTEGER.fullmatch(text):
+        # "stol" is what Triton's message carries here (the C++ call that refused the text).
+        raise InvalidInputError(
+            f"failed to get model version from specified version string '{text}' "
+            "(details: stol), version should be an integral value > 0"
+        )
+    number = int(text)
+    if number < 0:
+        raise InvalidInputError(
+            f"invalid model version specified '{text}' , version should be an integral value > 0"
+        )
+    return number

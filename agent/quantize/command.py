@@ -20,12 +20,13 @@ usually a little more accurate on ONNX Runtime's CPU kernels.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import inspect
 import logging
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -178,13 +179,22 @@ def evaluate(
     specs = input_specs(fp32_model)
     eval_data = load_eval_data(data, specs)
     feeds = dict(eval_data.feeds)
-    return quantize_report.compare(
+    report = quantize_report.compare(
         _outputs(fp32_model, feeds),
         _outputs(int8_model, feeds),
         eval_data.labels,
         budget_pct=budget_pct,
         calibration=calibration,
     )
+    return replace(report, fp32_model_sha256=_sha256(fp32_model))
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def quantize(opts: QuantizeOptions) -> QuantizeResult:

@@ -36,6 +36,9 @@ class Report:
     budget_pct: float | None
     within_budget: bool
     calibration: Mapping[str, Any]  # method, per_channel, samples, target
+    # SHA-256 of the FP32 model file the INT8 one came from: the publisher signs it into the
+    # metadata, tying the figures to that model (whose own signed target carries the same digest)
+    fp32_model_sha256: str = ""
 
     def to_json(self) -> str:
         """The report as JSON (with a schema tag), stable key order."""

@@ -28,11 +28,18 @@ def list_models(repository: Path) -> list[str]:
     return sorted(p.name for p in repository.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
+def is_model_name(name: str) -> bool:
+    """Whether `name` can name a model of a repository: one visible path component, as
+    `list_models` finds them (so never '..', 'a/b' or '../../elsewhere', which leave the
+    repository)."""
+    return bool(name) and not name.startswith(".") and "/" not in name and "\0" not in name
+
+
 def list_versions(model_dir: Path) -> list[int]:
     """Version numbers present as numeric sub-directories (`1/`, `2/`, ...), ascending."""
     versions = []
     for p in model_dir.iterdir():
-        if p.is_dir() and p.name.isdigit() and int(p.name) > 0:
+        if p.is_dir() and _is_number(p.name) and int(p.name) > 0:
             versions.append(int(p.name))
     return sorted(versions)
 
@@ -85,7 +92,7 @@ def backend_from_files(model_dir: Path, config: mc.ModelConfig) -> str:
         return ""
     try:
         folders = [
-            p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit() and int(p.name) > 0
+            p for p in model_dir.iterdir() if p.is_dir() and _is_number(p.name) and int(p.name) > 0
         ]
     except OSError:
         return ""
@@ -100,3 +107,8 @@ def model_filename(config: mc.ModelConfig) -> str:
     if config.default_model_filename:
         return config.default_model_filename
     return DEFAULT_MODEL_FILENAME.get(config.platform or config.backend, "model.onnx")
+
+
+def _is_number(name: str) -> bool:
+    """ASCII digits only: str.isdigit() also takes "²", which int() refuses."""
+    return name.isascii() and name.isdigit()

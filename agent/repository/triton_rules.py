@@ -295,7 +295,7 @@ def _check_instance_groups(config: mc.ModelConfig, model: str) -> None:
                 "supported for TensorRT models"
             )
         for profile in group.profile:
-            if not profile.isdigit():
+            if not (profile.isascii() and profile.isdigit()):
                 raise _fail(
                     f"{label} and platform {config.platform} specifies invalid profile {profile}. "
                     "The field should contain the string representation of a non-negative "

@@ -13,9 +13,12 @@ import asyncio
 import contextlib
 import functools
 import logging
+import secrets
 import shutil
 import signal
+import ssl
 import tempfile
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,19 +26,29 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from agent.api.access import ApiAccess, is_loopback_host
 from agent.api.grpc_server import start_grpc_server
 from agent.api.http import create_app
 from agent.api.http_limits import ConnectionGuard, ConnectionLimits
 from agent.api.metrics import build_registry, create_metrics_app
+from agent.api.tls import ServerTls
 from agent.canary.control import STATE_FILE, CanaryManager
-from agent.config.schema import AgentConfig
+from agent.config.schema import AgentConfig, ServerConfig
+from agent.config.security import (
+    exposure_problems,
+    grpc_restrictions,
+    http_restrictions,
+    tls_files,
+)
+from agent.device.gpu import CachedGpuReader, GpuReader, detect_gpu_reader
 from agent.errors import AgentError, ModelLoadError, ModelNotFoundError
 from agent.fleet.link import FleetLink
 from agent.fleet.mqtt import MqttError
 from agent.fleet.outbox import StoreError
-from agent.fleet.telemetry import detect_gpu
-from agent.models.cache_control import CachedVersions, CacheEvents
+from agent.fleet.telemetry import TelemetrySampler
+from agent.models.cache_control import CachedVersions, CacheEvents, ProvenanceOf
 from agent.models.control import ModelControlMode, ModelManager
+from agent.models.device_memory import detect_device_memory
 from agent.models.events import EventTee, LogEvents
 from agent.models.loader import LoadSettings
 from agent.models.memory_plan import MemoryLedger, detect_budget_bytes, process_rss_bytes
@@ -45,6 +58,7 @@ from agent.repository.watch import RepositoryWatcher
 from agent.runtime.demo import default_demo_dir, ensure_demo_repository
 from agent.runtime.fd_limit import raise_open_file_limit
 from agent.runtime.reload import Reloader
+from agent.runtime.status import DeviceStatus
 from agent.runtime.systemd_notify import (
     Notifier,
     StatusLogHandler,
@@ -54,6 +68,7 @@ from agent.runtime.systemd_notify import (
 from agent.scheduling.rate_limiter import RateLimiter
 from agent.scheduling.scheduler import LimiterGate
 from agent.scheduling.statistics import StatisticsRegistry
+from agent.serving.cuda_regions import open_cuda_regions
 from agent.serving.dataplane import DataPlane
 from agent.serving.response_cache import ResponseCache
 from agent.serving.shared_memory import SharedMemoryRegistry
@@ -62,6 +77,7 @@ from agent.tensors.limits import TensorLimits
 from model_cache import CacheError, ModelCache
 from sync.errors import SyncConfigError, SyncError
 from sync.policy import parse_desired
+from sync.provenance import ProvenanceStore
 
 if TYPE_CHECKING:
     from sync.client import SyncClient
@@ -87,6 +103,8 @@ class RunningAgent:
     model_cache: ModelCache | None = None
     grpc_port: int | None = None
     fleet: FleetLink | None = None
+    tls: ServerTls | None = None  # reloaded on SIGHUP
+    access: ApiAccess | None = None  # restricted API groups, swapped on SIGHUP
 
     async def stop(self) -> None:
         """Stop being ready, then stop every part in the reverse order of its start.
@@ -122,6 +140,11 @@ async def start_agent(config: AgentConfig) -> RunningAgent:
 
 async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> RunningAgent:
     raise_open_file_limit()
+    for problem in exposure_problems(config.server):  # strict_security refused it at load
+        logger.warning("security: %s", problem)
+    access = ApiAccess(http_restrictions(config.server), grpc_restrictions(config.server))
+    files = tls_files(config.server)
+    tls = await asyncio.to_thread(ServerTls, files) if files is not None else None
     repo = config.models.repository
     model_cache: ModelCache | None = None
     if config.cache.dir is not None:
@@ -153,6 +176,10 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         ledger=ledger,
         gate=LimiterGate(RateLimiter()),
     )
+    # GPU memory checked at each GPU version's load, beside the host budget (none on Jetson).
+    device_memory, device_why = await asyncio.to_thread(detect_device_memory)
+    registry.loader.device_memory = device_memory
+    logger.info("device memory: %s", device_why)
     # Folders of models loaded from request files: removed after the models are unloaded.
     pushed = (
         _pushed_models(config, stack)
@@ -183,6 +210,7 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
             manager,
             keep_last=config.cache.keep_last,
             disk_budget_bytes=config.cache.disk_budget_bytes or None,
+            provenance=provenance_reader(config, model_cache),
         )
         if model_cache is not None
         else None
@@ -194,6 +222,14 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         state_path=config.cache.dir / STATE_FILE if config.cache.dir is not None else None,
     )
     canary.startup(config.canary)
+    shared_memory = SharedMemoryRegistry(enabled=config.server.shared_memory)
+    if config.server.shared_memory:
+        # CUDA regions where cuda-python and a GPU are here (no CUDA context until a register).
+        cuda_regions, why = await asyncio.to_thread(
+            open_cuda_regions, lambda name: any(r.name == name for r in shared_memory.status())
+        )
+        shared_memory.device = cuda_regions
+        logger.info("CUDA shared memory: %s", why if cuda_regions is not None else f"off, {why}")
     dataplane = DataPlane(
         registry,
         ResponseCache(config.models.response_cache_bytes),
@@ -201,23 +237,51 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         mode,
         versions,
         canary,
-        shared_memory=SharedMemoryRegistry(enabled=config.server.shared_memory),
+        shared_memory=shared_memory,
         pushed=pushed,
         max_request_bytes=config.server.max_request_bytes,
         tracer=_tracer(config),
+        server_name=config.server.name,
+        private_paths=[config.cache.dir] if config.cache.dir is not None else [],
     )
     # Entered before the listeners: stopped after them, once no request can finish a trace.
     stack.push_async_callback(asyncio.to_thread, dataplane.tracer.close)
     sync = _build_sync(config, model_cache, versions, events)
     server = config.server
     limits = _connection_limits(config)
+    found_gpu = await asyncio.to_thread(detect_gpu_reader)
+    # One reading per interval (Triton's), shared by scrapes, telemetry and the status page.
+    gpu = CachedGpuReader(found_gpu, time.monotonic, 2.0) if found_gpu is not None else None
+    token = _status_token(server)
+    status = DeviceStatus(
+        dataplane,
+        TelemetrySampler(
+            registry,
+            ledger,
+            started=time.monotonic(),
+            cache_disk=model_cache.disk_usage if model_cache is not None else None,
+            sync_state=sync.loop.state if sync is not None else None,
+            gpu=gpu,
+        ),
+        access="loopback" if token is None else "token",
+        interval_s=server.status_sample_ms / 1000,
+    )
+    events.add(status.events)
+    await status.start()
+    stack.push_async_callback(status.stop)
     app = create_app(
         dataplane,
         max_request_bytes=server.max_request_bytes,
         max_bytes_elements=server.max_bytes_elements,
         body_timeout_s=limits.body_timeout_s,
+        access=access if "http" in access.enforced else None,
+        status=status,
+        status_token=lambda: token,
     )
-    port = await _serve_http(stack, app, server.host, server.http_port, limits, drain=True)
+    context = tls.ssl_context if tls is not None else None
+    port = await _serve_http(
+        stack, app, server.host, server.http_port, limits, drain=True, ssl_context=context
+    )
     grpc_port: int | None = None
     if config.server.grpc_port >= 0:
         grpc_server, grpc_port = await start_grpc_server(
@@ -227,20 +291,34 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
             max_message_bytes=config.server.max_request_bytes,
             tensor_limits=TensorLimits(server.max_request_bytes, server.max_bytes_elements),
             connection_limits=limits,
+            access=access if "grpc" in access.enforced else None,
+            tls=tls,
         )
         stack.push_async_callback(grpc_server.stop, DRAIN_TIMEOUT_S)
-        logger.info("gRPC on %s:%d", config.server.host, grpc_port)
+        logger.info("gRPC on %s:%d%s", config.server.host, grpc_port, _tls_note(tls))
     metrics_port: int | None = None
     if config.server.metrics_port >= 0:
-        metrics_app = create_metrics_app(build_registry(stats, ledger, canary=canary))
+        metrics_app = create_metrics_app(build_registry(stats, ledger, canary=canary, gpu=gpu))
+        # The same TLS as the API (a scraper off loopback needs the client certificate too).
         metrics_port = await _serve_http(
-            stack, metrics_app, server.host, server.metrics_port, limits, drain=False
+            stack,
+            metrics_app,
+            server.host,
+            server.metrics_port,
+            limits,
+            drain=False,
+            ssl_context=context,
         )
-        logger.info("metrics on http://%s:%d/metrics", config.server.host, metrics_port)
+        logger.info(
+            "metrics on %s://%s:%d/metrics",
+            "https" if tls else "http",
+            config.server.host,
+            metrics_port,
+        )
     fleet: FleetLink | None = None
     if config.mqtt.enabled:
         fleet = await _start_fleet_link(
-            stack, config, dataplane, registry, ledger, model_cache, sync, events
+            stack, config, dataplane, registry, ledger, model_cache, sync, events, gpu
         )
     if sync is not None:
         # Last in, first out: on shutdown the cycle in progress finishes before anything else
@@ -248,7 +326,14 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         await _start_periodic_sync(stack, config, sync)
     dataplane.set_ready(True)
     served = ", ".join(sorted(m.name for m in registry.served_models())) or "none"
-    logger.info("listening on http://%s:%d (models: %s)", config.server.host, port, served)
+    logger.info(
+        "listening on %s://%s:%d (models: %s)%s",
+        "https" if tls else "http",
+        config.server.host,
+        port,
+        served,
+        _tls_note(tls),
+    )
     return RunningAgent(
         registry,
         dataplane,
@@ -258,7 +343,28 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         model_cache=model_cache,
         grpc_port=grpc_port,
         fleet=fleet,
+        tls=tls,
+        access=access,
     )
+
+
+def _status_token(server: ServerConfig) -> str | None:
+    """The token the status page needs: the configured one; none on loopback without one; an
+    unguessable one beyond loopback without one (the page is then closed to everybody)."""
+    if server.status_token:
+        return server.status_token
+    if is_loopback_host(server.host):
+        return None
+    logger.warning(
+        "status page closed: server.host is beyond loopback and server.status_token is not set"
+    )
+    return secrets.token_urlsafe(32)
+
+
+def _tls_note(tls: ServerTls | None) -> str:
+    if tls is None:
+        return ""
+    return " over mutual TLS" if tls.mutual else " over TLS"
 
 
 def _tracer(config: AgentConfig) -> Tracer:
@@ -277,6 +383,17 @@ def _tracer(config: AgentConfig) -> Tracer:
     exporter = OtlpExporter(url, parse_resource(log.trace_otlp_resource))
     logger.info("traces: OpenTelemetry spans to %s", url)
     return Tracer(mode="opentelemetry", exporter=exporter)
+
+
+def provenance_reader(config: AgentConfig, cache: ModelCache) -> ProvenanceOf:
+    """Who signed a cached version, as the sync recorded it (also after `sync --once`)."""
+    store = ProvenanceStore((config.sync.work_dir or Path(cache.root) / "sync") / "provenance")
+
+    def read(model: str, version: int) -> dict[str, Any] | None:
+        found = store.get(model, version)
+        return found.to_json() if found is not None else None
+
+    return read
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,6 +467,7 @@ async def _serve_http(
     limits: ConnectionLimits,
     *,
     drain: bool,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> int:
     """Listen on host:port (0: any free port) until the stack unwinds; returns the bound port.
 
@@ -371,7 +489,13 @@ async def _serve_http(
     assert runner.server is not None  # set up
     guard.bind(runner.server)
     listener = await asyncio.get_running_loop().create_server(
-        guard, host, port, reuse_address=True, backlog=1024
+        guard,
+        host,
+        port,
+        reuse_address=True,
+        backlog=1024,
+        ssl=ssl_context,
+        ssl_handshake_timeout=limits.header_timeout_s if ssl_context is not None else None,
     )
     # Unwound first: stop accepting, then the runner drains what is open (as a site's stop).
     stack.callback(listener.close)
@@ -387,6 +511,7 @@ async def _start_fleet_link(
     model_cache: ModelCache | None,
     sync: _Sync | None,
     events: EventTee,
+    gpu: GpuReader | None,
 ) -> FleetLink:
     """Connect to the fleet manager's broker (returns at once; the broker may be away).
 
@@ -426,7 +551,7 @@ async def _start_fleet_link(
         on_desired=on_desired,
         sync_state=sync_state,
         cache_disk=model_cache.disk_usage if model_cache is not None else None,
-        gpu=await asyncio.to_thread(detect_gpu),
+        gpu=gpu,
     )
     # Entered before it starts: a start that fails half way (state database opened, TLS files
     # unreadable) is undone like the rest. Stopping publishes the retained "offline" status.
@@ -526,7 +651,13 @@ async def run_agent(
             loop.add_signal_handler(sig, stop.set)
         if reload_config is not None:
             Reloader(
-                config, reload_config, agent.registry, notifier, agent.dataplane.log_settings
+                config,
+                reload_config,
+                agent.registry,
+                notifier,
+                agent.dataplane.log_settings,
+                tls=agent.tls,
+                access=agent.access,
             ).install(loop)
         served = len(agent.registry.served_models())
         notifier.ready(f"serving {served} model(s) on port {agent.http_port}")

@@ -1,9 +1,13 @@
 """SIGHUP: re-read the config and apply, without a restart, what can change live.
 
-Live: `log.level`, and each loaded model's `dynamic_batching` block (re-read from its
-`config.pbtxt`; every loaded version's scheduler gets the new policy, with queued requests moved
-over in order). Everything else in the agent's config needs a restart: it is logged by key, and
-the running agent keeps its old value.
+Live: `log.level`; the restricted API groups (`server.http_restricted_api`,
+`server.grpc_restricted_protocol`: the next request is judged by the new ones, once the agent
+started with some on that protocol); the server TLS
+certificate, key and client CA (re-read from the same files, served to new connections); and
+each loaded model's `dynamic_batching` block (re-read from its `config.pbtxt`; every loaded
+version's scheduler gets the new policy, with queued requests moved over in order). Everything
+else in the agent's config needs a restart: it is logged by key, and the running agent keeps its
+old value.
 
 Invariants:
 
@@ -25,7 +29,10 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from agent.api.access import ApiAccess
+from agent.api.tls import ServerTls
 from agent.config.schema import AgentConfig
+from agent.config.security import grpc_restrictions, http_restrictions
 from agent.errors import AgentConfigError, AgentError
 from agent.models.registry import ModelRegistry
 from agent.models.served import ServedModel
@@ -39,7 +46,8 @@ __all__ = ["ReloadReport", "Reloader", "restart_keys"]
 
 logger = logging.getLogger(__name__)
 
-_LIVE_KEYS = frozenset({"log.level"})
+_RESTRICTION_KEYS = ("http_restricted_api", "grpc_restricted_protocol")
+_LIVE_KEYS = frozenset({"log.level", *(f"server.{key}" for key in _RESTRICTION_KEYS)})
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +98,9 @@ class Reloader:
         registry: ModelRegistry,
         notifier: Notifier | None = None,
         log_settings: LogSettings | None = None,
+        *,
+        tls: ServerTls | None = None,
+        access: ApiAccess | None = None,
     ) -> None:
         """Args:
         running: the config the agent started with.
@@ -98,7 +109,11 @@ class Reloader:
         registry: the loaded models.
         notifier: told RELOADING=1 and then READY=1 around each reload.
         log_settings: the live log settings (`/v2/logging`), reset to the new `log.level`.
+        tls: the listeners' TLS, whose files are read again (a certificate rotation).
+        access: the restricted API groups in force, replaced by the new config's.
         """
+        self._tls = tls
+        self._access = access
         self._running = running
         self._load = load
         self._registry = registry
@@ -147,11 +162,19 @@ class Reloader:
     async def _reload(self) -> ReloadReport:
         applied: list[str] = []
         errors: list[str] = []
+        if self._tls is not None:  # first: a rotation does not wait on a config that fails
+            try:
+                await asyncio.to_thread(self._tls.reload)
+            except AgentError as exc:
+                logger.error("config reload: keeping the running TLS certificate: %s", exc.message)
+                errors.append(exc.message)
+            else:
+                applied.append(f"server TLS: {self._tls.files.cert} reloaded")
         try:
             new = await asyncio.to_thread(self._load)
         except AgentConfigError as exc:
             logger.error("config reload failed, keeping the running config: %s", exc)
-            return ReloadReport(errors=(str(exc),))
+            return ReloadReport(tuple(applied), errors=(*errors, str(exc)))
         restart = restart_keys(self._running, new)
         for key in restart:
             logger.warning("config reload: %s changed; it takes effect after a restart", key)
@@ -163,6 +186,7 @@ class Reloader:
             applied.append(f"log.level: {self._running.log.level} -> {new.log.level}")
             logger.warning("config reload: log level now %s", new.log.level)
             self._running = dataclasses.replace(self._running, log=new.log)
+        applied.extend(self._apply_restrictions(new, restart))
         served = self._registry.served_models()
         updates = await asyncio.to_thread(_read_batching, self._registry, served, errors)
         for update in updates:
@@ -174,6 +198,34 @@ class Reloader:
             len(errors),
         )
         return ReloadReport(tuple(applied), tuple(restart), tuple(errors))
+
+    def _apply_restrictions(self, new: AgentConfig, restart: list[str]) -> list[str]:
+        """Swap in the new restricted API groups (validated by the load); values never logged.
+
+        A protocol that started without any restriction has no check installed (none costs
+        nothing per request): restricting it for the first time is added to `restart`.
+        """
+        server = self._running.server
+        applied: list[str] = []
+        for key, parse, protocol in (
+            ("http_restricted_api", http_restrictions, "http"),
+            ("grpc_restricted_protocol", grpc_restrictions, "grpc"),
+        ):
+            if getattr(server, key) == getattr(new.server, key):
+                continue
+            restrictions = parse(new.server)
+            if self._access is None or (restrictions and protocol not in self._access.enforced):
+                logger.warning(
+                    "config reload: server.%s changed; it takes effect after a restart", key
+                )
+                restart.append(f"server.{key}")
+                continue
+            setattr(self._access, protocol, restrictions)
+            server = dataclasses.replace(server, **{key: getattr(new.server, key)})
+            logger.warning("config reload: server.%s updated", key)
+            applied.append(f"server.{key} updated")
+        self._running = dataclasses.replace(self._running, server=server)
+        return applied
 
 
 def _read_batching(

@@ -277,7 +277,7 @@ class BatchFormer(Generic[T]):
         policy = level.policy
         if policy.max_queue_size and len(level) >= policy.max_queue_size:
             raise OverloadedError(
-                f"queue of priority level {level_no} is full"
+                f"Exceeds maximum queue size: queue of priority level {level_no} is full"
                 f" (max_queue_size {policy.max_queue_size} requests)"
             )
         timeout = policy.default_timeout_us

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agent.backends.base import Backend
+from agent.backends.base import Backend, ResponseSink
 from agent.backends.cancellation import CancelSignal
 from agent.errors import (
     AgentError,
@@ -86,6 +86,7 @@ class _Job:
     # Set when the caller stops waiting (client gone, parent BLS call cancelled): a queued job
     # is then skipped, a running one told to its backend (`run_requests`).
     cancel: CancelSignal = field(default_factory=CancelSignal)
+    sink: ResponseSink | None = None  # decoupled: where the responses go
 
 
 class LimiterGate:
@@ -192,8 +193,12 @@ class ModelScheduler:
         *,
         priority: int | None = None,
         timeout_us: int | None = None,
+        responses: ResponseSink | None = None,
     ) -> ExecutionResult:
         """Queue a validated request and wait for its outputs.
+
+        `responses` (decoupled models): the request's responses go there as the model sends
+        them; this returns (with no outputs) once the `execute` call that took it returned.
 
         Raises:
             OverloadedError: the queue is full (503).
@@ -206,7 +211,8 @@ class ModelScheduler:
             raise ModelNotReadyError(f"model '{self.model}' version {self.version} is unloading")
         if len(self._former) >= self._max_pending:
             raise OverloadedError(
-                f"model '{self.model}' has {self._max_pending} requests queued; retry later"
+                f"Exceeds maximum queue size: model '{self.model}' has {self._max_pending} "
+                "requests queued; retry later"
             )
         need = 0
         if self._max_batch_bytes is not None:
@@ -217,7 +223,8 @@ class ModelScheduler:
                     f"{self._max_batch_bytes} bytes its memory plan allows one execution"
                 )
         if (
-            priority is None
+            responses is None
+            and priority is None
             and timeout_us is None
             and self._free == self._instances
             and self._holding == 0
@@ -233,6 +240,7 @@ class ModelScheduler:
             time.perf_counter_ns(),
             -1,
             -(-need // max(1, request.batch_size)),
+            sink=responses,
         )
         self._former.add(
             job, request.batch_size, time.monotonic(), priority=priority, timeout_us=timeout_us
@@ -316,7 +324,7 @@ class ModelScheduler:
         loop = asyncio.get_running_loop()
         now = time.monotonic()
         for job in self._former.expire(now):
-            self._finish(job, RequestTimeoutError("request timeout expired in the queue"))
+            self._finish(job, RequestTimeoutError("Request timeout expired"))
         while self._free > 0 and self._holding == 0:
             cap = self._rows_in_budget()
             batch = self._former.take(now, cap)
@@ -369,7 +377,8 @@ class ModelScheduler:
         """Whether this execution, off the loop, runs on it to measure it there again."""
         below = self._inline_below_ns * _REPROBE_FACTOR
         return (
-            self._launches % _REPROBE_EVERY == 0
+            self._runs >= _PROBE_RUNS
+            and self._launches % _REPROBE_EVERY == 0
             and self._exec_ns < below
             and self._wall_ns < below * _WALL_FACTOR
         )
@@ -413,6 +422,8 @@ class ModelScheduler:
         self, jobs: Sequence[_Job], started_ns: int, on_loop: bool = False
     ) -> list[ExecutionResult | BaseException]:
         """Run in an executor thread (or inline): concatenate, run, split."""
+        if jobs[0].sink is not None:
+            return self._execute_decoupled(jobs, started_ns)
         cpu_start = time.thread_time_ns()
         run_ns = 0  # wall time inside the backend (where a device wait shows)
         results: list[ExecutionResult | BaseException | None] = [None] * len(jobs)
@@ -502,6 +513,26 @@ class ModelScheduler:
                 )
         self._measured(time.thread_time_ns() - cpu_start, run_ns, on_loop=on_loop)
         return [r for r in results if r is not None]
+
+    def _execute_decoupled(
+        self, jobs: Sequence[_Job], started_ns: int
+    ) -> list[ExecutionResult | BaseException]:
+        """A decoupled model's batch: one `execute` call; the responses go to the sinks."""
+        run = getattr(self._backend, "run_decoupled", None)
+        if run is None:
+            raise BackendError(f"model '{self.model}' cannot run decoupled requests")
+        t0 = time.perf_counter_ns()
+        run([(j.request.feeds, j.request.output_names, j.sink) for j in jobs])
+        t1 = time.perf_counter_ns()
+        rows = sum(j.request.batch_size for j in jobs)
+        if self._stats is not None:
+            self._stats.record_execution(
+                batch_size=rows, compute_input_ns=0, compute_infer_ns=t1 - t0, compute_output_ns=0
+            )
+        return [
+            ExecutionResult([], max(0, started_ns - j.enqueued_ns), 0, t1 - t0, 0, rows)
+            for j in jobs
+        ]
 
     def _measured(self, ns: int, wall_ns: int, *, on_loop: bool = False) -> None:
         # One writer at a time per instance thread; a lost update only delays the switch.

@@ -45,6 +45,12 @@ InferStat = Literal[
 ]  # fmt: skip
 INFER_STATS: Final[tuple[InferStat, ...]] = get_args(InferStat)
 
+# The per-response entries of Triton's `response_stats` (decoupled models), each {count, ns}.
+ResponseKind = Literal["success", "fail", "empty_response", "cancel"]
+RESPONSE_STATS: Final[tuple[str, ...]] = (
+    "compute_infer", "compute_output", "success", "fail", "empty_response", "cancel",
+)  # fmt: skip
+
 QUANTILES: Final[tuple[float, ...]] = (0.5, 0.9, 0.95, 0.99)
 DEFAULT_WINDOW: Final = 1024
 
@@ -111,6 +117,8 @@ class StatsSnapshot:
     failures: tuple[tuple[str, int], ...]
     batch_stats: tuple[BatchStat, ...]
     summaries: tuple[tuple[Series, LatencySummary], ...]
+    # Decoupled models: response index -> RESPONSE_STATS entries (empty for other models).
+    response_stats: tuple[tuple[int, tuple[Duration, ...]], ...] = ()
 
     def stat(self, name: InferStat) -> Duration:
         """One of Triton's `inference_stats` entries."""
@@ -130,7 +138,10 @@ class StatsSnapshot:
             "execution_count": self.execution_count,
             "inference_stats": {k: d.to_json() for k, d in self.inference_stats},
             # Per-response stats of decoupled models; Triton sends {} for all others.
-            "response_stats": {},
+            "response_stats": {
+                str(index): {k: d.to_json() for k, d in zip(RESPONSE_STATS, row, strict=True)}
+                for index, row in self.response_stats
+            },
             "batch_stats": [b.to_json() for b in self.batch_stats],
             "memory_usage": [],
         }
@@ -192,6 +203,7 @@ class ModelStatistics:
         self._failures: dict[str, int] = dict.fromkeys(FAILURE_REASONS, 0)
         self._batches: dict[int, list[int]] = {}  # batch size -> [count, in, infer, out ns]
         self._windows: dict[Series, _Window] = {s: _Window(window) for s in SERIES}
+        self._responses: dict[int, list[list[int]]] = {}  # index -> RESPONSE_STATS [count, ns]
         w = self._windows
         self._success_series = (
             (self._stats["success"], w["request"]),
@@ -232,6 +244,26 @@ class ModelStatistics:
                 pair[0] += 1
                 pair[1] += ns
                 window.observe(ns)
+
+    def record_response(self, index: int, kind: ResponseKind, *, ns: int) -> None:
+        """Count the `index`-th response of a decoupled request (Triton's `response_stats`).
+
+        `ns`: the time since the request's previous response (or its arrival, for the first):
+        the model's time to compute this one. A response with outputs or an error counts under
+        compute_infer and compute_output (0 ns: outputs travel as they are) too.
+        """
+        _check_ns(("response", ns))
+        with self._lock:
+            row = self._responses.get(index)
+            if row is None:
+                row = self._responses[index] = [[0, 0] for _ in RESPONSE_STATS]
+            entry = row[RESPONSE_STATS.index(kind)]
+            entry[0] += 1
+            entry[1] += ns
+            if kind in ("success", "fail"):
+                row[0][0] += 1
+                row[0][1] += ns
+                row[1][0] += 1
 
     def record_failure(self, *, request_ns: int, reason: FailureReason, now_ms: int) -> None:
         """Count one failed request; as in Triton, `last_inference` does not move.
@@ -352,6 +384,10 @@ class ModelStatistics:
                     for k, (n, i, r, o) in sorted(self._batches.items())
                 ),
                 summaries=tuple((s, self._windows[s].summary()) for s in SERIES),
+                response_stats=tuple(
+                    (i, tuple(Duration(*pair) for pair in row))
+                    for i, row in sorted(self._responses.items())
+                ),
             )
 
     def to_json(self) -> dict[str, Any]:
@@ -361,7 +397,8 @@ class ModelStatistics:
 
 def _version_key(version: str) -> tuple[int, int, str]:
     """Numeric versions in numeric order ("2" before "10"), then any others by text."""
-    return (0, int(version), "") if version.isdigit() else (1, 0, version)
+    numeric = version.isascii() and version.isdigit()  # "²" is a digit int() refuses
+    return (0, int(version), "") if numeric else (1, 0, version)
 
 
 class StatisticsRegistry:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from agent import __version__
@@ -23,12 +24,14 @@ from agent.errors import (
     BackendError,
     InternalError,
     InvalidInputError,
+    ModelControlDisabledError,
     ModelControlError,
     ModelInstanceFailedError,
     ModelNotFoundError,
     ModelNotReadyError,
     OverloadedError,
     RequestTimeoutError,
+    UnsupportedError,
 )
 from agent.models.cache_control import CachedVersions
 from agent.models.control import ModelControlMode, ModelManager
@@ -39,8 +42,13 @@ from agent.repository.model_config import config_from_json, config_to_json
 from agent.scheduling.sequence_policy import sequence_parameters
 from agent.scheduling.sequence_scheduler import SequenceScheduler
 from agent.scheduling.statistics import FailureReason
+from agent.serving.client_text import PathScrubber
+from agent.serving.cuda_regions import CudaRegionRegistry
+from agent.serving.cuda_shared_memory import CudaRegions, CudaSharedMemory
+from agent.serving.decoupled import stream_responses
 from agent.serving.log_settings import LogSettings
 from agent.serving.response_cache import ResponseCache, cache_key
+from agent.serving.response_stream import StreamedResponse
 from agent.serving.sequence_routes import SequenceRoutes
 from agent.serving.shared_memory import SharedMemoryRegistry
 from agent.serving.trace import Trace, Tracer
@@ -80,6 +88,9 @@ class DataPlane:
         tracer: Tracer | None = None,
         pushed: PushedModels | None = None,
         max_request_bytes: int = 64 * 1024 * 1024,
+        *,
+        server_name: str = SERVER_NAME,
+        private_paths: Iterable[Path] = (),
     ) -> None:
         self._registry = registry
         self._cache = cache
@@ -95,8 +106,20 @@ class DataPlane:
         self.pushed = pushed
         self._max_request_bytes = max_request_bytes
         self._ready = False
+        self.server_name = server_name
+        self._no_cuda = CudaSharedMemory(self.shared_memory)
+        # What a client-facing message must not show: the repository and the model cache.
+        pushed_root = [pushed.root] if pushed is not None else []
+        self.scrub = PathScrubber([registry.repository, *pushed_root, *private_paths])
         # Ensemble steps and Python models' BLS requests are ordinary inferences.
         registry.step_runner.bind(self.infer)
+
+    @property
+    def cuda_shared_memory(self) -> CudaRegions:
+        """The CUDA regions the endpoints use: the registry the daemon hooked into the shared
+        memory (`shared_memory.device`, where CUDA is present), else Triton's no-GPU answers."""
+        device = self.shared_memory.device
+        return device if isinstance(device, CudaRegionRegistry) else self._no_cuda
 
     def set_ready(self, ready: bool) -> None:
         """Ready once start-up loading is done; not ready again while shutting down."""
@@ -112,7 +135,9 @@ class DataPlane:
         extensions = [
             e for e in EXTENSIONS if e != "system_shared_memory" or self.shared_memory.enabled
         ]
-        return {"name": SERVER_NAME, "version": __version__, "extensions": extensions}
+        if isinstance(self.shared_memory.device, CudaRegionRegistry):
+            extensions.append("cuda_shared_memory")  # as Triton built with GPU support lists it
+        return {"name": self.server_name, "version": __version__, "extensions": extensions}
 
     def model_ready(self, name: str, version: str | None) -> bool:
         """Whether the addressed model version is READY (raises ModelNotFoundError if unknown)."""
@@ -147,6 +172,7 @@ class DataPlane:
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         rows = _with_rejections(self._registry.index(), self.rejected_versions())
+        rows = [{k: self.scrub(v) if k == "reason" else v for k, v in r.items()} for r in rows]
         if ready_only:
             rows = [r for r in rows if r.get("state") == "READY"]
         return rows
@@ -231,19 +257,27 @@ class DataPlane:
 
     def _require_explicit(self, action: str) -> None:
         if self.mode is not ModelControlMode.EXPLICIT:
-            raise ModelControlError(
-                f"explicit model {action} is not allowed in model-control mode "
-                f"'{self.mode.value}' (start with --model-control-mode explicit)"
+            raise ModelControlDisabledError(  # Triton's words, whatever the mode
+                "explicit model load / unload is not allowed if polling is enabled "
+                f"(model-control mode '{self.mode.value}': {action} needs "
+                "--model-control-mode explicit)"
             )
 
     def statistics(self, name: str | None, version: str | None) -> dict[str, Any]:
         """Triton's statistics extension for all models, one model, or one version.
 
         Raises:
-            ModelNotFoundError: the model or version is unknown.
+            InvalidInputError: the model or version is unknown or not ready (Triton: 400).
         """
         if name is not None:
-            served, number = self._registry.resolve(name, version)
+            try:
+                served, number = self._registry.resolve(name, version)
+            except (ModelNotFoundError, ModelNotReadyError):  # Triton's words and code (400)
+                if not version:
+                    raise InvalidInputError(f"requested model '{name}' is not available") from None
+                raise InvalidInputError(
+                    f"requested model version is not available for model '{name}'"
+                ) from None
             return self._registry.stats.snapshot(served.name, str(number) if version else None)
         return self._registry.stats.snapshot()
 
@@ -267,13 +301,21 @@ class DataPlane:
         return self.tracer.update(model, changes)
 
     async def infer(
-        self, name: str, version: str | None, request: InferRequest, trace: Trace | None = None
+        self,
+        name: str,
+        version: str | None,
+        request: InferRequest,
+        trace: Trace | None = None,
+        *,
+        refusal: str | None = None,
     ) -> InferResponse:
         """Validate a request, answer from the response cache or queue it on the scheduler.
 
         `trace` (tracing on and this request sampled) collects the request's timestamps. A
         request with a `parent_trace` (an ensemble step or a BLS request of a traced request)
         gets a child trace, finished here.
+        `refusal`: the transport's wording when the model is decoupled (one response per call
+        cannot serve it: `infer_stream` does).
 
         Raises:
             ModelNotFoundError, ModelNotReadyError: the model or version cannot serve.
@@ -283,6 +325,7 @@ class DataPlane:
             ModelInstanceFailedError: an instance hung or died; the version is UNAVAILABLE now.
             InternalError: an unexpected exception (a bug), logged with its traceback; like
                 every failure it is counted in the statistics and told to the canary.
+            UnsupportedError: the model is decoupled.
         """
         start = time.perf_counter_ns()
         if trace is None and request.parent_trace is not None:
@@ -296,6 +339,8 @@ class DataPlane:
         routed = None if version or owner else self.canary.route(name)  # canary: unversioned only
         served, number = owner or self._registry.resolve(name, str(routed) if routed else version)
         loaded = served.versions[number]
+        if served.config.model_transaction_policy.decoupled:
+            raise UnsupportedError(refusal or _decoupled_refusal(served.name))
         if trace is not None:
             trace.model_version = number
         stats = loaded.stats
@@ -305,7 +350,11 @@ class DataPlane:
         try:
             if in_shm or any(t.shm is not None for t in request.inputs):
                 request = self.shared_memory.resolve_inputs(request)
-            valid = served.signature.validate(request)
+            try:
+                valid = served.signature.validate(request)
+            except InvalidInputError as exc:  # Triton's words open with the request's id
+                tag = request.id or "<id_unknown>"
+                raise InvalidInputError(f"[request id: {tag}] {exc.message}") from None
             if trace is not None:
                 valid = self._trace_inputs(trace, request, valid, served.signature)
             priority, timeout_us = _scheduling_parameters(request.parameters)
@@ -383,6 +432,57 @@ class DataPlane:
             self._trace_end(trace, outputs)
         return InferResponse(served.name, version_text, outputs, request.id)
 
+    async def infer_stream(
+        self, name: str, version: str | None, request: InferRequest
+    ) -> AsyncGenerator[StreamedResponse, None]:
+        """Every response of a request, for any model (`agent.serving.response_stream`).
+
+        Errors before the model takes the request are raised (as `infer` raises them); after
+        that they come as items. Closing the iterator before the final item cancels the request
+        (the model's `request.is_cancelled()` turns true).
+        """
+        served, _ = self._registry.resolve(name, version)
+        if not served.config.model_transaction_policy.decoupled:
+            yield StreamedResponse(await self.infer(name, version, request))
+            return
+        start = time.perf_counter_ns()
+        await self.manager.wait_if_swapping(name)
+        served, number = self._registry.resolve(name, version)  # no canary split of streams
+        loaded = served.versions[number]
+        try:
+            if any(t.shm is not None for t in request.inputs) or shared_memory_outputs(request):
+                raise InvalidInputError(
+                    "shared-memory tensors are not supported with decoupled models"
+                )
+            valid = served.signature.validate(request)
+            priority, timeout_us = _scheduling_parameters(request.parameters)
+        except AgentError:
+            loaded.stats.record_failure(
+                request_ns=time.perf_counter_ns() - start, reason="OTHER", now_ms=_now_ms()
+            )
+            raise
+        responses = stream_responses(
+            served,
+            loaded,
+            valid,
+            request.id,
+            priority=priority,
+            timeout_us=timeout_us,
+            start_ns=start,
+        )
+        try:
+            async for item in responses:
+                if isinstance(item.error, ModelInstanceFailedError):
+                    self._registry.mark_failed(
+                        served.name, number, item.error.message, loaded=loaded
+                    )
+                yield item
+        except ModelInstanceFailedError as exc:
+            self._registry.mark_failed(served.name, number, exc.message, loaded=loaded)
+            raise
+        finally:
+            await responses.aclose()
+
     def _child_trace(self, name: str, request: InferRequest) -> Trace | None:
         parent = request.parent_trace
         if not isinstance(parent, Trace):
@@ -418,6 +518,13 @@ class DataPlane:
         """Tell the canary how a request it routed went (latency from arrival to answer)."""
         if routed is not None:
             self.canary.record(name, routed, (time.perf_counter_ns() - start_ns) // 1000, error)
+
+
+def _decoupled_refusal(name: str) -> str:
+    return (
+        f"model '{name}' uses the decoupled transaction policy: its responses are streamed "
+        "(gRPC ModelStreamInfer, HTTP generate_stream)"
+    )
 
 
 def _with_rejections(

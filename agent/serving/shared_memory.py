@@ -10,10 +10,14 @@ carrying tensor bytes. The agent maps the window itself (`O_NOFOLLOW`, regular f
 * writes output tensors into the region once the inference is done; the response then carries
   only name, datatype and shape (as Triton's; its C++ client reads output parameters as binary).
 
-Invariants: region names are unique (registering a taken name is a `ConflictError`, as Triton's
+Invariants: region names are unique (registering a taken name is a `RegionExistsError`, as Triton's
 ALREADY_EXISTS); every registered window lies inside its object; at most `max_regions` regions.
 Unregistering an unknown name is not an error (Triton does the same). The registry is used from
 the event loop only, so it needs no lock.
+
+Tensors may also name a CUDA shared-memory region (`agent.serving.cuda_regions`, set as
+`device`): reads, writes and span checks of a name that is not a system region go there, and
+a system region cannot take a name a CUDA region holds.
 """
 
 from __future__ import annotations
@@ -26,11 +30,16 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from agent.errors import ConflictError, InvalidInputError, SharedMemoryNotFoundError
+from agent.errors import (
+    AccessDeniedError,
+    InvalidInputError,
+    RegionExistsError,
+    SharedMemoryNotFoundError,
+)
 from agent.tensors.request import (
     InferInput,
     InferRequest,
@@ -64,6 +73,15 @@ class RegionStatus:
         }
 
 
+class DeviceRegions(Protocol):
+    """CUDA shared-memory regions, as `agent.serving.cuda_regions.CudaRegionRegistry` has them."""
+
+    def has(self, name: str) -> bool: ...
+    def read(self, name: str, offset: int, byte_size: int) -> memoryview: ...
+    def write(self, name: str, offset: int, data: bytes | memoryview) -> None: ...
+    def check(self, name: str, offset: int, byte_size: int) -> None: ...
+
+
 class _Region:
     """One mapped window: `byte_size` bytes at `offset` in the object `key`."""
 
@@ -90,6 +108,13 @@ class SharedMemoryRegistry:
         self._regions: dict[str, _Region] = {}
         # Off (`server.shared_memory = false`): clients cannot make the agent map /dev/shm objects.
         self.enabled = enabled
+        self.device: DeviceRegions | None = None  # CUDA regions, where the host has CUDA
+
+    def _on_device(self, name: str) -> DeviceRegions | None:
+        """The CUDA regions when `name` is one of them (and not a system region)."""
+        if name in self._regions or self.device is None or not self.device.has(name):
+            return None
+        return self.device
 
     def _require_enabled(self) -> None:
         if not self.enabled:
@@ -102,15 +127,16 @@ class SharedMemoryRegistry:
         """Map `byte_size` bytes at `offset` of the shared-memory object `key` as region `name`.
 
         Raises:
-            ConflictError: a region of that name is registered already.
+            RegionExistsError: a region of that name is registered already.
+            AccessDeniedError: the object belongs to another user.
             InvalidInputError: bad name, key, offset or size; the key names no shared-memory
                 object; the window runs past the object's end; too many regions.
         """
         self._require_enabled()
         if not name:
             raise InvalidInputError("shared memory region name must not be empty")
-        if name in self._regions:
-            raise ConflictError(f"shared memory region '{name}' already in manager")
+        if name in self._regions or self._on_device(name) is not None:
+            raise RegionExistsError(f"shared memory region '{name}' already in manager")
         _check_count("offset", offset, minimum=0)
         _check_count("byte_size", byte_size, minimum=1)
         if len(self._regions) >= self._max_regions:
@@ -129,6 +155,11 @@ class SharedMemoryRegistry:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
                 raise InvalidInputError(f"'{key}' is not a shared memory object")
+            if info.st_uid != os.geteuid():  # a region name is a path: only the agent's own
+                raise AccessDeniedError(
+                    f"shared memory object '{key}' belongs to another user (uid {info.st_uid}); "
+                    "only the agent's own user's objects can be registered"
+                )
             if offset + byte_size > info.st_size:
                 raise InvalidInputError(
                     f"failed to register shared memory region '{name}': offset {offset} + "
@@ -161,7 +192,14 @@ class SharedMemoryRegistry:
         """
         if name is None:
             return [r.status for r in self._regions.values()]
-        return [self._get(name).status]
+        region = self._regions.get(name)
+        if region is None:  # Triton's status wording names the kind of region
+            raise SharedMemoryNotFoundError(f"Unable to find system shared memory region: '{name}'")
+        return [region.status]
+
+    def has(self, name: str) -> bool:
+        """Whether a region of that name is registered."""
+        return name in self._regions
 
     def read(self, name: str, offset: int, byte_size: int) -> memoryview:
         """A view of `byte_size` bytes at `offset` in the region (valid until it is unregistered;
@@ -171,6 +209,9 @@ class SharedMemoryRegistry:
             SharedMemoryNotFoundError: no such region.
             InvalidInputError: the span is not inside the region.
         """
+        device = self._on_device(name)
+        if device is not None:
+            return device.read(name, offset, byte_size)  # a host copy already
         region = self._get(name)
         start = self._span(region, offset, byte_size)
         return memoryview(region.mapping)[start : start + byte_size]
@@ -182,6 +223,10 @@ class SharedMemoryRegistry:
             SharedMemoryNotFoundError: no such region.
             InvalidInputError: the data does not fit in the region from `offset`.
         """
+        device = self._on_device(name)
+        if device is not None:
+            device.write(name, offset, data)
+            return
         region = self._get(name)
         size = memoryview(data).nbytes
         start = self._span(region, offset, size)
@@ -189,6 +234,10 @@ class SharedMemoryRegistry:
 
     def check(self, ref: SharedMemoryRef) -> None:
         """Fail early when a tensor's span is not inside its region."""
+        device = self._on_device(ref.region)
+        if device is not None:
+            device.check(ref.region, ref.offset, ref.byte_size)
+            return
         self._span(self._get(ref.region), ref.offset, ref.byte_size)
 
     def resolve_inputs(self, request: InferRequest) -> InferRequest:

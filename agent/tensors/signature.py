@@ -119,7 +119,7 @@ class ModelSignature:
                 expected = [-1, *contract.dims] if self.batched else list(contract.dims)
                 raise InvalidInputError(
                     f"unexpected shape for input '{tensor.name}' for model '{self.model_name}'. "
-                    f"Expected {expected}, got {list(shape)}"
+                    f"Expected {_dims_text(expected)}, got {_dims_text(shape)}."
                 )
             data = tensor.data
             if contract.reshape is not None:
@@ -174,3 +174,8 @@ def _matches(shape: Sequence[int], dims: Sequence[int]) -> bool:
     if len(shape) != len(dims):
         return False
     return all(d == -1 or s == d for s, d in zip(shape, dims, strict=True))
+
+
+def _dims_text(dims: Sequence[int]) -> str:
+    """Dimensions as Triton's messages write them: `[-1,64]`."""
+    return "[" + ",".join(str(d) for d in dims) + "]"

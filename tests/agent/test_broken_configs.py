@@ -138,7 +138,7 @@ def test_each_broken_config_fails_its_model_and_the_good_one_serves(
             assert not client.is_model_ready(name)
             request = httpclient.InferInput("INPUT0", [1, 64], "FP32")
             request.set_data_from_numpy(np.zeros((1, 64), np.float32))
-            with pytest.raises(InferenceServerException, match="is not ready"):
+            with pytest.raises(InferenceServerException, match="has no available versions"):
                 client.infer(name, [request])
         assert index["good"]["state"] == "READY"
         # Still answering after every failure.

@@ -365,3 +365,11 @@ def test_canary_must_hold_tables(tmp_path: Path, repo: Path) -> None:
     path = repo_toml(tmp_path, "[canary]\nm = 3\n")
     with pytest.raises(AgentConfigError, match=r"config key 'canary\.m' must be a table"):
         load_config(path, {})
+
+
+def test_server_name_is_read_and_must_not_be_empty(tmp_path: Path, repo: Path) -> None:
+    assert load_config(repo_toml(tmp_path), {}).server.name == "edge-agent"
+    named = load_config(repo_toml(tmp_path, '[server]\nname = "triton"\n'), {})
+    assert named.server.name == "triton"
+    with pytest.raises(AgentConfigError, match=r"server\.name must not be empty"):
+        load_config(repo_toml(tmp_path, '[server]\nname = " "\n'), {})

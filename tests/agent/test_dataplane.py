@@ -159,9 +159,15 @@ def test_readiness_follows_the_registry(dataplane: DataPlane, registry: ModelReg
 @pytest.mark.parametrize(
     ("model", "version", "error", "message"),
     [
-        ("nope", None, ModelNotFoundError, "unknown model: 'nope'"),
-        ("m", "9", ModelNotFoundError, "unknown version 9 of model 'm'"),
-        ("m", "v1", ModelNotFoundError, "model 'm' has no version 'v1'"),
+        ("nope", None, ModelNotFoundError, "Request for unknown model: 'nope' is not found"),
+        ("m", "9", ModelNotFoundError, "Request for unknown model: 'm' version 9 is not found"),
+        (
+            "m",
+            "v1",
+            InvalidInputError,
+            "failed to get model version from specified version string 'v1' (details: stol), "
+            "version should be an integral value > 0",
+        ),
     ],
 )
 def test_infer_on_an_unknown_model_or_version_is_not_found(
@@ -175,9 +181,9 @@ def test_infer_on_an_unknown_model_or_version_is_not_found(
 def test_infer_on_an_unloaded_model_is_not_ready(dataplane: DataPlane) -> None:
     async def scenario() -> None:
         await dataplane.unload_model("m")
-        with pytest.raises(ModelNotReadyError, match="model 'm' is not ready: unloaded"):
+        with pytest.raises(ModelNotReadyError, match="'m' has no available versions: unloaded"):
             await dataplane.infer("m", None, request())
-        with pytest.raises(ModelNotReadyError, match="version 1 is not ready"):
+        with pytest.raises(ModelNotReadyError, match="version 1 is not at ready state"):
             await dataplane.infer("m", "1", request())
         assert not dataplane.model_ready("m", None)
         # An explicit load brings it back.

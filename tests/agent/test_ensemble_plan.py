@@ -186,3 +186,19 @@ def test_an_ensemble_batching_more_than_a_step_is_refused() -> None:
     head = HEAD.replace("max_batch_size: 8", "max_batch_size: 16")
     message = _refused(STEP_PRE + STEP_CLS + STEP_POST, head)
     assert "max_batch_size 16 is over step 0 (model 'pre')'s 8" in message
+
+
+def test_a_decoupled_step_is_refused() -> None:
+    decoupled = _config(POST.replace('name: "post"', 'name: "stream"'))
+    decoupled.model_transaction_policy.decoupled = True
+    config = _config(
+        HEAD
+        + "ensemble_scheduling {"
+        + STEP_PRE
+        + STEP_CLS
+        + STEP_POST.replace('"post"', '"stream"')
+        + "}"
+    )
+    with pytest.raises(ModelConfigError) as caught:
+        build_plan(config, {**MODELS, "stream": decoupled}.get)
+    assert "step 2 (model 'stream') uses the decoupled transaction policy" in caught.value.message

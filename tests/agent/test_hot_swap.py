@@ -124,8 +124,12 @@ def test_failed_new_version_keeps_the_old_one_serving(
     config["version_policy"] = {"specific": {"versions": [7]}}
     with pytest.raises(urllib.error.HTTPError) as err:
         load(port, "swap", config)
-    assert err.value.code == 500
-    assert "version 7" in json.loads(err.value.read())["error"]
+    assert err.value.code == 400  # Triton: a load that fails is INVALID_ARG
+    message = json.loads(err.value.read())["error"]
+    assert message.startswith("load failed for model 'swap': ")
+    assert "version 7" in message
+    assert "swap/7/model.onnx" in message  # inside the repository, not the device's path
+    assert "models/swap/7" not in message
     assert swap_agent.dataplane.model_ready("swap", None)
     rows = swap_agent.dataplane.repository_index()
     assert {"name": "swap", "version": "7", "state": "UNAVAILABLE"}.items() <= next(

@@ -91,8 +91,10 @@ def test_load_and_unload_need_explicit_mode(tmp_path: Path) -> None:
     )
     with running_agent(config) as agent:
         status, raw = post(agent.http_port, "/v2/repository/models/m/unload")
-        assert status == 400
-        assert "explicit" in json.loads(raw)["error"]
+        assert status == 503  # Triton: UNAVAILABLE, in its words
+        message = json.loads(raw)["error"]
+        assert message.startswith("explicit model load / unload is not allowed if polling")
+        assert "--model-control-mode explicit" in message
         assert infer(agent.http_port)[0] == 200
 
 
@@ -112,14 +114,24 @@ def test_explicit_mode_loads_only_what_it_is_told(tmp_path: Path) -> None:
         assert infer(port, "other")[0] == 200
         assert post(port, "/v2/repository/models/other/unload")[0] == 200
         status, doc = infer(port, "other")
-        assert status == 503
-        assert "unloaded" in doc["error"]
+        assert status == 404  # Triton: NOT_FOUND, no version to serve; the reason follows
+        assert doc["error"] == (
+            "Request for unknown model: 'other' has no available versions: unloaded"
+        )
         bad = {"parameters": {"config": "{not json"}}
-        assert post(port, "/v2/repository/models/m/load", bad)[0] == 400
+        status, raw = post(port, "/v2/repository/models/m/load", bad)
+        assert status == 500  # Triton fails the poll: INTERNAL, as the model-control examples read
+        assert json.loads(raw)["error"].startswith(
+            "failed to load 'm', failed to poll from model repository: Invalid config override: "
+        )
         override = {"parameters": {"config": json.dumps({"name": "m", "max_batch_size": 2})}}
         assert post(port, "/v2/repository/models/m/load", override)[0] == 200
         assert agent.dataplane.model_config("m", None)["max_batch_size"] == 2
-        assert post(port, "/v2/repository/models/nope/load")[0] == 404
+        status, raw = post(port, "/v2/repository/models/nope/load")
+        assert status == 500  # Triton: INTERNAL, in its words; no path of the device
+        message = json.loads(raw)["error"]
+        assert message.startswith("failed to load 'nope', failed to poll from model repository")
+        assert str(repo) not in message
 
 
 def big_mlp(seed: int) -> onnx.ModelProto:

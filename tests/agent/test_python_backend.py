@@ -310,7 +310,7 @@ def test_hung_execute_kills_the_worker_and_marks_the_version_unavailable(
     assert row["reason"] == reason
     with pytest.raises(InferenceServerException) as later:
         infer_x(client, "hang", 2.0)
-    assert later.value.status() == "503"
+    assert later.value.status() == "404"  # Triton: no available versions is NOT_FOUND
     assert reason in str(later.value)
     assert not client.is_model_ready("hang")
     wait_until(lambda: gone(pids), f"worker {pids} ended", timeout_s=WAIT_S)
@@ -379,7 +379,7 @@ def test_worker_death_marks_the_version_unavailable(
     assert how in row["reason"]
     with pytest.raises(InferenceServerException) as later:
         infer_x(client, model, 2.0)
-    assert later.value.status() == "503"
+    assert later.value.status() == "404"  # Triton: no available versions is NOT_FOUND
     assert how in str(later.value)
     assert gone(pids)
     assert_others_serve(client)

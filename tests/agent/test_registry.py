@@ -11,7 +11,13 @@ import numpy as np
 import onnx
 import pytest
 
-from agent.errors import AgentError, ModelLoadError, ModelNotFoundError, ModelNotReadyError
+from agent.errors import (
+    AgentError,
+    InvalidInputError,
+    ModelLoadError,
+    ModelNotFoundError,
+    ModelNotReadyError,
+)
 from agent.models.loader import LoadSettings
 from agent.models.registry import ModelRegistry
 from agent.models.served import ServedModel
@@ -87,12 +93,10 @@ def test_an_explicit_version_resolves_to_itself(loaded: ModelRegistry) -> None:
 @pytest.mark.parametrize(
     ("name", "version", "message"),
     [
-        ("nope", None, "unknown model: 'nope'"),
-        ("nope", "1", "unknown model: 'nope'"),
-        ("m", "7", "unknown version 7 of model 'm'"),
-        ("m", "0", "unknown version 0 of model 'm'"),
-        ("m", "latest", "model 'm' has no version 'latest'"),
-        ("m", "-1", "model 'm' has no version '-1'"),
+        ("nope", None, "Request for unknown model: 'nope' is not found"),
+        ("nope", "1", "Request for unknown model: 'nope' is not found"),
+        ("m", "7", "Request for unknown model: 'm' version 7 is not found"),
+        ("m", "0", "Request for unknown model: 'm' version 0 is not found"),
     ],
 )
 def test_unknown_models_and_versions_are_not_found(
@@ -103,10 +107,29 @@ def test_unknown_models_and_versions_are_not_found(
     assert raised.value.message == message
 
 
+@pytest.mark.parametrize(
+    ("version", "message"),
+    [
+        (
+            "latest",
+            "failed to get model version from specified version string 'latest' "
+            "(details: stol), version should be an integral value > 0",
+        ),
+        ("-1", "invalid model version specified '-1' , version should be an integral value > 0"),
+    ],
+)
+def test_a_version_that_is_not_a_number_is_an_invalid_argument(
+    loaded: ModelRegistry, version: str, message: str
+) -> None:
+    with pytest.raises(InvalidInputError) as raised:
+        loaded.resolve("m", version)
+    assert raised.value.message == message
+
+
 def test_building_a_model_that_is_not_in_the_repository_is_not_found(
     registry: ModelRegistry,
 ) -> None:
-    with pytest.raises(ModelNotFoundError, match="no model 'nope' in repository"):
+    with pytest.raises(ModelNotFoundError, match="no model directory 'nope' in the repository"):
         registry.build("nope")
     with pytest.raises(ModelNotFoundError):
         registry.load_model("nope")
@@ -128,7 +151,7 @@ def test_a_failed_build_leaves_the_old_model_serving(loaded: ModelRegistry, repo
     rows = {r["version"]: r for r in loaded.index() if r["name"] == "m"}
     assert [rows[v]["state"] for v in ("1", "2", "3")] == ["READY", "READY", "UNAVAILABLE"]
     assert "m/3/model.onnx" in rows["3"]["reason"]
-    with pytest.raises(ModelNotReadyError, match="version 3 is not ready"):
+    with pytest.raises(ModelNotReadyError, match="version 3 is not at ready state"):
         loaded.resolve("m", "3")
 
 
@@ -172,9 +195,9 @@ def test_unload_then_resolve_is_not_ready(loaded: ModelRegistry) -> None:
     assert served is not None
     assert sorted(served.versions) == [1, 2]
     loaded.release(served)
-    with pytest.raises(ModelNotReadyError, match="model 'm' is not ready: unloaded"):
+    with pytest.raises(ModelNotReadyError, match="'m' has no available versions: unloaded"):
         loaded.resolve("m", None)
-    with pytest.raises(ModelNotReadyError, match="model 'm' version 1 is not ready: unloaded"):
+    with pytest.raises(ModelNotReadyError, match="'m' version 1 is not at ready state: unloaded"):
         loaded.resolve("m", "1")
     assert loaded.served_models() == []
     assert [(r["version"], r["state"], r["reason"]) for r in loaded.index()] == [
@@ -194,7 +217,7 @@ def test_mark_failed_takes_a_version_out_then_the_model(loaded: ModelRegistry) -
     assert loaded.stats.snapshot("m", "2")["model_stats"] != []
     assert loaded.mark_failed("m", 2, "instance died") is True
     assert loaded.resolve("m", None)[1] == 1  # the latest READY one now
-    with pytest.raises(ModelNotReadyError, match="version 2 is not ready: instance died"):
+    with pytest.raises(ModelNotReadyError, match="version 2 is not at ready state: instance died"):
         loaded.resolve("m", "2")
     assert loaded.mark_failed("m", 2, "again") is False  # already out
     # Its runtime is closed and its statistics dropped off the caller's thread.
@@ -203,7 +226,7 @@ def test_mark_failed_takes_a_version_out_then_the_model(loaded: ModelRegistry) -
     assert loaded.mark_failed("m", 1, "instance hung", loaded=stale) is False  # not that build
     assert loaded.mark_failed("m", 1, "instance hung") is True
     assert loaded.served_models() == []
-    with pytest.raises(ModelNotReadyError, match="model 'm' is not ready: instance hung"):
+    with pytest.raises(ModelNotReadyError, match="'m' has no available versions: instance hung"):
         loaded.resolve("m", None)
     assert [(r["version"], r["state"], r["reason"]) for r in loaded.index()] == [
         ("1", "UNAVAILABLE", "instance hung"),

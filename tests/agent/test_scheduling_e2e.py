@@ -219,10 +219,11 @@ def test_response_cache_skips_the_model(sched_agent: RunningAgent) -> None:
     assert stats(port, "cached")["execution_count"] == 2
 
 
-def test_stats_of_unknown_model_is_404(sched_agent: RunningAgent) -> None:
+def test_stats_of_unknown_model_is_400_as_in_triton(sched_agent: RunningAgent) -> None:
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(f"http://127.0.0.1:{sched_agent.http_port}/v2/models/nope/stats")
-    assert err.value.code == 404
+    assert err.value.code == 400
+    assert json.loads(err.value.read()) == {"error": "requested model 'nope' is not available"}
 
 
 def test_all_stats_lists_every_model(sched_agent: RunningAgent) -> None:

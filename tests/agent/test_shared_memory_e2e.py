@@ -149,7 +149,7 @@ def test_errors(client: Client, regions: tuple[Any, Any, str]) -> None:
     duplicate = _error(
         client, lambda: client.register_system_shared_memory(f"in_{tag}", f"/ea_in_{tag}", 64)
     )
-    assert duplicate == ("409" if http else "ALREADY_EXISTS")
+    assert duplicate == ("400" if http else "ALREADY_EXISTS")  # Triton: 400 over HTTP
     invalid = "400" if http else "INVALID_ARGUMENT"
     unknown_key = _error(
         client, lambda: client.register_system_shared_memory("x", f"/ea_none_{tag}", 64)

@@ -32,7 +32,7 @@ from agent.fleet.mqtt import Message, MqttSettings, Protocol, random_client_id
 from agent.models.cache_control import CachedVersions, CacheEvents
 from agent.models.control import ModelManager
 from agent.models.events import EventTee, LogEvents
-from agent.runtime.daemon import RunningAgent, start_agent
+from agent.runtime.daemon import RunningAgent, provenance_reader, start_agent
 from agent.runtime.demo import mlp_model
 from model_cache import ModelCache
 from tests.models import M_CONFIG, write_model
@@ -219,7 +219,9 @@ def agent_thread(config: AgentConfig) -> Iterator[AgentThread]:
     agent.dataplane.manager = manager
     agent.dataplane.canary.events = events
     if agent.model_cache is not None:
-        agent.dataplane.versions = CachedVersions(agent.model_cache, manager)
+        agent.dataplane.versions = CachedVersions(
+            agent.model_cache, manager, provenance=provenance_reader(config, agent.model_cache)
+        )
     try:
         yield AgentThread(agent, loop, events)
     finally:

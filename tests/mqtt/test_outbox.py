@@ -11,7 +11,6 @@ from agent.errors import AgentConfigError
 from agent.fleet.config import MqttConfig, validate_mqtt
 from agent.fleet.outbox import Outbox
 from agent.fleet.state import FleetState
-from agent.fleet.telemetry import parse_tegrastats
 
 
 def test_drops_oldest_telemetry_first_then_events_and_counts(tmp_path: Path) -> None:
@@ -85,12 +84,3 @@ def test_config_validation(tmp_path: Path) -> None:
         with pytest.raises(AgentConfigError, match="mqtt"):
             validate_mqtt(bad)
     assert MqttConfig().device()
-
-
-def test_tegrastats_line() -> None:
-    line = "RAM 2345/7620MB (lfb 4x4MB) SWAP 0/3810MB CPU [5%@1190] GR3D_FREQ 37%@[1300] VDD 1/1"
-    assert parse_tegrastats(line) == {
-        "index": 0, "util_percent": 37, "memory_used_bytes": 2345 << 20,
-        "memory_total_bytes": 7620 << 20,
-    }  # fmt: skip
-    assert parse_tegrastats("no gpu here") is None

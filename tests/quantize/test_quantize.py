@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -146,6 +147,8 @@ def test_report_becomes_the_publisher_custom_field(digits_files: Path, tmp_path:
     assert fields["budget_pct"] is None
     assert fields["calibration"]["method"] == "minmax"
     assert len(fields["report_sha256"]) == 64
+    fp32 = hashlib.sha256((digits_files / "model.onnx").read_bytes()).hexdigest()
+    assert fields["fp32_model_sha256"] == fp32  # the figures are tied to the FP32 model's digest
     json.dumps(custom)  # goes into signed JSON metadata as is
     (tmp_path / "other.json").write_text(json.dumps({"schema": "x"}))
     with pytest.raises(ValueError, match="not an edge-agent quantize report"):

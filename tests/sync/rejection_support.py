@@ -25,8 +25,10 @@ from agent.runtime.demo import mlp_model
 from sync.client import SyncClient
 from sync.fetcher import Downloader
 from sync.keys import init_keys, metadata_dir
+from sync.model_signature import SignatureCheck
 from sync.periodic import CycleResult, SyncLoop
 from sync.policy import parse_desired
+from sync.provenance import ProvenanceStore
 from sync.publish import Publisher
 from sync.s3 import S3Store
 from sync.store import S3Settings
@@ -123,8 +125,16 @@ class Device:
 
 
 @contextmanager
-def device(tmp_path: Path, s3_endpoint: str, broker: Broker) -> Iterator[Device]:
-    """A fresh device (empty cache) and an empty signed repository, linked to the broker."""
+def device(
+    tmp_path: Path,
+    s3_endpoint: str,
+    broker: Broker,
+    signatures: SignatureCheck | None = None,
+) -> Iterator[Device]:
+    """A fresh device (empty cache) and an empty signed repository, linked to the broker.
+
+    `signatures`: the device's OMS policy and trusted keys (default: off).
+    """
     repo = tmp_path / "repo"
     init_keys(repo, {})
     store = S3Store(f"r-{uuid.uuid4().hex[:16]}", "prod", S3Settings(s3_endpoint, "us-east-1"))
@@ -166,6 +176,8 @@ def device(tmp_path: Path, s3_endpoint: str, broker: Broker) -> Iterator[Device]
             tmp_path / "work",
             parse_desired(["*=latest"]),
             downloader=Downloader(store, sleep=lambda _s: None),
+            signatures=signatures,
+            provenance=ProvenanceStore(cache.root / "sync" / "provenance"),  # where the agent reads
         )
         loop = SyncLoop(client, cache, versions.activate, events=served.events.record)
         try:

@@ -6,8 +6,10 @@ import pytest
 
 from agent.config.loader import load_config
 from agent.errors import AgentConfigError
-from sync.config import SyncConfig, validate
+from sync.config import SyncConfig, signature_check, validate
 from sync.errors import SyncConfigError
+from sync.model_signature import SignaturePolicy
+from tests.sync.signing_support import make_key
 
 
 def test_defaults_are_off() -> None:
@@ -57,3 +59,36 @@ def test_validate_refuses(tmp_path: Path) -> None:
         fields = {"source": "s3://b/p", "trusted_root": root, key: value}
         with pytest.raises(SyncConfigError):
             validate(SyncConfig(**fields), tmp_path)  # type: ignore[arg-type]
+
+
+def test_model_signature_settings_fail_at_boot(tmp_path: Path) -> None:
+    root = tmp_path / "root.json"
+    root.write_text("{}")
+    key = make_key(tmp_path / "keys")
+    base = {"source": "s3://b/p", "trusted_root": root}
+    good = SyncConfig(
+        **base,  # type: ignore[arg-type]
+        model_signature_policy="require",
+        trusted_model_signers=(f"m*={key.public}",),
+    )
+    validate(good, tmp_path)
+    check = signature_check(good)
+    assert check.policy is SignaturePolicy.REQUIRE
+    assert [t.pattern for t in check.trusted] == ["m*"]
+    for fields, match in (
+        ({"model_signature_policy": "require"}, "needs sync.trusted_model_signers"),
+        ({"model_signature_policy": "strict"}, "must be off, warn or require"),
+        ({"trusted_model_signers": ("m*",)}, "PATTERN=KEY_FILE"),
+        ({"trusted_model_signers": (f"*={tmp_path / 'none.pub'}",)}, "cannot read"),
+    ):
+        with pytest.raises(SyncConfigError, match=match):
+            validate(SyncConfig(**base, **fields), tmp_path)  # type: ignore[arg-type]
+    path = tmp_path / "a.toml"
+    path.write_text(
+        '[sync]\nsource = "s3://b/p"\ntrusted_root = "root.json"\n'
+        f'model_signature_policy = "warn"\ntrusted_model_signers = ["m*={key.public}"]\n'
+        '[cache]\ndir = "c"\n'
+    )
+    config = load_config(path, serving=False)
+    assert config.sync.model_signature_policy == "warn"
+    assert config.sync.trusted_model_signers == (f"m*={key.public}",)
