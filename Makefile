@@ -6,7 +6,7 @@ KSERVE_VENV ?= .venv-kserve
 KSERVE_VERSION ?= 0.21.0
 BIN := $(VENV)/bin
 
-.PHONY: run test fuzz lint typecheck unit perf-analyzer kserve-sdk systemd-tools mosquitto chromium lint-ansible bench proto clean
+.PHONY: run test fuzz lint typecheck unit perf-analyzer kserve-sdk systemd-tools mosquitto chromium rabbitmq lint-ansible bench proto clean demo
 
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
@@ -31,7 +31,7 @@ lint: $(BIN)/.installed
 typecheck: $(BIN)/.installed
 	$(BIN)/mypy
 
-unit: $(BIN)/.installed mosquitto chromium
+unit: $(BIN)/.installed mosquitto chromium rabbitmq
 	PERF_ANALYZER=$(CURDIR)/$(PERF_VENV)/bin/perf_analyzer \
 	  KSERVE_PYTHON=$(CURDIR)/$(KSERVE_VENV)/bin/python $(BIN)/pytest
 
@@ -79,6 +79,20 @@ chromium:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	      chromium chromium-driver >/dev/null || echo "chromium could not be installed; browser tests will skip"; \
 	  else echo "chromium missing: sudo apt-get install chromium chromium-driver (browser tests will skip)"; fi; }
+
+# RabbitMQ's MQTT plugin (MQTT 3.1.1) for the fleet tests' second broker; best effort (the
+# fixture starts its own node; without it those tests skip and say why).
+rabbitmq:
+	@[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rabbitmq-server >/dev/null \
+	      || echo "rabbitmq-server could not be installed; its fleet tests will skip"; \
+	  else echo "rabbitmq-server missing: sudo apt-get install rabbitmq-server (its fleet tests will skip)"; fi; }
+
+# The whole product on one machine: S3-protocol store, broker, publisher, three agents, a
+# rollout in waves and a bad version rolled back (bench/fleet_demo.py says what each step shows).
+demo: $(BIN)/.installed mosquitto
+	$(BIN)/python -m bench.fleet_demo
 
 lint-ansible: $(BIN)/.installed
 	cd deploy/ansible && PATH=$(CURDIR)/$(BIN):$$PATH $(CURDIR)/$(BIN)/ansible-lint --offline --profile production

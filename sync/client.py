@@ -168,6 +168,11 @@ class SyncClient:
         self._signatures = signatures or SignatureCheck()
         self.provenance = provenance or ProvenanceStore(work_dir / "provenance")
 
+    @property
+    def metadata_dir(self) -> Path:
+        """Where the trusted TUF metadata lives (`work_dir/metadata`)."""
+        return self._work / "metadata"
+
     def set_desired(self, desired: Mapping[str, Desired]) -> None:
         """Replace the per-model version policy; the next cycle plans with it.
 
@@ -223,7 +228,13 @@ class SyncClient:
                         refusals.append(failed)  # rejected, not installed
                         continue
                     self._record(item, verdict)
-                    self._install(item, files)
+                    try:
+                        self._install(item, files)
+                    except SyncError:
+                        # The record went first so that no installed version lacks one; a
+                        # version that did not install keeps none.
+                        self.provenance.forget(item.model, item.version)
+                        raise
                     installed.append((item.model, item.version))
                     if not verdict.ok:
                         unverified.append(failed)  # installed anyway ("warn")
@@ -251,7 +262,7 @@ class SyncClient:
         )
 
     def _refresh(self) -> dict[str, TargetFile]:
-        meta_dir = self._work / "metadata"
+        meta_dir = self.metadata_dir
         try:
             ensure_dir(meta_dir)
             updater = Updater(

@@ -76,6 +76,15 @@ class ProvenanceStore:
         body = {"model": item.model, "version": item.version, **item.to_json()}
         atomic_write_bytes(folder / f"{item.version}.json", json.dumps(body).encode())
 
+    def forget(self, model: str, version: int) -> None:
+        """Remove a version's record (one that never installed); a missing record is fine."""
+        validate_model_name(model)
+        validate_version(version)
+        try:
+            (self.root / model / f"{version}.json").unlink(missing_ok=True)
+        except OSError as exc:
+            logger.warning("cannot remove the provenance record of %s v%d: %s", model, version, exc)
+
     def get(self, model: str, version: int) -> Provenance | None:
         """A version's record, or None when there is none (or it cannot be read)."""
         path = self.root / model / f"{version}.json"

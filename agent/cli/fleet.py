@@ -1,4 +1,5 @@
-"""The fleet manager's side: `edge-agent fleet send DEVICE COMMAND [ARGS]` and `fleet watch`.
+"""The fleet manager's side: `edge-agent fleet send DEVICE COMMAND [ARGS]` and `fleet watch`
+(`fleet inventory`, `fleet rollout` and `fleet exporter`: `agent.cli.fleet_manage`).
 
     edge-agent fleet send jetson-17 activate model=resnet version=3 --host broker
     edge-agent fleet send jetson-17 set-desired --args '{"models": {"*": "latest"}}'
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from agent.api.access import is_loopback_host
+from agent.cli import fleet_manage
 from agent.fleet.config import Topics
 from agent.fleet.dashboard import Dashboard
 from agent.fleet.mqtt import (
@@ -85,6 +87,7 @@ class FleetClient:
         """
         command_id = kw.get("command_id") or uuid.uuid4().hex
         topics = Topics(self.prefix, device)
+        await self.client.wait_connected()  # the protocol (5 or 3.1.1) is known from here on
         await self.subscribe(self._reply_topic if self.client.protocol == "5" else topics.responses)
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._replies[command_id] = future
@@ -173,10 +176,13 @@ def add_commands(subparsers: Any) -> None:  # argparse's _SubParsersAction is pr
         help="requests must carry it (Authorization: Bearer, or ?token=); required beyond "
         "loopback (default: $EDGE_AGENT_DASHBOARD_TOKEN)",
     )
-    for parser in (send, watch, board):
-        parser.add_argument("--host", default="127.0.0.1")
-        broker_port = "--mqtt-port" if parser is board else "--port"
-        parser.add_argument(broker_port, dest="port", type=int, default=1883)
+    for parser in (send, watch, board, *fleet_manage.add_verbs(verbs)):
+        # The exporter's and dashboard's --port is their HTTP port; the broker's is --mqtt-port.
+        own_port = parser.get_default("http_port") is not None
+        parser.add_argument("--mqtt-host" if own_port else "--host", dest="host",
+                            default="127.0.0.1")  # fmt: skip
+        parser.add_argument("--mqtt-port" if own_port else "--port", dest="port", type=int,
+                            default=1883)  # fmt: skip
         parser.add_argument("--prefix", default="edge", help="topic prefix (default edge)")
         parser.add_argument("--username", default="")
         parser.add_argument("--password", default="")
@@ -204,6 +210,8 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | No
         reconnect_min_s=0.2,
         reconnect_max_s=2.0,
     )
+    if args.fleet_command in fleet_manage.VERBS:
+        return fleet_manage.run(args, settings, out, err)
     try:
         if args.fleet_command == "send":
             command_args = parse_args(args.args, args.args_json)

@@ -14,6 +14,7 @@ Commands and their arguments:
 
     status                                      the status document
     ping                                        {"pong": true}
+    rebirth                                     re-publish the retained status (inventory)
     sync                                        run a sync cycle now
     set-desired   models: {MODEL|"*": POLICY}   POLICY: "latest", "N" or "N,M,..." (persisted);
                                                 also lifts the named models' rejected versions
@@ -74,6 +75,11 @@ class Status:
 @dataclass(frozen=True, slots=True)
 class Ping:
     """Answer at once (liveness of the command path)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rebirth:
+    """Read the device facts again and re-publish the retained status (the inventory)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +173,7 @@ class CanaryStatus:
 CommandBody = (
     Status
     | Ping
+    | Rebirth
     | Sync
     | SetDesired
     | Load
@@ -179,7 +186,8 @@ CommandBody = (
     | CanaryStop
     | CanaryStatus
 )
-READ_ONLY = (Status, Ping, CanaryStatus)  # answered at once, never queued behind a long command
+#: Answered at once, never queued behind a long command.
+READ_ONLY = (Status, Ping, Rebirth, CanaryStatus)
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,7 +308,7 @@ class _Args:
         return value
 
 
-def _none(make: type[Status | Ping | Sync]) -> Any:
+def _none(make: type[Status | Ping | Rebirth | Sync]) -> Any:
     def parse(args: _Args) -> CommandBody:
         args.done()
         return make()
@@ -400,6 +408,7 @@ def _canary_status(args: _Args) -> CanaryStatus:
 _PARSERS = {
     "status": _none(Status),
     "ping": _none(Ping),
+    "rebirth": _none(Rebirth),
     "sync": _none(Sync),
     "set-desired": _set_desired,
     "load": _load,

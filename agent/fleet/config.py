@@ -10,6 +10,7 @@
     tls_key = "device.key"
     telemetry_interval_ms = 10000
     slo = ["resnet:p95_ms=50,error_rate=0.001", "*:p99_ms=200"]
+    groups = ["site-a", "orin-nx"]  # rollouts target devices by group
 
 Only the types `agent.config.schema` can read from TOML are used (bool, int, str, tuple[str, ...],
 Path | None); fractional values live in the `slo` strings, which `agent.fleet.slo` parses.
@@ -28,6 +29,7 @@ from agent.fleet.slo import SloTarget, parse_slo_targets
 
 PROTOCOLS = ("auto", "5", "3.1.1")
 _DEVICE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_GROUP = _DEVICE
 _PREFIX = re.compile(r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$")
 
 
@@ -53,6 +55,7 @@ class MqttConfig:
     outbox_max_messages: int = 10_000  # store and forward while the broker is away
     state_dir: Path | None = None  # fleet.sqlite lives here; None: the daemon chooses
     slo: tuple[str, ...] = ()  # "MODEL:p95_ms=50,error_rate=0.001" ("*": every model)
+    groups: tuple[str, ...] = ()  # e.g. site, hardware class: what fleet rollouts target
 
     @property
     def enabled(self) -> bool:
@@ -102,6 +105,11 @@ class Topics:
     def responses(self) -> str:
         """Default topic of command responses."""
         return self._leaf("responses")
+
+    @property
+    def rebirth_all(self) -> str:
+        """Fleet-wide: any message here makes every device re-publish its status."""
+        return f"{self.prefix}/_fleet/rebirth"
 
     def reply_topic(self, requested: str | None) -> str:
         """Where a command's response goes: the MQTT 5 response topic it asked for, unless that
@@ -158,6 +166,10 @@ def validate_mqtt(config: MqttConfig) -> None:
         raise AgentConfigError("mqtt.max_command_bytes must be 256..16 MiB")
     if config.outbox_max_messages < 8:
         raise AgentConfigError("mqtt.outbox_max_messages must be >= 8")
+    if len(config.groups) > 32 or not all(_GROUP.match(g) for g in config.groups):
+        raise AgentConfigError(
+            "mqtt.groups must be at most 32 names of 1-64 of A-Z a-z 0-9 . _ - (e.g. site-a)"
+        )
     try:
         parse_slo_targets(config.slo)
     except ValueError as exc:

@@ -96,6 +96,8 @@ class CommandExecutor:
         registry: Served models, for `set-batching`.
         state: Where `set-desired` is persisted.
         status: Builds the status document.
+        rebirth: Re-reads the device facts and re-publishes the status; returns it (None:
+            `rebirth` only answers the status).
         sync: Runs one sync cycle now; None: `sync` fails with "sync is not configured".
         on_desired: Told the new `MODEL=POLICY` lines after `set-desired`.
     """
@@ -107,6 +109,7 @@ class CommandExecutor:
         state: FleetState,
         *,
         status: Callable[[], dict[str, Any]],
+        rebirth: Callable[[], Awaitable[dict[str, Any]]] | None = None,
         sync: SyncNow | None = None,
         on_desired: Callable[[tuple[str, ...]], None] | None = None,
     ) -> None:
@@ -114,6 +117,7 @@ class CommandExecutor:
         self._registry = registry
         self._state = state
         self._status = status
+        self._rebirth = rebirth
         self._sync = sync
         self._on_desired = on_desired
 
@@ -133,6 +137,8 @@ class CommandExecutor:
                 return self._status()
             case cmd.Ping():
                 return {"pong": True}
+            case cmd.Rebirth():
+                return await self._rebirth() if self._rebirth else self._status()
             case cmd.Sync():
                 if self._sync is None:
                     raise ModelControlError("sync is not configured on this agent")

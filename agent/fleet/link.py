@@ -48,6 +48,7 @@ from agent.fleet import commands as cmd
 from agent.fleet.config import MqttConfig, Topics
 from agent.fleet.executor import CommandExecutor, SyncNow
 from agent.fleet.health import Health, supervise, why
+from agent.fleet.inventory import Digests, device_facts, gpu_facts, served_versions
 from agent.fleet.mqtt import Message, MqttClient, MqttError, MqttSettings, Protocol, Will
 from agent.fleet.outbox import Kind, Outbox
 from agent.fleet.runner import CommandRunner, response_doc
@@ -87,7 +88,9 @@ class FleetLink:
         on_desired: Called with `MODEL=POLICY` lines after `set-desired` (and at start).
         sync_state: The sync loop's state, for telemetry.
         cache_disk: Bytes the model cache uses, for telemetry.
-        gpu: A GPU reader, for telemetry.
+        gpu: A GPU reader, for telemetry (and the inventory).
+        digests: The content digest of each cached (model, version), for the inventory.
+        key_ids: The key ids that signed the device's trusted targets, for the inventory.
         clock: Monotonic seconds (telemetry cadence, SLO windows).
     """
 
@@ -104,8 +107,15 @@ class FleetLink:
         sync_state: Callable[[], Mapping[str, Any]] | None = None,
         cache_disk: Callable[[], int] | None = None,
         gpu: GpuReader | None = None,
+        digests: Digests | None = None,
+        key_ids: Callable[[], list[str]] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._gpu = gpu
+        self._digests = digests
+        self._key_ids = key_ids
+        self._facts: dict[str, Any] = {}
+        self._last_rebirth = -1e9
         self.config = config
         self.topics = Topics(config.topic_prefix, config.device())
         self._dataplane = dataplane
@@ -149,6 +159,7 @@ class FleetLink:
         """
         self._loop = asyncio.get_running_loop()
         c = self.config
+        self._facts = await asyncio.to_thread(self._read_facts)
         self.outbox = await asyncio.to_thread(
             Outbox, self._state_path, max_messages=c.outbox_max_messages
         )
@@ -160,6 +171,7 @@ class FleetLink:
             self._registry,
             self._state,
             status=self.status,
+            rebirth=self._rebirth,
             sync=self._sync,
             on_desired=self._desired_changed,
         )
@@ -185,6 +197,7 @@ class FleetLink:
         )
         await self.client.start()
         self._subscribed = self.client.subscribe(self.topics.commands)
+        _quiet(self.client.subscribe(self.topics.rebirth_all))
         if self._on_desired is not None:
             self._on_desired(tuple(f"{m}={p}" for m, p in self._state.desired()))
         loops = (
@@ -267,7 +280,10 @@ class FleetLink:
             state="degraded" if faults else "online",
             agent_version=__version__,
             mqtt=self.client.protocol if self.client else None,
+            groups=list(self.config.groups),
             models=models,
+            served=_or_none(self._served),
+            inventory=self._facts,
             rejected=_or_none(self._dataplane.rejected_versions),
             desired=_or_none(lambda: dict(self._state.desired()) if self._state else {}),
             outbox=_or_none(lambda: self.outbox.stats().to_json() if self.outbox else None),
@@ -276,6 +292,35 @@ class FleetLink:
             doc["reason"] = "; ".join(f"{part}: {text}" for part, text in sorted(faults.items()))
             doc["faults"] = faults
         return doc
+
+    def _read_facts(self) -> dict[str, Any]:
+        """The device facts (cheap reads; run in a worker thread)."""
+        facts = device_facts()
+        if self._gpu is not None:
+            readings = _or_none(self._gpu.read) or []
+            gpus = gpu_facts([r.to_json() for r in readings])
+            if gpus:
+                facts["gpu"] = gpus
+        return facts
+
+    def _served(self) -> list[dict[str, Any]]:
+        served = {s.name: list(s.versions) for s in self._registry.served_models()}
+        digests = self._digests() if self._digests is not None else {}
+        key_ids = self._key_ids() if self._key_ids is not None else []
+        return served_versions(served, digests, key_ids)
+
+    async def _rebirth(self) -> dict[str, Any]:
+        """`rebirth`: read the facts again and re-publish the retained status."""
+        self._facts = await asyncio.to_thread(self._read_facts)
+        self._publish_status()
+        return self.status()
+
+    def _rebirth_requested(self) -> None:
+        """A fleet manager asked every device for its status (at most once a second)."""
+        now = self._clock()
+        if now - self._last_rebirth >= 1.0:
+            self._last_rebirth = now
+            self._publish_status()
 
     def _signers(self, model: str, versions: Iterable[int]) -> dict[str, Any]:
         """`{"signers": {"VERSION": signer}}` of the served versions with a recorded signer."""
@@ -380,6 +425,9 @@ class FleetLink:
     # --- commands ------------------------------------------------------------------------------
 
     def _on_message(self, message: Message) -> None:
+        if message.topic == self.topics.rebirth_all and not message.retain:
+            self._rebirth_requested()
+            return
         if message.topic != self.topics.commands or message.retain:
             return  # a retained command would run again on every connect
         reply = _Reply(self.topics.reply_topic(message.response_topic), message.correlation_data)

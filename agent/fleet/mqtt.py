@@ -37,6 +37,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 logger = logging.getLogger(__name__)
 
+_CLOSED_MEANS_OLD = 2  # MQTT 5 CONNECTs closed without CONNACK before falling back (auto)
 _UNSUPPORTED_PROTOCOL = 132  # CONNACK reason code (3.1.1 brokers answer rc 1; paho maps it here)
 _SESSION_EXPIRY_S = 24 * 3600
 _MAX_PACKET_BYTES = 1 << 20  # asked of the broker: larger packets to us are dropped there
@@ -128,6 +129,8 @@ class MqttClient:
         self._waiting: dict[str, asyncio.Future[None]] = {}  # subscribed while disconnected
         self._connected = asyncio.Event()
         self.failures = 0  # failed or lost connections since start
+        self._ever_up = False
+        self._closed_before_connack = 0  # MQTT 5 CONNECTs the broker answered by closing
 
     @property
     def protocol(self) -> str:
@@ -292,7 +295,7 @@ class MqttClient:
     def _paho_disconnect(
         self, client: paho.Client, _ud: Any, _flags: Any, reason: ReasonCode, _props: Any
     ) -> None:
-        self._call(self._failed, client, f"disconnected: {reason}", False)
+        self._call(self._failed, client, f"disconnected: {reason}", False, True)
 
     def _paho_message(self, _client: paho.Client, _ud: Any, msg: paho.MQTTMessage) -> None:
         props = getattr(msg, "properties", None)
@@ -314,17 +317,25 @@ class MqttClient:
         if client is not self._client:
             return
         logger.info("MQTT connected to %s:%d (MQTT %s)", *self._where(), self.protocol)
+        self._ever_up = True
         self._connected.set()
         for topic, qos in self._subscriptions.items():
             self._send_subscribe(client, topic, qos, self._waiting.pop(topic, None))
         if self._on_connected is not None:
             self._on_connected()
 
-    def _failed(self, client: paho.Client, reason: str, unsupported: bool) -> None:
+    def _failed(
+        self, client: paho.Client, reason: str, unsupported: bool, closed: bool = False
+    ) -> None:
         if client is not self._client:
             return
         self.failures += 1
         was_up = self.connected
+        if closed and not was_up and not self._ever_up:
+            # Some 3.1.1-only brokers (RabbitMQ's MQTT plugin before 3.13) close the socket on
+            # an MQTT 5 CONNECT instead of refusing it: twice in a row counts as a refusal.
+            self._closed_before_connack += 1
+            unsupported = unsupported or self._closed_before_connack >= _CLOSED_MEANS_OLD
         self._connected.clear()
         if was_up:
             logger.warning("MQTT connection to %s:%d lost: %s", *self._where(), reason)

@@ -42,6 +42,7 @@ from agent.config.security import (
 )
 from agent.device.gpu import CachedGpuReader, GpuReader, detect_gpu_reader
 from agent.errors import AgentError, ModelLoadError, ModelNotFoundError
+from agent.fleet.inventory import cache_digests, targets_key_ids
 from agent.fleet.link import FleetLink
 from agent.fleet.mqtt import MqttError
 from agent.fleet.outbox import StoreError
@@ -552,6 +553,8 @@ async def _start_fleet_link(
         sync_state=sync_state,
         cache_disk=model_cache.disk_usage if model_cache is not None else None,
         gpu=gpu,
+        digests=cache_digests(model_cache) if model_cache is not None else None,
+        key_ids=(functools.partial(targets_key_ids, sync.client.metadata_dir) if sync else None),
     )
     # Entered before it starts: a start that fails half way (state database opened, TLS files
     # unreadable) is undone like the rest. Stopping publishes the retained "offline" status.

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from agent.fleet.config import MqttConfig
+from agent.fleet.inventory import cache_digests
 from agent.fleet.link import FleetLink
 from tests.mqtt.support import (
     AgentThread,
@@ -64,6 +65,7 @@ def start_link(served: AgentThread, tmp_path: Path) -> Iterator[LinkFactory]:
         agent = served.agent
         if agent.model_cache is not None:
             kw.setdefault("cache_disk", agent.model_cache.disk_usage)
+            kw.setdefault("digests", cache_digests(agent.model_cache))
         link = FleetLink(
             config,
             agent.dataplane,

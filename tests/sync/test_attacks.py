@@ -38,8 +38,12 @@ def _key_of(world: World, path: str) -> str:
 def _assert_untouched(world: World) -> None:
     assert active(world.cache, "mlp") == 1
     assert [v.version for v in world.cache.list_versions("mlp")] == [1]
-    leftovers = [p for p in files_under(world.work) if "metadata" not in p.parts]
+    # The signed metadata and the provenance record of the installed version 1 belong there;
+    # nothing of the refused version 2 may be left behind.
+    kept = ("metadata", "provenance")
+    leftovers = [p for p in files_under(world.work) if not set(kept) & set(p.parts)]
     assert leftovers == []
+    assert not (world.work / "provenance" / "mlp" / "2.json").exists()
 
 
 def test_tampered_file_is_refused(served_v1: World) -> None:
