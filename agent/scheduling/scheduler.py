@@ -13,9 +13,7 @@ measured execution CPU time is below `inline_below_ns`, and its wall time below 
 (a GPU model can wait for its device without using CPU), its batches run on the event loop
 thread instead; a slower execution moves it back to the executor. The wall time is that of the
 backend's `run` alone: on the executor it also holds the wait for the GIL afterwards, so the
-limit on it sits well above the CPU one. Once a version has run inline only its inline figures
-count, and off the loop one execution in 32 runs inline again while the executor's figures are
-within four times the limits: on a busy machine the hand-off alone kept a tiny model over them.
+limit on it sits well above the CPU one.
 
 Memory: with `max_batch_bytes` (from the model's memory plan), a request whose tensors alone
 (inputs, plus a lower bound on its outputs) need more is refused with `PayloadTooLargeError`,
@@ -56,12 +54,6 @@ from agent.tensors.signature import ValidatedRequest
 INLINE_BELOW_NS = 100_000
 _PROBE_RUNS = 4  # executions measured on the executor before inline is considered
 _WALL_FACTOR = 10  # wall-time limit for inline, as a multiple of the CPU-time limit
-# Off the loop, one execution every _REPROBE_EVERY runs inline again when the executor's figures
-# are within _REPROBE_FACTOR of the limit: those figures include the hand-off and the wait for the
-# GIL, which on a busy machine alone keep a tiny model over the limit (measured: 100-150 µs CPU
-# per MLP run on the executor against 30-40 µs inline, under gRPC load).
-_REPROBE_EVERY = 32
-_REPROBE_FACTOR = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,10 +150,6 @@ class ModelScheduler:
         self._runs = 0
         self._exec_ns = 0.0  # moving average of one execution's CPU time on its thread
         self._wall_ns = 0.0  # moving average of its wall time
-        self._inline_runs = 0  # the same two figures for executions on the event loop
-        self._inline_exec_ns = 0.0
-        self._inline_wall_ns = 0.0
-        self._launches = 0
         self.releaser = MemoryReleaser(
             getattr(backend, "release_memory", None),
             executor,
@@ -301,7 +289,7 @@ class ModelScheduler:
                 compute_infer_ns=t1 - t0,
                 compute_output_ns=0,
             )
-        self._measured(time.thread_time_ns() - cpu_start, t1 - t0, on_loop=True)
+        self._measured(time.thread_time_ns() - cpu_start, t1 - t0)
         return ExecutionResult(outputs, 0, 0, t1 - t0, 0, request.batch_size)
 
     async def drain(self) -> None:
@@ -362,35 +350,20 @@ class ModelScheduler:
 
     @property
     def inline(self) -> bool:
-        """Whether batches now run on the event loop (measured fast enough), not the executor.
-
-        Once it has run there, only what its executions cost there counts."""
-        if self._runs < _PROBE_RUNS:
-            return False
-        if self._inline_runs:
-            cpu, wall = self._inline_exec_ns, self._inline_wall_ns
-        else:
-            cpu, wall = self._exec_ns, self._wall_ns
-        return cpu < self._inline_below_ns and wall < self._inline_below_ns * _WALL_FACTOR
-
-    def _reprobe(self) -> bool:
-        """Whether this execution, off the loop, runs on it to measure it there again."""
-        below = self._inline_below_ns * _REPROBE_FACTOR
+        """Whether batches now run on the event loop (measured fast enough), not the executor."""
         return (
             self._runs >= _PROBE_RUNS
-            and self._launches % _REPROBE_EVERY == 0
-            and self._exec_ns < below
-            and self._wall_ns < below * _WALL_FACTOR
+            and self._exec_ns < self._inline_below_ns
+            and self._wall_ns < self._inline_below_ns * _WALL_FACTOR
         )
 
     def _launch(self, jobs: list[_Job]) -> None:
         started = time.perf_counter_ns()
-        self._launches += 1
-        if self.inline or self._reprobe():
+        if self.inline:
             # Completes here; the caller's dispatch loop takes the next batch (no recursion).
             try:
                 outcome: list[ExecutionResult | BaseException] | BaseException = self._execute(
-                    jobs, started, on_loop=True
+                    jobs, started
                 )
             except Exception as exc:  # noqa: BLE001 - reported to the requests as BackendError
                 outcome = exc
@@ -419,7 +392,7 @@ class ModelScheduler:
         self._dispatch()
 
     def _execute(
-        self, jobs: Sequence[_Job], started_ns: int, on_loop: bool = False
+        self, jobs: Sequence[_Job], started_ns: int
     ) -> list[ExecutionResult | BaseException]:
         """Run in an executor thread (or inline): concatenate, run, split."""
         if jobs[0].sink is not None:
@@ -511,7 +484,7 @@ class ModelScheduler:
                     compute_infer_ns=t2 - t1,
                     compute_output_ns=t3 - t2,
                 )
-        self._measured(time.thread_time_ns() - cpu_start, run_ns, on_loop=on_loop)
+        self._measured(time.thread_time_ns() - cpu_start, run_ns)
         return [r for r in results if r is not None]
 
     def _execute_decoupled(
@@ -534,19 +507,12 @@ class ModelScheduler:
             for j in jobs
         ]
 
-    def _measured(self, ns: int, wall_ns: int, *, on_loop: bool = False) -> None:
+    def _measured(self, ns: int, wall_ns: int) -> None:
         # One writer at a time per instance thread; a lost update only delays the switch.
         first = self._runs == 0
         self._exec_ns = ns if first else 0.75 * self._exec_ns + 0.25 * ns
         self._wall_ns = wall_ns if first else 0.75 * self._wall_ns + 0.25 * wall_ns
         self._runs += 1
-        if on_loop:
-            first = self._inline_runs == 0
-            self._inline_exec_ns = ns if first else 0.75 * self._inline_exec_ns + 0.25 * ns
-            self._inline_wall_ns = (
-                wall_ns if first else 0.75 * self._inline_wall_ns + 0.25 * wall_ns
-            )
-            self._inline_runs += 1
 
     def _on_done(
         self, jobs: list[_Job], future: asyncio.Future[list[ExecutionResult | BaseException]]
