@@ -184,6 +184,10 @@ class Tensor:
 
 # Response flags (Triton's TRITONSERVER_ResponseCompleteFlag).
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+# Request flags (Triton's TRITONSERVER_RequestFlag): a BLS request's `flags=`, with its
+# `correlation_id=`, make it a request of that sequence.
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
 
 
 class InferenceResponseSender:
@@ -387,39 +391,42 @@ class InferenceRequest:
         """Mark the request cancelled (the worker does, when the agent says so)."""
         self._cancelled = True
 
-    def exec(self, decoupled: bool = False) -> InferenceResponse:
+    def exec(self, decoupled: bool = False) -> Any:
         """Run this request on `model_name` and wait for its response (BLS).
 
+        `decoupled=True` (needed for a decoupled model, allowed for any): an iterator of its
+        responses, the last one with the final flag (an empty response when the model sent
+        the flag alone); it is returned once the first response came.
+
         Raises:
-            TritonModelException: called outside `execute`, or with `decoupled=True`.
+            TritonModelException: called outside `execute` (of a model that is not decoupled).
         """
         return self._submit(decoupled).result()
 
-    def async_exec(self, decoupled: bool = False) -> Awaitable[InferenceResponse]:
+    def async_exec(self, decoupled: bool = False) -> Awaitable[Any]:
         """Run this request on `model_name`: `await request.async_exec()` (BLS).
 
+        `decoupled=True`: the awaitable gives the responses' iterator (`for` or `async for`).
         Cancelling the awaiting task (`task.cancel()`, `asyncio.wait_for` timing out) cancels
         the child request in the agent too. Must be called from the running event loop of an
         `async def execute`.
 
         Raises:
-            TritonModelException: called outside `execute`, or with `decoupled=True`.
+            TritonModelException: called outside `execute` (of a model that is not decoupled).
         """
         import asyncio  # noqa: PLC0415 - only models with async execute need it
 
         return asyncio.wrap_future(self._submit(decoupled))
 
-    def _submit(self, decoupled: bool) -> Future[InferenceResponse]:
-        if decoupled:
-            raise TritonModelException("BLS with decoupled=True is not supported by this agent")
+    def _submit(self, decoupled: bool) -> Future[Any]:
         if _bls_runner is None:
             raise TritonModelException("BLS is only supported during the 'execute' function.")
-        return _bls_runner(self)
+        return _bls_runner(self, bool(decoupled))
 
 
-# Starts a BLS request, its response to come in the future: set by the worker while `execute`
-# runs, None otherwise.
-BlsRunner = Callable[[InferenceRequest], "Future[InferenceResponse]"]
+# Starts a BLS request (decoupled or not), its response (or iterator) to come in the future:
+# set by the worker while `execute` runs (for a decoupled model: from then on), None otherwise.
+BlsRunner = Callable[[InferenceRequest, bool], "Future[Any]"]
 _bls_runner: BlsRunner | None = None
 
 

@@ -11,6 +11,7 @@ this package adds transport, our own rules about what a model version is, and or
     model_signature.py  pure OMS check: a model's signature bundle against its files and keys
     provenance.py  per installed version: who signed it, verified or not (for status, events)
     client.py     `SyncClient.sync_once`: refresh → download → verify → OMS check → cache.install
+    target_downloads.py  a cycle's target files: parallel, resumed, verified by python-tuf
     periodic.py   the daemon's loop: interval with jitter, exponential backoff
     config.py     `SyncConfig` (the agent's `[sync]` section)
     cli.py        `edge-agent keys init|rotate`, `publish`, `sync --once`
@@ -21,7 +22,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sync.client import Progress, SyncClient, SyncReport, activate_in_cache
+    from sync.client import SyncClient, SyncReport, activate_in_cache
     from sync.errors import (
         DiskFullError,
         DownloadError,
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from sync.publish import Publisher, PublishReport
     from sync.store import ObjectStore, S3Settings
     from sync.stores import open_store
+    from sync.target_downloads import Progress
 
 # Imported on first use: the agent reads `sync.config` at every start, but boto3 and python-tuf
 # (about 26 MiB of RSS) are only needed when a [sync] section is configured.
@@ -55,7 +57,7 @@ _HOME = {
     "MetadataError": "sync.errors",
     "NotFoundError": "sync.errors",
     "ObjectStore": "sync.store",
-    "Progress": "sync.client",
+    "Progress": "sync.target_downloads",
     "PublishError": "sync.errors",
     "PublishReport": "sync.publish",
     "Publisher": "sync.publish",

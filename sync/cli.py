@@ -21,7 +21,7 @@ else:  # pragma: no cover - Python 3.10
 
 from model_cache import CacheError, ModelCache
 from sync.cli_parser import EXIT_CONFIG, EXIT_ERROR
-from sync.client import Progress, SyncClient, activate_in_cache
+from sync.client import SyncClient, activate_in_cache
 from sync.config import SyncConfig, signature_check, validate
 from sync.errors import SyncConfigError, SyncError
 from sync.keys import RoleSpec, init_keys, rotate_keys
@@ -31,6 +31,7 @@ from sync.publish import ModelCheck, Publisher
 from sync.roles import ROLES
 from sync.store import S3Settings
 from sync.stores import open_store
+from sync.target_downloads import Progress
 
 PUBLISH_SETTINGS = "publish.toml"  # in the repository folder: the publisher's own settings
 

@@ -13,7 +13,8 @@ One cycle, in order (nothing is installed before everything it depends on is ver
        skipping the versions rejected on this device (`ModelCache.rejections`).
     3. Each file of each version to fetch is streamed into `WORK/downloads/SHA256.part`
        (`Downloader`: capped at its signed length, resumed with range requests), a few at a time,
-       then python-tuf's `TargetFile.verify_length_and_hashes` accepts or refuses it.
+       then python-tuf's `TargetFile.verify_length_and_hashes` accepts or refuses it
+       (`sync/target_downloads.py`).
     4. A version whose files all verified has its OpenSSF model signature checked against their
        verified digests (`sync/model_signature.py`, policy off | warn | require); under
        `require` a failure rejects the version on this device (`SyncReport.refused`) and
@@ -36,13 +37,10 @@ Invariants:
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
-import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from tuf.api import exceptions as tuf_exceptions
@@ -64,27 +62,17 @@ from sync.errors import (
     InstallError,
     MetadataError,
     SyncError,
-    TargetError,
     VerificationError,
 )
 from sync.fetcher import Downloader, StoreFetcher
 from sync.model_signature import SignatureCheck, SignaturePolicy, Verdict
 from sync.policy import CachedVersion, Choice, Desired, SignedVersion, group_targets, plan
 from sync.provenance import Provenance, ProvenanceStore
-from sync.publish import METADATA_PREFIX, TARGETS_PREFIX
+from sync.publish import METADATA_PREFIX
 from sync.store import ObjectStore
+from sync.target_downloads import NO_SPACE, Progress, TargetDownloads
 
 logger = logging.getLogger(__name__)
-
-_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
-
-
-@dataclass(frozen=True, slots=True)
-class Progress:
-    """Bytes of target files downloaded so far in this cycle, out of those needed."""
-
-    done_bytes: int
-    total_bytes: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,22 +88,6 @@ class SyncReport:
     choices: tuple[Choice, ...] = ()  # per model: the version the policy serves, and why
     refused: tuple[tuple[str, int, str], ...] = ()  # (model, version, why): OMS check, rejected
     unverified: tuple[tuple[str, int, str], ...] = ()  # (model, version, why): installed (warn)
-
-
-@dataclass(slots=True)
-class _Tally:
-    total: int
-    report: Callable[[Progress], None]
-    done: int = 0
-    resumed: int = 0
-    transient: bool = False
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def add(self, count: int) -> None:
-        with self.lock:
-            self.done += count
-            done = self.done
-        self.report(Progress(done, self.total))
 
 
 class SyncClient:
@@ -159,10 +131,13 @@ class SyncClient:
         self._root = trusted_root
         self._work = work_dir
         self._desired = dict(desired)
-        self._parallel = max(1, max_parallel)
         self._max_version = max_version_bytes
-        self._downloader = downloader or Downloader(store)
-        self._progress = progress
+        self._downloads = TargetDownloads(
+            downloader or Downloader(store),
+            work_dir,
+            max_parallel=max_parallel,
+            progress=progress,
+        )
         self._tuf_config = updater_config or UpdaterConfig()
         self._consistent = True  # from the verified root, at each refresh
         self._signatures = signatures or SignatureCheck()
@@ -214,7 +189,7 @@ class SyncClient:
                 )
             else:
                 fetch.append(item)
-        files, tally = self._download(fetch, errors)
+        files, tally = self._downloads.fetch(fetch, errors, consistent=self._consistent)
         installed: list[tuple[str, int]] = []
         refusals: list[tuple[str, int, str]] = []
         unverified: list[tuple[str, int, str]] = []
@@ -310,70 +285,6 @@ class SyncClient:
             if v.state in (VersionState.READY, VersionState.ACTIVE, VersionState.RETIRED)
         ]
 
-    def _key(self, info: TargetFile) -> str:
-        path = info.get_prefixed_paths()[0] if self._consistent else info.path
-        return TARGETS_PREFIX + path
-
-    def _download(
-        self, fetch: list[SignedVersion], errors: list[tuple[str, str]]
-    ) -> tuple[dict[str, Path], _Tally]:
-        """Download and verify every distinct file; returns sha256 → verified file."""
-        downloads = self._work / "downloads"
-        unique: dict[str, tuple[TargetFile, str]] = {}
-        for item in fetch:
-            for f in item.downloads:
-                unique.setdefault(f.target.hashes["sha256"], (f.target, item.model))
-        tally = _Tally(sum(t.length for t, _m in unique.values()), self._progress)
-        if not unique:
-            return {}, tally
-        try:
-            ensure_dir(downloads)
-        except OSError as exc:
-            raise SyncError(f"cannot create {downloads}: {exc.strerror}") from None
-        done: dict[str, Path] = {}
-        with ThreadPoolExecutor(self._parallel, thread_name_prefix="sync-download") as pool:
-            futures = {
-                sha: pool.submit(self._fetch_one, info, downloads, tally)
-                for sha, (info, _m) in unique.items()
-            }
-            for sha, future in futures.items():
-                try:
-                    done[sha] = future.result()
-                except SyncError as exc:
-                    tally.transient |= isinstance(exc, DownloadError)
-                    model = unique[sha][1]
-                    logger.debug("download of %s failed: %s", unique[sha][0].path, exc.message)
-                    errors.append((model, exc.message))
-        return done, tally
-
-    def _fetch_one(self, info: TargetFile, downloads: Path, tally: _Tally) -> Path:
-        sha = info.hashes["sha256"]
-        final = downloads / sha
-        part = downloads / f"{sha}.part"
-        try:
-            if final.exists():
-                os.replace(final, part)  # re-verified below like any other download
-            resumed = self._downloader.download(self._key(info), part, info.length, tally.add)
-            with tally.lock:
-                tally.resumed += resumed
-            with part.open("rb") as handle:
-                info.verify_length_and_hashes(handle)  # python-tuf decides
-            os.replace(part, final)
-        except tuf_exceptions.LengthOrHashMismatchError as exc:
-            part.unlink(missing_ok=True)
-            raise TargetError(f"{info.path}: refused: {exc}", path=info.path) from None
-        except VerificationError:
-            part.unlink(missing_ok=True)
-            raise
-        except OSError as exc:
-            if exc.errno in _NO_SPACE:
-                part.unlink(missing_ok=True)
-                raise DiskFullError(
-                    f"no space left for {info.path} in {downloads}", path=info.path
-                ) from None
-            raise SyncError(f"cannot write {part}: {exc}", path=info.path) from None
-        return final
-
     def _install(self, item: SignedVersion, files: Mapping[str, Path]) -> None:
         staging = self._work / "staging" / temp_name(f"{item.model}-{item.version}")
         try:
@@ -383,7 +294,7 @@ class SyncClient:
                     ensure_dir(dest.parent)
                     os.link(files[f.target.hashes["sha256"]], dest)
             except OSError as exc:
-                kind = DiskFullError if exc.errno in _NO_SPACE else InstallError
+                kind = DiskFullError if exc.errno in NO_SPACE else InstallError
                 raise kind(
                     f"cannot stage {item.model} version {item.version}: {exc.strerror}",
                     model=item.model,

@@ -46,6 +46,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric, UnknownMet
 from agent.backends.custom_metrics import FamilySnapshot
 from agent.device.gpu import GpuReader, GpuReading
 from agent.scheduling.statistics import (
+    FIRST_RESPONSE_BUCKETS_MS,
     Duration,
     InferStat,
     Series,
@@ -288,6 +289,25 @@ def _in_us(stat: InferStat) -> Callable[[StatsSnapshot], int]:
     return lambda s: _us(s.stat(stat))
 
 
+def _first_response(snaps: list[StatsSnapshot]) -> Metric:
+    """Triton's first-response histogram: decoupled models' versions that answered once."""
+    name = "nv_inference_first_response_histogram_ms"
+    family = Metric(name, "Duration from request to first response in milliseconds", "histogram")
+    for s in snaps:
+        if s.first_response is None:
+            continue
+        counts, total = s.first_response
+        labels = {"model": s.name, "version": s.version}
+        cumulative = 0
+        for bound, count in zip((*FIRST_RESPONSE_BUCKETS_MS, math.inf), counts, strict=True):
+            cumulative += count
+            le = "+Inf" if bound == math.inf else format(bound, "g")
+            family.add_sample(name + "_bucket", {**labels, "le": le}, float(cumulative))
+        family.add_sample(name + "_count", labels, float(cumulative))
+        family.add_sample(name + "_sum", labels, total)
+    return family
+
+
 def _model_families(snaps: list[StatsSnapshot]) -> Iterator[Metric]:
     yield _counter(
         "nv_inference_request_success",
@@ -340,6 +360,8 @@ def _model_families(snaps: list[StatsSnapshot]) -> Iterator[Metric]:
             snaps,
             series,
         )
+    if any(s.first_response is not None for s in snaps):
+        yield _first_response(snaps)
     yield _counter(
         "nv_cache_num_hits_per_model",
         "Number of cache hits per model",

@@ -59,7 +59,8 @@ import numpy as np
 from agent.backends import python_ipc as ipc
 from agent.backends.cancellation import CancelSignal
 from agent.backends.custom_metrics import CustomMetricStore
-from agent.backends.python_bls import BlsCalls, BlsSubmit
+from agent.backends.python_bls import BlsCalls, BlsRunner
+from agent.backends.python_bls_relay import BlsRelay
 from agent.backends.python_config import (
     DEFAULT_MODEL_FILENAME,
     PYTHON_BACKEND,
@@ -108,7 +109,7 @@ class PythonBackend:
         version: int = 0,
         auto_complete: bool = True,
         custom_metrics: CustomMetricStore | None = None,
-        bls: BlsSubmit | None = None,
+        bls: BlsRunner | None = None,
     ) -> None:
         """Start one worker per instance and run `initialize` in each.
 
@@ -277,7 +278,12 @@ class PythonBackend:
             channel.fail_all(error, ids)
 
     def _channel(self, worker: Worker) -> DecoupledChannel:
+        relay: list[BlsRelay] = []  # made once the channel (its sender) exists
+
         def side_message(message: ipc.Message) -> bool:
+            if message.kind in (ipc.BLS, ipc.BLS_CANCEL) and relay:
+                relay[0].handle(message)  # at any time, as Triton allows
+                return True
             return self._side_message(worker, message)
 
         def check(names: Sequence[str], returned: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -286,9 +292,11 @@ class PythonBackend:
         def exit_reason() -> str:
             return f"python model '{self.name}' instance {worker.index} {self._exit_reason(worker)}"
 
-        return DecoupledChannel(
+        channel = DecoupledChannel(
             worker.conn, f"{self.name}-{worker.name}", side_message, check, exit_reason
         )
+        relay.append(BlsRelay(self._bls, channel.send))
+        return channel
 
     def _send(self, worker: Worker, message: ipc.Message) -> None:
         channel = self._channels.get(worker.index)

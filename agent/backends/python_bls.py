@@ -1,15 +1,10 @@
 """BLS (Triton's business logic scripting): a Python model runs other models from `execute`.
 
-Worker side: `pb_utils.InferenceRequest.exec` and `async_exec` go through `BlsClient.submit`,
-which sends a BLS message and returns a future that the worker's pipe reader
-(`python_mailbox`) completes with the BLS_RESULT of the same id. `exec` waits on it;
-`async_exec` awaits it (`asyncio.wrap_future`), so several calls may be in flight at once
-(`asyncio.gather`) without a thread each. Cancelling the awaiting task cancels the future, which
-sends BLS_CANCEL; the agent then cancels the child request. Results of calls nobody waits for
-any more are dropped as they arrive.
+Worker side (`agent.backends.python_bls_client`): `exec` / `async_exec` send a BLS message and
+wait for its BLS_RESULT (several for `decoupled=True`, the last one "final").
 
 Agent side: while the backend waits for the answer to EXECUTE, `BlsCalls` starts each BLS
-request it receives through the injected `BlsSubmit` (the data plane's `infer` on the agent's
+request it receives through the injected `BlsRunner` (the data plane's `infer` on the agent's
 event loop: the called model's scheduler batches it, its statistics count it, a canary may
 route it) and sends each result back as it completes. A request built with
 `trace=request.trace()` names which request of the `execute` call made it: when that request is
@@ -28,6 +23,9 @@ timed out, or the worker died), and when every request of the execute was cancel
 client went away, or its own BLS caller was cancelled): the worker is then told with CANCEL
 (`InferenceRequest.is_cancelled()`) and its calls are answered "Request was cancelled".
 
+A decoupled model's BLS requests are served at any time instead (`python_bls_relay`).
+With `decoupled=True` each response of the called model goes back as it comes.
+
 Limits: at most `MAX_IN_FLIGHT` calls per `execute` at once; tensors are bounded as every
 message on the wire (`python_ipc`).
 """
@@ -36,21 +34,26 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import queue
 import time
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import CancelledError, Future, InvalidStateError
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from concurrent.futures import CancelledError, Future
+from dataclasses import dataclass, field
 from multiprocessing import Pipe
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from agent import pb_utils
 from agent.backends import python_ipc as ipc
 from agent.backends.cancellation import CancelSignal
-from agent.backends.python_mailbox import Mailbox
-from agent.errors import AgentError, ModelNotFoundError, ModelNotReadyError, RequestTimeoutError
+from agent.errors import (
+    AgentError,
+    ModelNotFoundError,
+    ModelNotReadyError,
+    RequestTimeoutError,
+)
 from agent.tensors.request import InferInput, InferRequest, InferResponse, RequestedOutput
 
 logger = logging.getLogger(__name__)
@@ -58,94 +61,33 @@ logger = logging.getLogger(__name__)
 MAX_IN_FLIGHT = 256
 CANCELLED = "Request was cancelled"  # Triton's message for a cancelled request
 
-# Runs a request on (model, version or None) from any thread; the future holds the response.
-BlsSubmit = Callable[[str, str | None, InferRequest], "Future[InferResponse]"]
+# Gets each response of a streamed request: its outputs, or its error; the final flag.
+OnStreamItem = Callable[[InferResponse | None, AgentError | None, bool], None]
 
 
-# ---------------------------------------------------------------- worker side
+class BlsRunner(Protocol):
+    """Runs BLS requests on (model, version or None) from any thread (the data plane)."""
+
+    def submit_threadsafe(
+        self, model: str, version: str | None, request: InferRequest, *, refusal: str | None = None
+    ) -> Future[InferResponse]:
+        """One response; `refusal` words the error when the model is decoupled."""
+        ...
+
+    def stream_threadsafe(
+        self, model: str, version: str | None, request: InferRequest, on_item: OnStreamItem
+    ) -> Future[None]:
+        """Every response (`decoupled=True`), to `on_item`; the future ends with the stream."""
+        ...
 
 
-class BlsClient:
-    """`pb_utils.InferenceRequest.exec` / `async_exec` inside the worker, between `begin` and
-    `end`. Replies arrive in the `Mailbox` slots; ids are shared with other calls to the agent."""
-
-    def __init__(
-        self, send: Callable[[ipc.Message], None], mailbox: Mailbox, ids: Iterator[int]
-    ) -> None:
-        self._send = send
-        self._mailbox = mailbox
-        self._ids = ids
-
-    def begin(self) -> None:
-        pb_utils.set_bls_runner(self.submit)
-
-    def end(self) -> None:
-        pb_utils.set_bls_runner(None)
-        self._mailbox.abandon("the execute call that made this request returned")
-
-    def submit(self, request: pb_utils.InferenceRequest) -> Future[pb_utils.InferenceResponse]:
-        """Send one request to the agent; the future gets its response, or an error response.
-
-        Cancelling the future (the model's asyncio task awaiting `async_exec` was cancelled)
-        tells the agent, which cancels the child request.
-        """
-        tensors = []
-        for tensor in request.inputs():
-            if not isinstance(tensor, pb_utils.Tensor):
-                raise pb_utils.TritonModelException(
-                    f"BLS inputs must be pb_utils.Tensor, got {type(tensor).__name__}"
-                )
-            tensors.append((tensor.name(), tensor.as_numpy()))
-        call_id = next(self._ids)
-        meta = {
-            "id": call_id,
-            "model": request.model_name(),
-            "version": request.model_version(),
-            "outputs": request.requested_output_names(),
-            "timeout_us": request.timeout(),
-            "parameters": request.parameters(),
-            "request_id": request.request_id(),
-        }
-        trace = request.trace()
-        if isinstance(trace, pb_utils.InferenceTrace) and trace.index is not None:
-            meta["trace"] = trace.index  # the parent: which request of this execute call
-        response: Future[pb_utils.InferenceResponse] = Future()
-        slot = self._mailbox.expect(call_id)
-        slot.add_done_callback(lambda done: _deliver(response, done))
-        response.add_done_callback(lambda done: self._cancelled(call_id, done))
-        try:
-            self._send(ipc.Message(ipc.BLS, meta, tensors))
-        except (OSError, ValueError) as exc:
-            self._mailbox.forget(call_id)
-            _settle(response, _error_response(f"BLS failed: {exc}"))
-        return response
-
-    def _cancelled(self, call_id: int, response: Future[pb_utils.InferenceResponse]) -> None:
-        if not response.cancelled():
-            return
-        self._mailbox.forget(call_id)
-        with contextlib.suppress(OSError):  # the agent is gone: nothing left to cancel
-            self._send(ipc.Message(ipc.BLS_CANCEL, {"id": call_id}))
-
-
-def _deliver(response: Future[pb_utils.InferenceResponse], slot: Future[ipc.Message]) -> None:
-    reply = slot.result()
-    if "error" in reply.meta:
-        _settle(response, _error_response(str(reply.meta["error"])))
-    else:
-        _settle(
-            response,
-            pb_utils.InferenceResponse([pb_utils.Tensor(n, a) for n, a in reply.tensors]),
-        )
-
-
-def _error_response(text: str) -> pb_utils.InferenceResponse:
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(text))
-
-
-def _settle(future: Future[pb_utils.InferenceResponse], value: pb_utils.InferenceResponse) -> None:
-    with contextlib.suppress(InvalidStateError):  # the model cancelled it meanwhile
-        future.set_result(value)
+def decoupled_refusal(model: str) -> str:
+    """Triton's error for a BLS call without `decoupled=True` to a decoupled model."""
+    return (
+        f"Model {model} is using the decoupled. The current BLS request call doesn't support "
+        "models using the decoupled transaction policy. Please use 'decoupled=True' argument to "
+        "the 'exec' or 'async_exec' calls for decoupled models.'"
+    )
 
 
 # ---------------------------------------------------------------- agent side
@@ -158,7 +100,10 @@ class _Call:
     deadline: float
     bound_s: float
     own_timeout: bool
-    future: Future[InferResponse] | None = None
+    future: Future[Any] | None = None
+    # A streamed call (`decoupled=True`): its responses as they come, until one is final.
+    items: queue.SimpleQueue[tuple[InferResponse | None, AgentError | None, bool]] | None = None
+    ended: bool = field(default=False)
 
 
 class BlsCalls:
@@ -166,7 +111,7 @@ class BlsCalls:
 
     def __init__(
         self,
-        submit: BlsSubmit | None,
+        submit: BlsRunner | None,
         conn: Connection,
         default_timeout_s: float,
         caller: str,
@@ -222,16 +167,33 @@ class BlsCalls:
         if self._submit is None:
             self._answer(call, error="BLS needs the agent's data plane, which is not running")
             return
+        wake = self._wake_w
         try:
-            request = _infer_request(message, timeout_us if own else None, self._parent(meta))
+            request = infer_request_of(message, timeout_us if own else None, self._parent(meta))
             version = meta.get("version", -1)
-            future = self._submit(model, str(version) if int(version) > 0 else None, request)
+            number = str(version) if int(version) > 0 else None
+            if meta.get("decoupled"):
+                items: queue.SimpleQueue[tuple[InferResponse | None, AgentError | None, bool]]
+                items = call.items = queue.SimpleQueue()
+
+                def on_item(
+                    response: InferResponse | None, error: AgentError | None, final: bool
+                ) -> None:
+                    items.put((response, error, final))
+                    _poke(wake)
+
+                future: Future[Any] = self._submit.stream_threadsafe(
+                    model, number, request, on_item
+                )
+            else:
+                future = self._submit.submit_threadsafe(
+                    model, number, request, refusal=decoupled_refusal(model)
+                )
         except (AgentError, TypeError, ValueError) as exc:
-            self._answer(call, error=_message(model, exc))
+            self._answer(call, error=failure_text(model, exc), final=bool(meta.get("decoupled")))
             return
         call.future = future
         self._calls[call_id] = call
-        wake = self._wake_w
         future.add_done_callback(lambda _: _poke(wake))
 
     def drop(self, message: ipc.Message) -> None:
@@ -247,7 +209,7 @@ class BlsCalls:
             del self._calls[call.call_id]
             if call.future is not None:
                 call.future.cancel()
-            self._answer(call, error=CANCELLED)
+            self._answer(call, error=CANCELLED, final=True)
 
     def wait(self, deadline: float) -> None:
         """Until the worker sends something, this is woken, a call ends (its result then sent)
@@ -261,13 +223,38 @@ class BlsCalls:
         now = time.monotonic()
         for call in list(self._calls.values()):
             assert call.future is not None
-            if call.future.done():
+            done = call.future.done()  # before the responses: all of a done stream are queued
+            if call.items is not None:
+                self._pass_on(call, now)
+            if call.ended:
+                del self._calls[call.call_id]
+            elif done:
                 del self._calls[call.call_id]
                 self._finish(call)
             elif now >= call.deadline:
                 del self._calls[call.call_id]
                 call.future.cancel()
-                self._answer(call, error=self._timeout_message(call))
+                self._answer(call, error=self._timeout_message(call), final=True)
+
+    def _pass_on(self, call: _Call, now: float) -> None:
+        """Send a streamed call's responses that came (each restarts its clock, unless the
+        call has a timeout of its own: that bounds the whole request)."""
+        assert call.items is not None
+        while not call.ended:
+            try:
+                response, error, final = call.items.get_nowait()
+            except queue.Empty:
+                return
+            if not call.own_timeout:
+                call.deadline = now + call.bound_s
+            call.ended = final
+            if error is not None:
+                self._answer(call, error=failure_text(call.model, error), final=final)
+            elif response is not None:
+                tensors = [(o.name, o.data) for o in response.outputs]
+                self._answer(call, tensors=tensors, final=final)
+            else:
+                self._answer(call, final=final)
 
     def cancel(self) -> None:
         """The `execute` ended: calls still running are cancelled, their results dropped."""
@@ -288,13 +275,17 @@ class BlsCalls:
 
     def _finish(self, call: _Call) -> None:
         assert call.future is not None
+        streamed = call.items is not None
         try:
             response = call.future.result()
         except CancelledError:
-            self._answer(call, error=self._timeout_message(call))
+            self._answer(call, error=self._timeout_message(call), final=streamed)
             return
         except Exception as exc:  # noqa: BLE001 - any failure is that request's error
-            self._answer(call, error=_message(call.model, exc))
+            self._answer(call, error=failure_text(call.model, exc), final=streamed)
+            return
+        if streamed:  # the stream ended without a final response (the data plane ends it)
+            self._answer(call, final=True)
             return
         self._answer(call, tensors=[(o.name, o.data) for o in response.outputs])
 
@@ -313,10 +304,13 @@ class BlsCalls:
         *,
         error: str | None = None,
         tensors: list[tuple[str, np.ndarray]] | None = None,
+        final: bool | None = None,
     ) -> None:
         meta: dict[str, Any] = {"id": call.call_id}
         if error is not None:
             meta["error"] = error
+        if final is not None:  # a streamed call's response
+            meta["final"] = final
         ipc.send(self._conn, ipc.Message(ipc.BLS_RESULT, meta, tensors or []))
 
 
@@ -326,7 +320,7 @@ def _poke(wake: Connection | None) -> None:
             wake.send_bytes(b"")
 
 
-def _infer_request(
+def infer_request_of(
     message: ipc.Message, timeout_us: int | None, parent_trace: object | None = None
 ) -> InferRequest:
     import json  # noqa: PLC0415
@@ -343,13 +337,28 @@ def _infer_request(
         raise ValueError("parameters must be an object")
     if timeout_us is not None:
         parameters["timeout"] = timeout_us
+    parameters.update(_sequence(meta.get("correlation_id"), meta.get("flags")))
     request_id = str(meta.get("request_id") or "") or None
     return InferRequest(
         inputs, id=request_id, outputs=outputs, parameters=parameters, parent_trace=parent_trace
     )
 
 
-def _message(model: str, exc: BaseException) -> str:
+def _sequence(correlation_id: object, flags: object) -> dict[str, Any]:
+    """A BLS request's `correlation_id` and `flags` as the sequence parameters a client sends
+    (Triton passes them on as the request's own: the called model's sequence batcher uses them)."""
+    found: dict[str, Any] = {}
+    if isinstance(correlation_id, int | str) and correlation_id not in (0, ""):
+        found["sequence_id"] = correlation_id
+    bits = flags if isinstance(flags, int) else 0
+    if bits & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START:
+        found["sequence_start"] = True
+    if bits & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END:
+        found["sequence_end"] = True
+    return found
+
+
+def failure_text(model: str, exc: BaseException) -> str:
     if isinstance(exc, ModelNotFoundError | ModelNotReadyError):
         return (
             f"Failed for execute the inference request. Model '{model}' is not ready. {exc.message}"

@@ -6,8 +6,9 @@ awaited (as for other models). `DecoupledChannel` owns the reading end from READ
 
 * RESPONSE messages go straight to their request's `ResponseSink`, checked against the config's
   outputs; the final flag closes the request;
-* LOG and METRICS go to the backend's handler; every other message (RESULT, ERROR, BLS,
-  FINALIZED) waits in the inbox for the thread that runs `execute` or `close`;
+* LOG, METRICS, BLS and BLS_CANCEL go to the backend's handler (BLS requests are served at any
+  time: `python_bls_relay`); every other message (RESULT, ERROR, FINALIZED) waits in the inbox
+  for the thread that runs `execute` or `close`;
 * when the pipe fails (the worker died or was killed), every open request ends with the
   reason, as a ModelInstanceFailedError response with the final flag.
 
@@ -35,8 +36,6 @@ logger = logging.getLogger(__name__)
 
 # One request of a decoupled model: its inputs, the outputs it asks for, where responses go.
 DecoupledRequest = tuple[Mapping[str, np.ndarray], Sequence[str], ResponseSink]
-
-_NO_BLS = "BLS requests from a decoupled model are not supported by this agent yet"
 
 # The requested outputs of a response, checked (dtype, shape); raises BackendError.
 OutputCheck = Callable[[Sequence[str], dict[str, np.ndarray]], list[np.ndarray]]
@@ -82,7 +81,7 @@ class DecoupledChannel:
             ipc.send(self._conn, message)
 
     def receive(self, deadline: float | None) -> ipc.Message:
-        """The next message for the executor (RESULT, ERROR, BLS, FINALIZED ...).
+        """The next message for the executor (RESULT, ERROR, FINALIZED ...).
 
         Raises:
             TimeoutError: none before `deadline` (a `time.monotonic()` instant).
@@ -105,7 +104,7 @@ class DecoupledChannel:
     ) -> ipc.Message:
         """Send one EXECUTE with these (id, request) and wait until `execute` returned: its
         RESULT or ERROR. The wait restarts with every message from the worker (a model that
-        streams from inside `execute` is alive); BLS requests are answered with an error.
+        streams from inside `execute` is alive).
 
         Raises:
             TimeoutError: nothing from the worker for `execute_s`.
@@ -128,10 +127,7 @@ class DecoupledChannel:
                     raise
                 waited_from = self.last_activity
                 continue
-            if reply.kind != ipc.BLS:
-                return reply
-            meta = {"id": reply.meta.get("id"), "error": _NO_BLS}
-            self.send(ipc.Message(ipc.BLS_RESULT, meta))
+            return reply
 
     def open(self, request_id: int, sink: ResponseSink, outputs: Sequence[str]) -> None:
         """Route the responses of `request_id` to `sink` until its final flag."""

@@ -18,8 +18,8 @@ FD is this end of a socketpair inherited from the agent, PPID the agent's pid. T
 A reader thread (`agent.backends.python_mailbox`) takes every message off the pipe as it
 arrives, so the agent never blocks writing to this worker. Inside `execute`,
 `pb_utils.InferenceRequest.exec` / `async_exec` send BLS messages and wait for their BLS_RESULT
-(`agent.backends.python_bls`; `async def execute` runs on one event loop per worker). A CANCEL
-from the agent marks requests of the running execute (`request.is_cancelled()`).
+(`agent.backends.python_bls_client`; `async def execute` runs on one event loop per worker). A
+CANCEL from the agent marks requests of the running execute (`request.is_cancelled()`).
 `pb_utils.Logger` lines travel to the agent as LOG messages, which the agent writes to its log
 with the model's name. Custom metrics (`pb_utils.MetricFamily`) changed since the last message
 go before each message as one METRICS message (`agent.pb_metrics`); `Metric.value()` asks the
@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import pb_metrics, pb_utils
-from agent.backends import python_bls, python_decoupled
+from agent.backends import python_bls_client, python_decoupled
 from agent.backends import python_ipc as ipc
 from agent.backends.python_mailbox import Mailbox
 
@@ -96,7 +96,7 @@ def main(argv: list[str]) -> int:
     mailbox = Mailbox(conn, on_cancel=cancels.route)
     mailbox.start()
     ids = itertools.count(1)  # ids of calls to the agent (BLS, metric values)
-    bls = python_bls.BlsClient(wire.send, mailbox, ids)
+    bls = python_bls_client.BlsClient(wire.send, mailbox, ids)
     totals = _MetricTotals(wire, mailbox, ids)
     try:
         init = mailbox.receive()
@@ -111,19 +111,25 @@ def main(argv: list[str]) -> int:
         return 1
     # Decoupled models answer through response senders (agent.backends.python_decoupled).
     cancels.decoupled = _decoupled_runtime(wire, init)
+    if cancels.decoupled is not None:
+        bls.begin()  # as Triton: BLS from `execute` and from the model's threads at any time
     while True:
         try:
             message = mailbox.receive()
         except (EOFError, OSError, ipc.WireError):
             return 0  # the agent closed the pipe: no finalize, nothing to answer
-        if message.kind == ipc.EXECUTE:
+        if message.kind == ipc.EXECUTE and cancels.decoupled is not None:
+            try:
+                with totals.listening():
+                    answer = cancels.decoupled.execute(model, message)
+            finally:
+                running.end()
+            wire.send(answer)
+        elif message.kind == ipc.EXECUTE:
             bls.begin()
             try:
                 with totals.listening():
-                    if cancels.decoupled is not None:
-                        answer = cancels.decoupled.execute(model, message)
-                    else:
-                        answer = _execute(model, message, running)
+                    answer = _execute(model, message, running)
             finally:
                 bls.end()
                 running.end()

@@ -27,7 +27,7 @@ from agent.proto import model_config_pb2 as mc
 from agent.repository.layout import holds_python_model
 
 if TYPE_CHECKING:
-    from agent.backends.python_bls import BlsSubmit
+    from agent.backends.python_bls import BlsRunner
 
 TENSORRT_PLATFORM = "tensorrt_plan"
 TENSORRT_BACKEND = "tensorrt"
@@ -86,7 +86,7 @@ def create_backend(
     version: int = 0,
     auto_complete: bool = True,
     custom_metrics: CustomMetricStore | None = None,
-    bls: BlsSubmit | None = None,
+    bls: BlsRunner | None = None,
 ) -> Backend:
     """The backend instance for one model version (blocking: may build an engine).
 

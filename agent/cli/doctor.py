@@ -21,6 +21,7 @@ from typing import Any, TextIO
 
 from agent.config.loader import load_config
 from agent.config.schema import AgentConfig
+from agent.config.security import exposure_problems
 from agent.device.checks import Check, Status, agent_checks, device_checks, worst
 from agent.device.facts import CUDA_VERSION_JSON, NV_TEGRA_RELEASE, device_facts
 from agent.device.gpu import detect_gpu_reader
@@ -128,6 +129,18 @@ def agent_facts(
             _broker(config, timeout_s),
             _store(config, environ, timeout_s),
         ],
+        "security": _security(config),
+    }
+
+
+def _security(config: AgentConfig) -> dict[str, Any]:
+    """What the local API exposes: the same findings the agent logs at start."""
+    server = config.server
+    tls = "TLS" if server.tls_cert_file else "no TLS"
+    return {
+        "summary": f"API on {server.host or '(every address)'}, {tls}",
+        "problems": exposure_problems(server),
+        "strict": server.strict_security,
     }
 
 

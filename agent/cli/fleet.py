@@ -4,7 +4,7 @@
     edge-agent fleet send jetson-17 activate model=resnet version=3 --host broker
     edge-agent fleet send jetson-17 set-desired --args '{"models": {"*": "latest"}}'
     edge-agent fleet watch [DEVICE] [--json] [--count N]
-    edge-agent fleet dashboard [--port 9500] [--bind 127.0.0.1] [--token T]
+    edge-agent fleet dashboard [--port 9500] [--bind 127.0.0.1] [--token T] [--rollouts FILE]
 
 `send` subscribes to a private reply topic, publishes the command with a fresh id (MQTT 5
 response topic and correlation data; under 3.1.1 it listens on the device's `responses` topic
@@ -40,6 +40,7 @@ from agent.fleet.mqtt import (
     Protocol,
     random_client_id,
 )
+from agent.fleet.rollout_view import StoreRollouts
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -176,6 +177,12 @@ def add_commands(subparsers: Any) -> None:  # argparse's _SubParsersAction is pr
         help="requests must carry it (Authorization: Bearer, or ?token=); required beyond "
         "loopback (default: $EDGE_AGENT_DASHBOARD_TOKEN)",
     )
+    board.add_argument(
+        "--rollouts",
+        type=Path,
+        default=fleet_manage.DEFAULT_DB,
+        help="the rollout manager's file, read-only (default: the `fleet rollout` --db default)",
+    )
     for parser in (send, watch, board, *fleet_manage.add_verbs(verbs)):
         # The exporter's and dashboard's --port is their HTTP port; the broker's is --mqtt-port.
         own_port = parser.get_default("http_port") is not None
@@ -282,7 +289,12 @@ async def _watch(settings: MqttSettings, args: argparse.Namespace, out: TextIO) 
 
 
 async def _dashboard(settings: MqttSettings, args: argparse.Namespace, out: TextIO) -> int:
-    board = Dashboard(settings, prefix=args.prefix, token=args.token or None)
+    board = Dashboard(
+        settings,
+        prefix=args.prefix,
+        rollouts=StoreRollouts(args.rollouts),
+        token=args.token or None,
+    )
     port = await board.start(args.bind, args.http_port)
     print(f"fleet dashboard on http://{args.bind}:{port}/", file=out, flush=True)
     stop = asyncio.Event()

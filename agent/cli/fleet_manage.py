@@ -27,14 +27,15 @@ from agent.cli.rollout_driver import FleetConnection, drive
 from agent.fleet.devices import inventory_rows, inventory_table
 from agent.fleet.mqtt import MqttError, MqttSettings, random_client_id
 from agent.fleet.outbox import StoreError
-from agent.fleet.rollout import JOB_STATES, Job, Rollout, RolloutSpec
+from agent.fleet.rollout import Rollout
 from agent.fleet.rollout_gate import GateError
+from agent.fleet.rollout_plan import JOB_STATES, Job, RolloutSpec
 from agent.fleet.rollout_store import RolloutConflictError, RolloutStore
 
 VERBS = ("inventory", "rollout", "exporter")
 _DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)?$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-_DEFAULT_DB = Path.home() / ".local/state/edge-agent/rollouts.sqlite"
+DEFAULT_DB = Path.home() / ".local/state/edge-agent/rollouts.sqlite"
 
 
 def duration(text: str) -> float:
@@ -87,7 +88,7 @@ def add_verbs(verbs: Any) -> list[argparse.ArgumentParser]:
     for parser in controls:
         if parser is not start:
             parser.add_argument("rollout_id", nargs="?", help="default: the latest rollout")
-        parser.add_argument("--db", type=Path, default=_DEFAULT_DB, help="the rollouts file")
+        parser.add_argument("--db", type=Path, default=DEFAULT_DB, help="the rollouts file")
         parser.add_argument("--tick", type=duration, default=0.2, help=argparse.SUPPRESS)
     exporter = verbs.add_parser("exporter", help="serve fleet telemetry to Prometheus")
     exporter.add_argument("--port", dest="http_port", type=int, default=9400, help="HTTP (9400)")

@@ -28,7 +28,8 @@ from typing import Any
 
 from agent.fleet.devices import Fleet
 from agent.fleet.mqtt import Message, MqttClient, MqttSettings
-from agent.fleet.rollout import Rollout, Send
+from agent.fleet.rollout import Rollout
+from agent.fleet.rollout_plan import Send
 from agent.fleet.rollout_store import RolloutStore
 
 logger = logging.getLogger(__name__)

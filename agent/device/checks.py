@@ -89,7 +89,8 @@ def agent_checks(agent: Mapping[str, Any]) -> list[Check]:
     "cgroup_memory_max" (bytes or None: no limit);
     "memory_budget" {"bytes", "source"} or None; "ports" [{"name", "host", "port", "in_use"}];
     "paths" [{"name", "path", "exists", "writable"}]; "endpoints" [{"name", "target",
-    "reachable" (None: not configured), "error"}].
+    "reachable" (None: not configured), "error"}]; "security" {"summary", "problems" (one
+    sentence each, "what: set the fix"), "strict"} (optional).
     """
     config = agent["config"]
     if config.get("error"):
@@ -140,7 +141,25 @@ def agent_checks(agent: Mapping[str, Any]) -> list[Check]:
     checks.extend(_port_check(p) for p in agent.get("ports", ()))
     checks.extend(_path_check(p) for p in agent.get("paths", ()))
     checks.extend(_endpoint_check(e) for e in agent.get("endpoints", ()))
+    if "security" in agent:
+        checks.append(_security_check(agent["security"]))
     return checks
+
+
+def _security_check(security: Mapping[str, Any]) -> Check:
+    """Off loopback without TLS or with control groups open: WARN, FAIL under strict_security
+    (the agent would refuse to start)."""
+    problems = list(security.get("problems", ()))
+    if not problems:
+        return Check("security", Status.OK, str(security.get("summary", "")))
+    strict = bool(security.get("strict"))
+    return Check(
+        "security",
+        Status.FAIL if strict else Status.WARN,
+        "; ".join(p.split(": set ", 1)[0] for p in problems)
+        + (" (server.strict_security refuses to start)" if strict else ""),
+        "; ".join(p.split(": ", 1)[1] if ": " in p else p for p in problems),
+    )
 
 
 def _jetson_check(jetson: Mapping[str, Any] | None) -> Check:

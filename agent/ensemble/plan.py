@@ -18,7 +18,7 @@ model, as Triton words them, are in `agent.repository.triton_rules`.)
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from agent.errors import ModelConfigError
 from agent.proto import model_config_pb2 as mc
@@ -45,6 +45,7 @@ class EnsembleStep:
     inputs: Mapping[str, str]  # model input -> ensemble tensor
     outputs: Mapping[str, str]  # model output -> ensemble tensor
     input_specs: Mapping[str, TensorSpec]  # model input -> what the model accepts
+    decoupled: bool = False  # the model streams: each response flows on through later steps
 
     @property
     def label(self) -> str:
@@ -112,14 +113,9 @@ def build_plan(
         model = lookup(step.model_name)
         assert model is not None  # checked by _check_step
         if model.model_transaction_policy.decoupled:
-            # Triton streams a decoupled step's responses through the rest of the ensemble;
-            # this agent does not (yet): refused at load rather than failing every request.
-            raise ModelConfigError(
-                f"ensemble '{name}': step {index} (model '{step.model_name}') uses the "
-                "decoupled transaction policy; ensembles with decoupled steps are not "
-                "supported by this agent (call the decoupled model directly: gRPC "
-                "ModelStreamInfer or HTTP generate_stream)"
-            )
+            # Triton: each response of a decoupled step flows on through the later steps, and
+            # the ensemble is decoupled itself (its responses stream).
+            steps[index] = replace(step, decoupled=True)
         model_outputs = {t.name: _spec(t, model.max_batch_size > 0) for t in model.output}
         for model_output, tensor in step.outputs.items():
             if tensor in producer:
@@ -155,6 +151,11 @@ def build_plan(
         )
     order = _topological_order(name, steps, producer)
     return EnsemblePlan(name, inputs, outputs, tuple(steps[i] for i in order))
+
+
+def decoupled_ensemble(plan: EnsemblePlan) -> bool:
+    """Whether the ensemble streams (Triton: it has a decoupled step)."""
+    return any(step.decoupled for step in plan.steps)
 
 
 def _check_step_version(

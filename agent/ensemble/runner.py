@@ -20,20 +20,51 @@ import asyncio
 import concurrent.futures
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol
 
 import numpy as np
 
+from agent.backends.base import ResponseSink
 from agent.ensemble.plan import EnsemblePlan, EnsembleStep
-from agent.errors import AgentError, BackendError, ModelControlError, ModelNotReadyError
+from agent.ensemble.streaming import step_error, step_request, stream_ensemble
+from agent.errors import AgentError, ModelControlError, ModelNotReadyError
 from agent.scheduling.batching import BatchingPolicy
 from agent.scheduling.scheduler import ExecutionResult
 from agent.scheduling.sequence_policy import SequenceRequest
-from agent.tensors.request import InferInput, InferRequest, InferResponse, RequestedOutput
+from agent.tensors.request import InferRequest, InferResponse
 from agent.tensors.signature import ValidatedRequest
 
-StepRunner = Callable[[str, str | None, InferRequest], Awaitable[InferResponse]]
+
+class StepRunner(Protocol):
+    """The data plane's `infer`: `refusal` words the error for a decoupled model."""
+
+    def __call__(
+        self,
+        name: str,
+        version: str | None,
+        request: InferRequest,
+        /,
+        *,
+        refusal: str | None = None,
+    ) -> Awaitable[InferResponse]: ...
+
+
+class StreamItem(Protocol):
+    """One response of a streamed request (the data plane's `StreamedResponse`)."""
+
+    @property
+    def response(self) -> InferResponse | None: ...
+    @property
+    def error(self) -> AgentError | None: ...
+    @property
+    def final(self) -> bool: ...
+
+
+# The data plane's `infer_stream`: every response of a request, for any model.
+StreamRunner = Callable[[str, str | None, InferRequest], AsyncIterator[StreamItem]]
+# Gets each response of a streamed BLS request (on the event loop): outputs, error, final.
+OnItem = Callable[[InferResponse | None, AgentError | None, bool], None]
 
 
 class StepRunnerSlot:
@@ -45,11 +76,14 @@ class StepRunnerSlot:
 
     def __init__(self) -> None:
         self.runner: StepRunner | None = None
+        self.stream_runner: StreamRunner | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
 
-    def bind(self, runner: StepRunner) -> None:
-        """Plug in `runner`; called on the agent's event loop, which BLS requests then use."""
+    def bind(self, runner: StepRunner, stream_runner: StreamRunner | None = None) -> None:
+        """Plug in `runner` (and `stream_runner`, for streamed BLS requests); called on the
+        agent's event loop, which BLS requests then use."""
         self.runner = runner
+        self.stream_runner = stream_runner
         with contextlib.suppress(RuntimeError):  # no loop running: BLS stays unavailable
             self.loop = asyncio.get_running_loop()
 
@@ -59,9 +93,15 @@ class StepRunnerSlot:
         return self.runner
 
     def submit_threadsafe(
-        self, model: str, version: str | None, request: InferRequest
+        self,
+        model: str,
+        version: str | None,
+        request: InferRequest,
+        *,
+        refusal: str | None = None,
     ) -> concurrent.futures.Future[InferResponse]:
-        """Run `request` through the data plane from another thread (a BLS request).
+        """Run `request` through the data plane from another thread (a BLS request);
+        `refusal`: the error's wording when the model is decoupled.
 
         Raises:
             ModelNotReadyError: no data plane is bound (yet) on an event loop.
@@ -71,7 +111,33 @@ class StepRunnerSlot:
             raise ModelNotReadyError(f"model '{model}': BLS is not connected to a data plane")
 
         async def call() -> InferResponse:
-            return await runner(model, version, request)
+            return await runner(model, version, request, refusal=refusal)
+
+        return asyncio.run_coroutine_threadsafe(call(), loop)
+
+    def stream_threadsafe(
+        self, model: str, version: str | None, request: InferRequest, on_item: OnItem
+    ) -> concurrent.futures.Future[None]:
+        """Stream `request` through the data plane from another thread (a BLS request with
+        `decoupled=True`): `on_item` gets each response; the future ends with the stream, or
+        with the error that kept the request from starting. Cancelling it cancels the request.
+
+        Raises:
+            ModelNotReadyError: no data plane is bound (yet) on an event loop.
+        """
+        runner, loop = self.stream_runner, self.loop
+        if runner is None or loop is None:
+            raise ModelNotReadyError(f"model '{model}': BLS is not connected to a data plane")
+
+        async def call() -> None:
+            responses = runner(model, version, request)
+            try:
+                async for item in responses:
+                    on_item(item.response, item.error, item.final)
+            finally:
+                close = getattr(responses, "aclose", None)
+                if close is not None:
+                    await close()
 
         return asyncio.run_coroutine_threadsafe(call(), loop)
 
@@ -109,8 +175,12 @@ class EnsembleScheduler:
         priority: int | None = None,
         timeout_us: int | None = None,
         sequence: SequenceRequest | None = None,
+        responses: ResponseSink | None = None,
     ) -> ExecutionResult:
         """Run every step and return the requested ensemble outputs.
+
+        `responses` (a decoupled ensemble, `ensemble_stream`): each set of ensemble outputs goes
+        there as one response, then the final flag; the result then holds no outputs.
 
         `sequence` (a stateful step's correlation id and flags) goes to every step, as Triton
         passes it on.
@@ -134,6 +204,17 @@ class EnsembleScheduler:
         self._idle.clear()
         started = time.perf_counter_ns()
         try:
+            if responses is not None:
+                await stream_ensemble(
+                    self.model,
+                    self.plan,
+                    self._slot,
+                    request,
+                    parameters,
+                    lambda outputs: responses.put(outputs, None, False),
+                )
+                responses.put(None, None, True)
+                return ExecutionResult([], 0, 0, time.perf_counter_ns() - started, 0, 1)
             tensors = await self._run_steps(runner, dict(request.feeds), parameters, request.trace)
         finally:
             self._in_flight -= 1
@@ -172,7 +253,7 @@ class EnsembleScheduler:
                     call = runner(
                         step.model_name,
                         str(step.model_version) if step.model_version > 0 else None,
-                        self._step_request(step, tensors, parameters, trace),
+                        step_request(step, tensors, parameters, trace),
                     )
                     running[asyncio.ensure_future(call)] = step
             if not running:
@@ -182,39 +263,10 @@ class EnsembleScheduler:
                 step = running.pop(task)
                 exc = task.exception()
                 if exc is not None:
-                    failure = failure or _step_error(self.model, step, exc)
+                    failure = failure or step_error(self.model, step, exc)
                     continue
                 for output in task.result().outputs:
                     tensors[step.outputs[output.name]] = output.data
         if failure is not None:
             raise failure
         return tensors
-
-    @staticmethod
-    def _step_request(
-        step: EnsembleStep,
-        tensors: dict[str, np.ndarray],
-        parameters: dict[str, Any],
-        trace: object | None,
-    ) -> InferRequest:
-        inputs = tuple(
-            InferInput(
-                model_input,
-                step.input_specs[model_input].datatype,
-                tuple(int(d) for d in tensors[tensor].shape),
-                tensors[tensor],
-            )
-            for model_input, tensor in step.inputs.items()
-        )
-        outputs = tuple(RequestedOutput(name) for name in step.outputs)
-        # A traced ensemble's steps are traced as its children (Triton's parent_id).
-        return InferRequest(inputs, outputs=outputs, parameters=parameters, parent_trace=trace)
-
-
-def _step_error(ensemble: str, step: EnsembleStep, exc: BaseException) -> BaseException:
-    if not isinstance(exc, AgentError):
-        return exc
-    message = f"ensemble '{ensemble}' {step.label}: {exc.message}"
-    if isinstance(exc, BackendError):
-        return BackendError(message)
-    return type(exc)(message)

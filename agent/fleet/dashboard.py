@@ -8,7 +8,8 @@ same topics `fleet watch` reads), folds it into a `FleetView`, and serves, read-
     GET /fleet/v1/devices/{device}/telemetry  a device's last telemetry message
 
 Rollouts come through `RolloutSource`, a two-method interface whose JSON shape is given in
-docs/pages.md; without one the page says "No rollouts". With a token every route answers only
+docs/pages.md (`fleet dashboard --rollouts FILE` reads the rollout manager's file); without one
+the page says "No rollouts". With a token every route answers only
 requests carrying it (`agent.pages.token_middleware`), else 401.
 """
 
@@ -35,12 +36,14 @@ PATHS = ("/", "/fleet/v1/state", "/fleet/v1/devices/{device}/telemetry")
 
 
 class RolloutSource(Protocol):
-    """Where the dashboard reads rollouts (the fleet rollout store implements it).
+    """Where the dashboard reads rollouts (`agent.fleet.rollout_view.StoreRollouts` reads the
+    rollout manager's file).
 
-    `rollouts()`: a list of {"id", "model", "version", "state", "reason"?, "waves": [{"name",
-    "state", "devices": {device: progress}, "gate": {"verdict", "figures": {name: value},
-    "limits": {name: value}}}]}; `groups()`: each device's groups. Both are called per poll of
-    the page: keep them cheap (one query).
+    `rollouts()`: a list of {"id", "model", "version", "state", "reason", "waves": [{"name",
+    "state", "devices": {device: job state}, "rollback": {device: state}, "details": {device:
+    why}, "gate": {"verdict", "figures": {name: value}, "limits": {name: value}} | None}]}
+    (docs/pages.md has every field); `groups()`: each device's groups ({}: as the devices
+    report them). Both are called per poll of the page: keep them cheap (one query).
     """
 
     def rollouts(self) -> list[dict[str, Any]]: ...

@@ -135,9 +135,20 @@ def render_rollouts(rollouts: Sequence[Mapping[str, Any]], state: Mapping[str, A
     return "".join(parts)
 
 
+def _title(detail: Any) -> str:
+    return f' title="{esc(detail)}"' if detail else ""
+
+
+def _undo(rollback: Any) -> str:
+    """A device's rollback, after its job state."""
+    return f', <span class="state-{esc(rollback)}">{esc(rollback)}</span>' if rollback else ""
+
+
 def _wave_row(w: Mapping[str, Any]) -> str:
+    details, rollback = w.get("details") or {}, w.get("rollback") or {}
     devices = " ".join(
-        f'<span class="state-{esc(s)}">{esc(d)}: {esc(s)}</span>'
+        f'<span class="state-{esc(s)}"{_title(details.get(d))}>{esc(d)}: {esc(s)}'
+        f"{_undo(rollback.get(d))}</span>"
         for d, s in (w.get("devices") or {}).items()
     )
     gate = w.get("gate") or {}

@@ -39,6 +39,7 @@ class DeviceView:
     state: str = "unknown"
     reason: str = ""
     agent_version: str | None = None
+    groups: list[str] = field(default_factory=list)
     versions: dict[str, list[int]] = field(default_factory=dict)
     last_seen: float | None = None
     telemetry: dict[str, Any] | None = None
@@ -55,7 +56,7 @@ class DeviceView:
             "state": self.state,
             "reason": self.reason,
             "agent_version": self.agent_version,
-            "groups": list(groups),
+            "groups": list(groups or self.groups),
             "versions": self.versions,
             "p95_us": self.p95_us,
             "error_rate": self.error_rate,
@@ -110,6 +111,7 @@ class FleetView:
         return list(self._events)
 
     def devices_json(self, groups: Mapping[str, Sequence[str]]) -> list[dict[str, Any]]:
+        """Each device; its groups from `groups` (the rollout source), else its own status."""
         return [self.devices[d].to_json(groups.get(d, ())) for d in sorted(self.devices)]
 
     def telemetry(self, device: str) -> dict[str, Any] | None:
@@ -122,6 +124,8 @@ def _status(view: DeviceView, doc: Mapping[str, Any]) -> None:
     view.reason = str(doc.get("reason") or "")
     if doc.get("agent_version") is not None:
         view.agent_version = str(doc["agent_version"])
+    if isinstance(doc.get("groups"), list):
+        view.groups = [str(g) for g in doc["groups"]]
     models = doc.get("models")
     if isinstance(models, list):
         view.versions = {

@@ -6,7 +6,7 @@ Topics (`{prefix}/{device}/...`, see docs/mqtt.md):
                `offline` document as the last will when the agent vanishes
     telemetry  every `telemetry_interval_ms`, through the outbox
     events     model events (this class is an `EventSink`) and SLO/drift alerts, through the outbox
-    commands   subscribed, QoS 1; parsed by `agent.fleet.commands`
+    commands   subscribed, QoS 1; parsed, queued and answered by `agent.fleet.command_inbox`
     responses  the default reply topic (MQTT 5 response topic and correlation data win)
 
 Invariants:
@@ -37,21 +37,19 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from agent import __version__
 from agent.device.gpu import GpuReader
-from agent.errors import AgentError, InternalError, OverloadedError
-from agent.fleet import commands as cmd
+from agent.fleet.command_inbox import CommandInbox, Reply
 from agent.fleet.config import MqttConfig, Topics
 from agent.fleet.executor import CommandExecutor, SyncNow
 from agent.fleet.health import Health, supervise, why
 from agent.fleet.inventory import Digests, device_facts, gpu_facts, served_versions
 from agent.fleet.mqtt import Message, MqttClient, MqttError, MqttSettings, Protocol, Will
 from agent.fleet.outbox import Kind, Outbox
-from agent.fleet.runner import CommandRunner, response_doc
+from agent.fleet.runner import CommandRunner
 from agent.fleet.slo import SloEvaluator
 from agent.fleet.state import FleetState
 from agent.fleet.telemetry import TelemetrySampler
@@ -64,15 +62,8 @@ __all__ = ["SCHEMA", "FleetLink"]
 logger = logging.getLogger(__name__)
 
 SCHEMA = 1
-_QUEUE = 32  # mutating commands waiting
 _PENDING = 64  # events recorded before start, kept for the outbox
 _STATUS_EVENTS = frozenset({"version_activated", "model_unloaded", "load_failed", "swap_failed"})
-
-
-@dataclass(frozen=True, slots=True)
-class _Reply:
-    topic: str
-    correlation: bytes | None
 
 
 class FleetLink:
@@ -123,7 +114,6 @@ class FleetLink:
         self._state_path = state_path
         self._sync = sync
         self._on_desired = on_desired
-        self._runner: CommandRunner | None = None
         self._clock = clock
         self._sampler = TelemetrySampler(
             registry,
@@ -140,9 +130,8 @@ class FleetLink:
         self.client: MqttClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake = asyncio.Event()
-        self._queue: asyncio.Queue[tuple[cmd.Command, _Reply]] = asyncio.Queue(_QUEUE)
+        self._commands: CommandInbox | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._inline: set[asyncio.Task[None]] = set()
         self._subscribed: asyncio.Future[None] | None = None
         self._health = Health(self._health_changed)  # failing parts (empty: online)
         self._pending: deque[tuple[str, int | None, str, dict[str, object]]] = deque(
@@ -175,7 +164,14 @@ class FleetLink:
             sync=self._sync,
             on_desired=self._desired_changed,
         )
-        self._runner = CommandRunner(self._state, executor, self._envelope)
+        self._commands = CommandInbox(
+            CommandRunner(self._state, executor, self._envelope),
+            self._state,
+            self._health,
+            self._envelope,
+            self._send_reply,
+            max_command_bytes=c.max_command_bytes,
+        )
         will = Will(self.topics.status, self._status_payload("offline", "connection lost"))
         settings = MqttSettings(
             host=c.host,
@@ -203,7 +199,7 @@ class FleetLink:
         loops = (
             ("telemetry", self._telemetry_loop),
             ("outbox forwarder", self._forward_loop),
-            ("command", self._command_loop),
+            ("command", self._commands.command_loop),
         )
         low, high = c.reconnect_min_ms / 1000, c.reconnect_max_ms / 1000
         for name, body in loops:
@@ -225,9 +221,10 @@ class FleetLink:
     async def stop(self) -> None:
         """Publish `offline` (bounded wait), disconnect cleanly and close the stores."""
         self._stopped = True
-        for task in [*self._tasks, *self._inline]:
+        inline = self._commands.inline if self._commands is not None else set()
+        for task in [*self._tasks, *inline]:
             task.cancel()
-        await asyncio.gather(*self._tasks, *self._inline, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *inline, return_exceptions=True)
         self._tasks.clear()
         if self.client is not None:
             if self.client.connected:
@@ -430,80 +427,14 @@ class FleetLink:
             return
         if message.topic != self.topics.commands or message.retain:
             return  # a retained command would run again on every connect
-        reply = _Reply(self.topics.reply_topic(message.response_topic), message.correlation_data)
-        try:
-            command = cmd.parse_command(message.payload, max_bytes=self.config.max_command_bytes)
-        except (cmd.CommandError, cmd.CommandTooLargeError) as exc:
-            self._respond(reply, exc.command_id, None, error=exc)
-            return
-        if isinstance(command.body, cmd.READ_ONLY):
-            if len(self._inline) >= _QUEUE:
-                self._respond(reply, command.id, command.name, error=OverloadedError("busy"))
-                return
-            task = asyncio.get_running_loop().create_task(self._handle(command, reply))
-            self._inline.add(task)
-            task.add_done_callback(self._inline.discard)
-            return
-        try:
-            self._queue.put_nowait((command, reply))
-        except asyncio.QueueFull:
-            busy = OverloadedError(f"{_QUEUE} commands are waiting; retry later")
-            self._respond(reply, command.id, command.name, error=busy)
+        if self._commands is None:
+            return  # subscribed in start(), after the inbox exists
+        reply = Reply(self.topics.reply_topic(message.response_topic), message.correlation_data)
+        self._commands.receive(message.payload, reply)
 
-    async def _command_loop(self) -> None:
-        while True:
-            command, reply = await self._queue.get()
-            await self._handle(command, reply)
-            self._health.recovered("command loop")
-
-    async def _handle(self, command: cmd.Command, reply: _Reply) -> None:
-        """Execute and answer one command.
-
-        When the link's state database fails, the command is still answered (`internal` when it
-        could not be checked for duplicates and did not run; its real response when only storing
-        that response failed) and the link is `degraded` until a command goes through again.
-        """
-        try:
-            assert self._runner is not None
-            response, ran = await self._runner.run(command)
-        except Exception as exc:
-            logger.exception("command %s (%s) could not be handled", command.id, command.name)
-            self._health.fault("commands", why(exc))
-            self._respond(reply, command.id, command.name, error=InternalError.wrap(exc))
-            return
-        try:
-            if ran:
-                assert self._state is not None
-                self._state.finish(command.id, response)
-        except Exception as exc:
-            logger.exception("command %s (%s): response not stored", command.id, command.name)
-            self._health.fault("commands", why(exc))
-        else:
-            self._health.recovered("commands")
-        self._send(reply, response)
-
-    def _respond(
-        self,
-        reply: _Reply,
-        command_id: str | None,
-        name: str | None,
-        *,
-        error: AgentError,
-        duplicate: bool = False,
-    ) -> None:
-        doc = response_doc(self._envelope("response"), command_id, name, error=error)
-        if duplicate:
-            doc["duplicate"] = True
-        self._send(reply, doc)
-
-    def _send(self, reply: _Reply, doc: Mapping[str, Any]) -> None:
-        if self.client is None:
-            return
-        payload = json.dumps(doc, separators=(",", ":"), default=str).encode()
-        try:
-            _quiet(self.client.publish(reply.topic, payload, correlation_data=reply.correlation))
-        except MqttError as exc:
-            logger.warning("response to %s not sent: %s", doc.get("id"), exc)
+    def _send_reply(self, topic: str, payload: bytes, correlation: bytes | None) -> None:
+        if self.client is not None:
+            _quiet(self.client.publish(topic, payload, correlation_data=correlation))
 
 
 def _report_crash(task: asyncio.Task[None]) -> None:

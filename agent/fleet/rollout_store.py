@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.fleet.outbox import open_database, translate_sqlite
-from agent.fleet.rollout import DONE, Rollout
+from agent.fleet.rollout import Rollout
+from agent.fleet.rollout_plan import DONE
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS rollouts (

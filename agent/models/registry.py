@@ -21,7 +21,8 @@ from agent.errors import (
     ModelNotReadyError,
     NoReadyVersionError,
 )
-from agent.models.loader import LoadSettings, ModelLoader, load_order
+from agent.models.ensemble_load import load_order
+from agent.models.loader import LoadSettings, ModelLoader
 from agent.models.memory_plan import MemoryLedger
 from agent.models.served import (
     LoadedVersion,

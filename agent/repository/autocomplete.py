@@ -67,14 +67,7 @@ def complete_config(
         ModelConfigError: the config contradicts the model, names a platform this backend does not
             run, or (without auto-complete) leaves out what the model needs.
     """
-    out = mc.ModelConfig()
-    out.CopyFrom(config)
-    if not out.name:
-        out.name = model_name
-    elif out.name != model_name:
-        raise ModelConfigError(
-            f"config name '{out.name}' does not match the model directory '{model_name}'"
-        )
+    out = named_copy(config, model_name)
     _check_platform(out)
     if out.max_batch_size < 0:
         raise ModelConfigError(f"model '{model_name}': max_batch_size must be >= 0")
@@ -102,6 +95,24 @@ def complete_config(
     _complete_tensors(out, out.input, inputs, "input", auto_complete, require_all=not onnx)
     _complete_tensors(out, out.output, outputs, "output", auto_complete, require_all=False)
     _fill_defaults(out)
+    return out
+
+
+def named_copy(config: mc.ModelConfig, model_name: str) -> mc.ModelConfig:
+    """A copy of `config` named after its model directory (Triton's rule: an empty name takes
+    the directory's).
+
+    Raises:
+        ModelConfigError: the config names another model.
+    """
+    out = mc.ModelConfig()
+    out.CopyFrom(config)
+    if not out.name:
+        out.name = model_name
+    elif out.name != model_name:
+        raise ModelConfigError(
+            f"config name '{out.name}' does not match the model directory '{model_name}'"
+        )
     return out
 
 

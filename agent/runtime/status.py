@@ -15,16 +15,19 @@ import contextlib
 import datetime
 import json
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from agent.api.access import is_loopback_host
+from agent.config.schema import ServerConfig
 from agent.errors import AgentError
 from agent.fleet.telemetry import TelemetrySampler
 from agent.serving.dataplane import DataPlane
 
-__all__ = ["EVENTS_KEPT", "DeviceStatus", "History", "RecentEvents"]
+__all__ = ["EVENTS_KEPT", "DeviceStatus", "History", "RecentEvents", "status_token"]
 
 logger = logging.getLogger(__name__)
 
@@ -166,3 +169,16 @@ class DeviceStatus:
             if doc.get("state") != "NONE" or doc.get("pinned_version") is not None:
                 found.append(doc)
         return found
+
+
+def status_token(server: ServerConfig) -> str | None:
+    """The token the status page needs: the configured one; none on loopback without one; an
+    unguessable one beyond loopback without one (the page is then closed to everybody)."""
+    if server.status_token:
+        return server.status_token
+    if is_loopback_host(server.host):
+        return None
+    logger.warning(
+        "status page closed: server.host is beyond loopback and server.status_token is not set"
+    )
+    return secrets.token_urlsafe(32)

@@ -19,13 +19,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agent.backends.base import Backend
+from agent.backends.base import Backend, ResponseSink
 from agent.errors import (
     AgentError,
     BackendError,
     InvalidInputError,
     ModelNotReadyError,
     OverloadedError,
+    UnsupportedError,
 )
 from agent.scheduling.batching import BatchingPolicy
 from agent.scheduling.deadline_timer import DeadlineTimer
@@ -54,6 +55,7 @@ class _Job:
     request: ValidatedRequest
     future: asyncio.Future[ExecutionResult]
     enqueued_ns: int
+    sink: ResponseSink | None = None  # decoupled: where the responses go
 
 
 class SequenceScheduler:
@@ -126,9 +128,17 @@ class SequenceScheduler:
         return not self._closed and self._batcher.owns(corrid)
 
     async def submit(
-        self, request: ValidatedRequest, sequence: SequenceRequest | None, *, timeout_us: int | None
+        self,
+        request: ValidatedRequest,
+        sequence: SequenceRequest | None,
+        *,
+        timeout_us: int | None,
+        responses: ResponseSink | None = None,
     ) -> ExecutionResult:
         """Queue a request of a sequence and wait for its outputs.
+
+        `responses` (decoupled models): the request's responses go there as the model sends
+        them; the result, once its `execute` returned, holds no outputs.
 
         Raises:
             InvalidInputError: no correlation id, missing START, wrong id type, batch size > 1.
@@ -145,7 +155,9 @@ class SequenceScheduler:
             )
         seq = sequence or SequenceRequest(0)
         self.tensors.check_corrid(seq.correlation_id)
-        job = _Job(request, asyncio.get_running_loop().create_future(), time.perf_counter_ns())
+        job = _Job(
+            request, asyncio.get_running_loop().create_future(), time.perf_counter_ns(), responses
+        )
         self._batcher.add(
             seq.correlation_id,
             job,
@@ -241,6 +253,8 @@ class SequenceScheduler:
         started_ns: int,
     ) -> _Outcome:
         """Run in an executor thread (or inline): one batch of one request per sequence."""
+        if steps[0].item.sink is not None:
+            return self._execute_decoupled(steps, started_ns)
         cpu_start = time.thread_time_ns()
         run_ns = 0
         results: list[ExecutionResult | BaseException | None] = [None] * len(steps)
@@ -323,6 +337,38 @@ class SequenceScheduler:
                 )
         self._measured(time.thread_time_ns() - cpu_start, run_ns)
         return [r for r in results if r is not None], states
+
+    def _execute_decoupled(self, steps: list[Step[_Job]], started_ns: int) -> _Outcome:
+        """A decoupled model's batch: one `execute` call, each request with its own control
+        tensors; the responses go to the sinks. Implicit state (the outputs of one request are
+        the next one's state) is not supported with a model that streams its outputs."""
+        run = getattr(self._backend, "run_decoupled", None)
+        if run is None:
+            raise BackendError(f"model '{self.model}' cannot run decoupled requests")
+        if self.tensors.state_outputs:
+            raise UnsupportedError(
+                f"model '{self.model}': implicit state is not supported with the decoupled "
+                "transaction policy"
+            )
+        t0 = time.perf_counter_ns()
+        requests = []
+        for step in steps:
+            job = step.item
+            row = (step.correlation_id, step.start, step.end)
+            feeds = {**job.request.feeds, **self.tensors.control_feeds([row])}
+            requests.append((feeds, job.request.output_names, job.sink))
+        run(requests)
+        t1 = time.perf_counter_ns()
+        if self._stats is not None:
+            self._stats.record_execution(
+                batch_size=len(steps), compute_input_ns=0, compute_infer_ns=t1 - t0,
+                compute_output_ns=0,
+            )  # fmt: skip
+        results: list[ExecutionResult | BaseException] = [
+            ExecutionResult([], max(0, started_ns - s.item.enqueued_ns), 0, t1 - t0, 0, 1)
+            for s in steps
+        ]
+        return results, [{} for _ in steps]
 
     def _measured(self, ns: int, wall_ns: int) -> None:
         # One writer at a time per instance thread; a lost update only delays the switch.

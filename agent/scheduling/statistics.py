@@ -52,6 +52,8 @@ RESPONSE_STATS: Final[tuple[str, ...]] = (
 )  # fmt: skip
 
 QUANTILES: Final[tuple[float, ...]] = (0.5, 0.9, 0.95, 0.99)
+# Triton's default buckets (ms) of nv_inference_first_response_histogram_ms.
+FIRST_RESPONSE_BUCKETS_MS: Final[tuple[float, ...]] = (100.0, 500.0, 2000.0, 5000.0)
 DEFAULT_WINDOW: Final = 1024
 
 
@@ -119,6 +121,9 @@ class StatsSnapshot:
     summaries: tuple[tuple[Series, LatencySummary], ...]
     # Decoupled models: response index -> RESPONSE_STATS entries (empty for other models).
     response_stats: tuple[tuple[int, tuple[Duration, ...]], ...] = ()
+    # Decoupled models: per-bucket (FIRST_RESPONSE_BUCKETS_MS, then +Inf) counts of the time
+    # from a request's arrival to its first response, and their sum in ms; None before any.
+    first_response: tuple[tuple[int, ...], float] | None = None
 
     def stat(self, name: InferStat) -> Duration:
         """One of Triton's `inference_stats` entries."""
@@ -204,6 +209,8 @@ class ModelStatistics:
         self._batches: dict[int, list[int]] = {}  # batch size -> [count, in, infer, out ns]
         self._windows: dict[Series, _Window] = {s: _Window(window) for s in SERIES}
         self._responses: dict[int, list[list[int]]] = {}  # index -> RESPONSE_STATS [count, ns]
+        self._first_counts: list[int] | None = None  # FIRST_RESPONSE_BUCKETS_MS, then +Inf
+        self._first_sum_ms = 0.0
         w = self._windows
         self._success_series = (
             (self._stats["success"], w["request"]),
@@ -250,10 +257,14 @@ class ModelStatistics:
 
         `ns`: the time since the request's previous response (or its arrival, for the first):
         the model's time to compute this one. A response with outputs or an error counts under
-        compute_infer and compute_output (0 ns: outputs travel as they are) too.
+        compute_infer and compute_output (0 ns: outputs travel as they are) too. The first
+        response of a request (index 0, the final flag alone included) also goes into the
+        first-response histogram (Triton's nv_inference_first_response_histogram_ms).
         """
         _check_ns(("response", ns))
         with self._lock:
+            if index == 0 and kind != "cancel":
+                self._observe_first(ns / 1e6)
             row = self._responses.get(index)
             if row is None:
                 row = self._responses[index] = [[0, 0] for _ in RESPONSE_STATS]
@@ -264,6 +275,17 @@ class ModelStatistics:
                 row[0][0] += 1
                 row[0][1] += ns
                 row[1][0] += 1
+
+    def _observe_first(self, ms: float) -> None:
+        counts = self._first_counts
+        if counts is None:
+            counts = self._first_counts = [0] * (len(FIRST_RESPONSE_BUCKETS_MS) + 1)
+        slot = next(
+            (i for i, bound in enumerate(FIRST_RESPONSE_BUCKETS_MS) if ms <= bound),
+            len(FIRST_RESPONSE_BUCKETS_MS),
+        )
+        counts[slot] += 1
+        self._first_sum_ms += ms
 
     def record_failure(self, *, request_ns: int, reason: FailureReason, now_ms: int) -> None:
         """Count one failed request; as in Triton, `last_inference` does not move.
@@ -388,6 +410,9 @@ class ModelStatistics:
                     (i, tuple(Duration(*pair) for pair in row))
                     for i, row in sorted(self._responses.items())
                 ),
+                first_response=None
+                if self._first_counts is None
+                else (tuple(self._first_counts), self._first_sum_ms),
             )
 
     def to_json(self) -> dict[str, Any]:

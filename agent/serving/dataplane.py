@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, Iterable, Mapping
+from collections.abc import AsyncGenerator, Coroutine, Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from agent import __version__
 from agent.canary.control import CanaryManager
@@ -57,6 +57,8 @@ from agent.tensors.request import InferRequest, InferResponse, OutputTensor, sha
 from agent.tensors.signature import ModelSignature, ValidatedRequest
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 SERVER_NAME = "edge-agent"
 EXTENSIONS = (
@@ -106,13 +108,14 @@ class DataPlane:
         self.pushed = pushed
         self._max_request_bytes = max_request_bytes
         self._ready = False
+        self._changes: set[asyncio.Future[Any]] = set()  # model-control changes under way
         self.server_name = server_name
         self._no_cuda = CudaSharedMemory(self.shared_memory)
         # What a client-facing message must not show: the repository and the model cache.
         pushed_root = [pushed.root] if pushed is not None else []
         self.scrub = PathScrubber([registry.repository, *pushed_root, *private_paths])
         # Ensemble steps and Python models' BLS requests are ordinary inferences.
-        registry.step_runner.bind(self.infer)
+        registry.step_runner.bind(self.infer, self.infer_stream)
 
     @property
     def cuda_shared_memory(self) -> CudaRegions:
@@ -195,6 +198,14 @@ class DataPlane:
             ModelNotFoundError, ModelLoadError: as `ModelManager.load`.
         """
         self._require_explicit("load")
+        return await self._to_completion(self._load_model(name, config, files))
+
+    async def _load_model(
+        self,
+        name: str,
+        config: dict[str, Any] | None,
+        files: Mapping[str, bytes] | None,
+    ) -> str:
         pushed = parse_file_parameters(
             files or {}, has_config=config is not None, max_bytes=self._max_request_bytes
         )
@@ -215,6 +226,9 @@ class DataPlane:
     async def unload_model(self, name: str) -> None:
         """Explicit unload; queued requests finish first (a pushed model's files are removed)."""
         self._require_explicit("unload")
+        await self._to_completion(self._unload_model(name))
+
+    async def _unload_model(self, name: str) -> None:
         await self.manager.unload(name)
         if self.pushed is not None:
             await self.pushed.forget(name)
@@ -223,17 +237,35 @@ class DataPlane:
 
     async def activate_version(self, name: str, version: int) -> str:
         """Hot-swap a model to a version the cache holds (lifting its rejection); the strategy."""
-        strategy = await self._cached().activate(name, version, operator=True)
-        if self._cache is not None:
-            self._cache.invalidate(name)
-        return strategy
+        cached = self._cached()
+
+        async def activate() -> str:
+            strategy = await cached.activate(name, version, operator=True)
+            if self._cache is not None:
+                self._cache.invalidate(name)
+            return strategy
+
+        return await self._to_completion(activate())
 
     async def rollback(self, name: str, to_version: int | None) -> int:
         """Go back to a retained version (by default the previous one); returns it."""
-        version = await self._cached().rollback(name, to_version)
-        if self._cache is not None:
-            self._cache.invalidate(name)
-        return version
+        cached = self._cached()
+
+        async def roll_back() -> int:
+            version = await cached.rollback(name, to_version)
+            if self._cache is not None:
+                self._cache.invalidate(name)
+            return version
+
+        return await self._to_completion(roll_back())
+
+    async def _to_completion(self, change: Coroutine[Any, Any, T]) -> T:
+        """Run a model-control change to its end even if its caller is cancelled (an HTTP
+        client or gRPC call that went away): a half-done load or swap helps nobody."""
+        task = asyncio.ensure_future(change)
+        self._changes.add(task)
+        task.add_done_callback(self._changes.discard)
+        return await asyncio.shield(task)
 
     def cached_versions(self, name: str) -> list[dict[str, Any]]:
         return self._cached().versions(name)
@@ -446,20 +478,35 @@ class DataPlane:
             yield StreamedResponse(await self.infer(name, version, request))
             return
         start = time.perf_counter_ns()
-        await self.manager.wait_if_swapping(name)
-        served, number = self._registry.resolve(name, version)  # no canary split of streams
+        sequence = sequence_parameters(request.parameters)
+        owner = None if version else self._sequences.find(name, sequence)
+        if owner is None:  # a live sequence's old build is draining: its requests must not wait
+            await self.manager.wait_if_swapping(name)
+        routed = None if version or owner else self.canary.route(name)  # canary: unversioned
+        served, number = owner or self._registry.resolve(name, str(routed) if routed else version)
         loaded = served.versions[number]
+        if isinstance(loaded.scheduler, SequenceScheduler):
+            self._sequences.started(served.name, sequence, served, number)
+        trace = self._stream_trace(name, request)
+        if trace is not None:
+            trace.stamp("REQUEST_START", start)
+            trace.model_version = number
         try:
             if any(t.shm is not None for t in request.inputs) or shared_memory_outputs(request):
                 raise InvalidInputError(
                     "shared-memory tensors are not supported with decoupled models"
                 )
             valid = served.signature.validate(request)
+            if trace is not None:  # an ensemble's steps become its children
+                valid = self._trace_inputs(trace, request, valid, served.signature)
             priority, timeout_us = _scheduling_parameters(request.parameters)
-        except AgentError:
+        except AgentError as exc:
             loaded.stats.record_failure(
                 request_ns=time.perf_counter_ns() - start, reason="OTHER", now_ms=_now_ms()
             )
+            self._canary_outcome(name, routed, start, exc)
+            if trace is not None:
+                self._stream_trace_end(trace)
             raise
         responses = stream_responses(
             served,
@@ -469,19 +516,45 @@ class DataPlane:
             priority=priority,
             timeout_us=timeout_us,
             start_ns=start,
+            sequence=sequence,
         )
+        failed: AgentError | None = None  # the request's first error, for the canary
         try:
             async for item in responses:
                 if isinstance(item.error, ModelInstanceFailedError):
                     self._registry.mark_failed(
                         served.name, number, item.error.message, loaded=loaded
                     )
+                failed = failed or item.error
+                if item.final:  # judged once complete (a client that left is not judged)
+                    self._canary_outcome(name, routed, start, failed)
+                if trace is not None and (item.response is not None or item.error is not None):
+                    trace.stamp("INFER_RESPONSE_COMPLETE")
                 yield item
-        except ModelInstanceFailedError as exc:
-            self._registry.mark_failed(served.name, number, exc.message, loaded=loaded)
+        except AgentError as exc:
+            if isinstance(exc, ModelInstanceFailedError):
+                self._registry.mark_failed(served.name, number, exc.message, loaded=loaded)
+            self._canary_outcome(name, routed, start, exc)
             raise
         finally:
             await responses.aclose()
+            if trace is not None:
+                self._stream_trace_end(trace)
+
+    def _stream_trace(self, name: str, request: InferRequest) -> Trace | None:
+        """A streamed request's trace: the child of the request that made it (an ensemble step,
+        a BLS call), or its own when the settings sample it."""
+        if request.parent_trace is not None:
+            return self._child_trace(name, request)
+        if self.tracer.active:
+            return self.tracer.start(name, request.id or "")
+        return None
+
+    def _stream_trace_end(self, trace: Trace) -> None:
+        """The streamed request ended (final flag, failure or the client gone): keep its trace
+        (no transport finishes a stream's trace)."""
+        trace.stamp("REQUEST_END")
+        self.tracer.finish(trace)
 
     def _child_trace(self, name: str, request: InferRequest) -> Trace | None:
         parent = request.parent_trace

@@ -13,6 +13,7 @@ import contextlib
 import time
 from collections.abc import AsyncGenerator
 
+from agent.ensemble.runner import EnsembleScheduler
 from agent.errors import (
     AgentError,
     BackendError,
@@ -22,6 +23,8 @@ from agent.errors import (
 )
 from agent.models.served import LoadedVersion, ServedModel
 from agent.scheduling.scheduler import ExecutionResult, ModelScheduler
+from agent.scheduling.sequence_policy import SequenceRequest
+from agent.scheduling.sequence_scheduler import SequenceScheduler
 from agent.scheduling.statistics import FailureReason, ResponseKind
 from agent.serving.response_stream import RawResponse, ResponseStream, StreamedResponse
 from agent.tensors.request import InferResponse, OutputTensor
@@ -37,6 +40,7 @@ async def stream_responses(
     priority: int | None,
     timeout_us: int | None,
     start_ns: int,
+    sequence: SequenceRequest | None = None,
 ) -> AsyncGenerator[StreamedResponse, None]:
     """Run a validated request on a decoupled model version; its responses as they come.
 
@@ -45,15 +49,16 @@ async def stream_responses(
             version unloaded, instance failed), with nothing yielded yet.
     """
     scheduler = loaded.scheduler
-    if not isinstance(scheduler, ModelScheduler):
-        raise UnsupportedError(
-            f"model '{served.name}': decoupled models are served by the dynamic or default "
-            "scheduler only (not the sequence batcher) by this agent"
-        )
     stream = ResponseStream(asyncio.get_running_loop())
-    submitted = asyncio.ensure_future(
-        scheduler.submit(valid, priority=priority, timeout_us=timeout_us, responses=stream)
-    )
+    if isinstance(scheduler, SequenceScheduler):
+        submitting = scheduler.submit(valid, sequence, timeout_us=timeout_us, responses=stream)
+    elif isinstance(scheduler, ModelScheduler | EnsembleScheduler):
+        submitting = scheduler.submit(
+            valid, priority=priority, timeout_us=timeout_us, responses=stream
+        )
+    else:
+        raise UnsupportedError(f"model '{served.name}' cannot stream responses")
+    submitted = asyncio.ensure_future(submitting)
     submitted.add_done_callback(lambda task: _end_on_failure(task, stream))
     sig = served.signature
     version = str(loaded.version)

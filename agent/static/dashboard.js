@@ -16,8 +16,15 @@
     + `<tbody id="${id}">${body || `<tr><td colspan="${head.length}">none</td></tr>`}</tbody>`
     + "</table></div>";
   const wave = (w) => {
+    const details = w.details || {};
+    const title = (d) => (details[d] ? ` title="${esc(details[d])}"` : "");
+    const back = w.rollback || {};
+    const undo = (d) => (back[d]
+      ? `, <span class="state-${esc(back[d])}">${esc(back[d])}</span>` : "");
     const devices = Object.entries(w.devices || {})
-      .map(([d, s]) => `<span class="state-${esc(s)}">${esc(d)}: ${esc(s)}</span>`).join(" ");
+      .map(([d, s]) => `<span class="state-${esc(s)}"${title(d)}>${esc(d)}: ${esc(s)}`
+        + `${undo(d)}</span>`)
+      .join(" ");
     const gate = w.gate || {};
     const figures = gate.figures || {};
     const limits = gate.limits || {};

@@ -36,6 +36,9 @@ def agent(tmp_path_factory: pytest.TempPathFactory, markers: Path) -> Iterator[R
     repo = tmp_path_factory.mktemp("repo")
     write_python_model(repo, MODEL, DECOUPLED_MODEL, decoupled_config(MODEL, markers))
     write_model(repo, "add_sub", add_sub_model())
+    two = decoupled_config("streamer_v", markers) + "version_policy: { all { } }\n"
+    for version in (1, 2):
+        write_python_model(repo, "streamer_v", DECOUPLED_MODEL, two, version=version)
     config = AgentConfig(
         server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1),
         models=ModelsConfig(repository=repo, intra_op_threads=1, exit_on_error=False),
@@ -148,3 +151,28 @@ def test_closing_the_connection_stops_the_model_loop(base: str, markers: Path) -
 
     assert asyncio.run(main())["OUT"] == 0
     wait_until((markers / "cancelled-77").exists, "the model to see the cancellation")
+
+
+def test_a_canary_routes_and_judges_streamed_requests(base: str) -> None:
+    async def status(session: aiohttp.ClientSession) -> dict[str, Any]:
+        async with session.get(f"{base}/streamer_v/canary") as got:
+            answer: dict[str, Any] = await got.json()
+            return answer
+
+    async def main() -> tuple[list[str], dict[str, Any]]:
+        versions: list[str] = []
+        async with aiohttp.ClientSession() as session:
+            policy = {"version": 2, "share": 0.99, "promote_after": 3, "window": 3}
+            async with session.post(f"{base}/streamer_v/canary", json=policy) as started:
+                assert started.status == 200, await started.text()
+            for _ in range(30):  # the candidate takes 99 % of the streams: 3 come soon
+                found = (await events(f"{base}/streamer_v/generate_stream", stream_body(2)))[2]
+                versions += [event["model_version"] for event in found]
+                doc = await status(session)
+                if doc["state"] != "RUNNING":
+                    return versions, doc
+            return versions, await status(session)
+
+    versions, doc = asyncio.run(main())
+    assert "2" in versions  # unversioned streams were routed to the candidate
+    assert doc["state"] == "PROMOTED"  # and judged: complete streams without error count good

@@ -260,7 +260,9 @@ def test_independent_steps_run_concurrently() -> None:
     started: dict[str, asyncio.Event] = {}
     calls: list[str] = []
 
-    async def runner(model: str, version: str | None, request: InferRequest) -> InferResponse:
+    async def runner(
+        model: str, version: str | None, request: InferRequest, *, refusal: str | None = None
+    ) -> InferResponse:
         calls.append(model)
         started.setdefault(model, asyncio.Event()).set()
         if model == "double":
@@ -293,7 +295,9 @@ def test_independent_steps_run_concurrently() -> None:
 def test_the_first_failure_stops_later_steps_and_keeps_its_kind() -> None:
     calls: list[str] = []
 
-    async def runner(model: str, version: str | None, request: InferRequest) -> InferResponse:
+    async def runner(
+        model: str, version: str | None, request: InferRequest, *, refusal: str | None = None
+    ) -> InferResponse:
         calls.append(model)
         if model == "plus1":
             raise ModelNotReadyError("model 'plus1' is not ready: unloaded")

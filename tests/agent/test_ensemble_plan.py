@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from google.protobuf import text_format
 
-from agent.ensemble.plan import build_plan, composing_model_names, is_ensemble
+from agent.ensemble.plan import build_plan, composing_model_names, decoupled_ensemble, is_ensemble
 from agent.errors import ModelConfigError
 from agent.proto import model_config_pb2 as mc
 
@@ -188,7 +188,7 @@ def test_an_ensemble_batching_more_than_a_step_is_refused() -> None:
     assert "max_batch_size 16 is over step 0 (model 'pre')'s 8" in message
 
 
-def test_a_decoupled_step_is_refused() -> None:
+def test_a_decoupled_step_makes_the_ensemble_decoupled() -> None:
     decoupled = _config(POST.replace('name: "post"', 'name: "stream"'))
     decoupled.model_transaction_policy.decoupled = True
     config = _config(
@@ -199,6 +199,8 @@ def test_a_decoupled_step_is_refused() -> None:
         + STEP_POST.replace('"post"', '"stream"')
         + "}"
     )
-    with pytest.raises(ModelConfigError) as caught:
-        build_plan(config, {**MODELS, "stream": decoupled}.get)
-    assert "step 2 (model 'stream') uses the decoupled transaction policy" in caught.value.message
+    plan = build_plan(config, {**MODELS, "stream": decoupled}.get)
+    assert [step.decoupled for step in plan.steps] == [False, False, True]
+    assert decoupled_ensemble(plan)
+    plain = _config(HEAD + "ensemble_scheduling {" + STEP_PRE + STEP_CLS + STEP_POST + "}")
+    assert not decoupled_ensemble(build_plan(plain, MODELS.get))

@@ -9,7 +9,9 @@ the child writes `<token>.started`, then loops until `is_cancelled()` and writes
 
 from __future__ import annotations
 
+import json
 import queue
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -277,3 +279,46 @@ def test_an_execute_timeout_cancels_the_bls_child(
         client.infer("parent_hang", _parent_inputs(httpclient, "hang", 2))
     wait_until((markers / "hang.cancelled").exists, "the child to be cancelled")
     assert not (markers / "hang.finished").exists()
+
+
+def _open_infer(port: int, token: str) -> socket.socket:
+    """Send a raw HTTP /infer for `child` and return the connection without reading."""
+    body = json.dumps(
+        {"inputs": [{"name": "TOKEN", "shape": [1], "datatype": "BYTES", "data": [token]}]}
+    ).encode()
+    head = (
+        f"POST /v2/models/child/infer HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.sendall(head + body)
+    return sock
+
+
+def test_an_http_client_that_disconnects_cancels_its_request(
+    agent: RunningAgent, markers: Path
+) -> None:
+    assert agent.http_port is not None
+    served, number = agent.registry.resolve("child", None)
+    stats = served.versions[number].stats
+
+    def pending() -> int:  # requests whose callers wait, queued or running
+        return stats.snapshot().pending
+
+    # Both child instances busy with requests whose clients then wait ...
+    running = [_open_infer(agent.http_port, f"http_running_{i}") for i in range(2)]
+    for i in range(2):
+        wait_until((markers / f"http_running_{i}.started").exists, "the request to run")
+    # ... a third one queues; its client goes away: the scheduler skips it (never runs it).
+    queued = _open_infer(agent.http_port, "http_queued")
+    wait_until(lambda: pending() == 3, "the third request to queue")
+    queued.close()
+    wait_until(lambda: pending() == 2, "the queued request's caller to be gone")
+    for sock in running:  # the running ones see is_cancelled() turn true
+        sock.close()
+    for i in range(2):
+        wait_until((markers / f"http_running_{i}.cancelled").exists, "is_cancelled() in the model")
+        assert not (markers / f"http_running_{i}.finished").exists()
+    scheduler = served.versions[number].scheduler
+    wait_until(lambda: scheduler.pending == 0, "the scheduler to empty its queue")
+    assert not (markers / "http_queued.started").exists()

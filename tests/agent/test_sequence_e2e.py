@@ -17,6 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from agent import pb_utils
 from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.runtime.daemon import RunningAgent
 from agent.scheduling.sequence_scheduler import SequenceScheduler
@@ -85,6 +86,84 @@ sequence_batching {
 }
 """
 
+# A BLS model that runs the stateful ONNX accumulator as a sequence of its own: Triton's
+# `correlation_id=` and `flags=` on the BLS request.
+BLS_SOURCE = """
+import numpy as np
+
+from agent import pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X")
+            corrid = int(pb_utils.get_input_tensor_by_name(request, "ID").as_numpy().flat[0])
+            flags = int(pb_utils.get_input_tensor_by_name(request, "FLAGS").as_numpy().flat[0])
+            answer = pb_utils.InferenceRequest(
+                model_name="acc_direct",
+                requested_output_names=["OUTPUT"],
+                inputs=[pb_utils.Tensor("INPUT", x.as_numpy())],
+                correlation_id=corrid,
+                flags=flags,
+            ).exec()
+            if answer.has_error():
+                raise pb_utils.TritonModelException(answer.error().message())
+            total = pb_utils.get_output_tensor_by_name(answer, "OUTPUT").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("SUM", total)]))
+        return responses
+"""
+BLS_CONFIG = """
+name: "bls_acc" backend: "python" max_batch_size: 4
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] },
+        { name: "ID" data_type: TYPE_UINT64 dims: [ 1 ] },
+        { name: "FLAGS" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 1 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+
+# A decoupled Python model under the sequence batcher: per request, two responses (the running
+# sum, then ten times it), then the final flag alone.
+STREAM_SOURCE = """
+import numpy as np
+
+from agent import pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.sums = {}
+
+    def execute(self, requests):
+        for request in requests:
+            x = float(pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy().flat[0])
+            start = pb_utils.get_input_tensor_by_name(request, "START").as_numpy().flat[0]
+            corrid = int(pb_utils.get_input_tensor_by_name(request, "CORRID").as_numpy().flat[0])
+            total = (0.0 if start else self.sums[corrid]) + x
+            self.sums[corrid] = total
+            sender = request.get_response_sender()
+            for value in (total, 10 * total):
+                out = pb_utils.Tensor("OUTPUT", np.array([[value]], np.float32))
+                sender.send(pb_utils.InferenceResponse([out]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+STREAM_CONFIG = """
+name: "py_stream_acc" backend: "python" max_batch_size: 4
+input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+model_transaction_policy { decoupled: true }
+instance_group [ { count: 1 kind: KIND_CPU } ]
+sequence_batching {
+  direct { max_queue_delay_microseconds: 1000 }
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+  ]
+}
+"""
+
 
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningAgent]:
@@ -102,6 +181,8 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningAgent]:
     write_model(repo, "acc_swap", accumulator_model(1.0), swap, versions=(1,))
     write_model(repo, "acc_swap", accumulator_model(2.0), None, versions=(2,))
     write_python_model(repo, "py_acc", PY_SOURCE, PY_CONFIG)
+    write_python_model(repo, "bls_acc", BLS_SOURCE, BLS_CONFIG)
+    write_python_model(repo, "py_stream_acc", STREAM_SOURCE, STREAM_CONFIG)
     (repo / "acc_ensemble" / "1").mkdir(parents=True)
     (repo / "acc_ensemble" / "config.pbtxt").write_text(ENSEMBLE)
     settings = AgentConfig(
@@ -348,3 +429,70 @@ def test_a_python_model_gets_each_sequence_request_with_its_own_controls(
             got.update(future.result(timeout=120))
     for corrid, values in sequences:
         assert got[corrid] == np.cumsum(np.array(values, np.float32)).tolist(), corrid
+
+
+def test_bls_requests_carry_their_correlation_id_and_flags(agent: RunningAgent) -> None:
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{agent.http_port}")
+    start, end = (
+        pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
+        pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END,
+    )
+
+    def step(corrid: int, v: float, flags: int) -> float:
+        inputs = [
+            httpclient.InferInput("X", [1, 1], "FP32"),
+            httpclient.InferInput("ID", [1, 1], "UINT64"),
+            httpclient.InferInput("FLAGS", [1, 1], "INT32"),
+        ]
+        inputs[0].set_data_from_numpy(np.array([[v]], np.float32))
+        inputs[1].set_data_from_numpy(np.array([[corrid]], np.uint64))
+        inputs[2].set_data_from_numpy(np.array([[flags]], np.int32))
+        return float(client.infer("bls_acc", inputs).as_numpy("SUM")[0, 0])
+
+    assert step(601, 1.0, start) == 1.0
+    assert step(602, 4.0, start) == 4.0
+    assert step(601, 2.0, 0) == 3.0
+    assert step(602, 4.0, end) == 8.0
+    assert step(601, 3.0, end) == 6.0
+    with pytest.raises(InferenceServerException, match="must specify the START flag"):
+        step(601, 1.0, 0)  # the sequence ended: the called model's own error comes back
+    client.close()
+
+
+def test_a_decoupled_model_under_the_sequence_batcher_streams_each_request(
+    agent: RunningAgent,
+) -> None:
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{agent.grpc_port}")
+    messages: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    client.start_stream(callback=lambda result, error: messages.put(error or result))
+
+    def step(corrid: int, v: float, **flags: bool) -> list[Any]:
+        client.async_stream_infer(
+            "py_stream_acc",
+            [value(v, grpcclient.InferInput)],
+            sequence_id=corrid,
+            enable_empty_final_response=True,
+            **flags,
+        )
+        got: list[Any] = []
+        while True:
+            message = messages.get(timeout=30)
+            if isinstance(message, InferenceServerException):
+                return [*got, message.message()]
+            out = message.as_numpy("OUTPUT")
+            if out is not None:
+                got.append(float(out.flat[0]))
+            if message.get_response().parameters["triton_final_response"].bool_param:
+                return got
+
+    try:
+        assert step(701, 1.0, sequence_start=True) == [1.0, 10.0]
+        assert step(702, 5.0, sequence_start=True) == [5.0, 50.0]
+        assert step(701, 2.0) == [3.0, 30.0]
+        assert step(701, 3.0, sequence_end=True) == [6.0, 60.0]
+        assert step(702, 1.0, sequence_end=True) == [6.0, 60.0]
+        (error,) = step(701, 1.0)  # the sequence ended: Triton's error, on the stream
+        assert "must specify the START flag" in error
+    finally:
+        client.stop_stream(cancel_requests=True)
+        client.close()

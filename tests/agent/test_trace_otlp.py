@@ -25,7 +25,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from agent.cli.main import _flags, build_parser
+from agent.cli.main import build_parser
+from agent.cli.serve_args import config_flags
 from agent.config.loader import load_config
 from agent.config.schema import AgentConfig, LogConfig, ModelsConfig, ServerConfig, validate
 from agent.errors import AgentConfigError
@@ -371,7 +372,7 @@ def test_cli_flags_reach_the_config() -> None:
             "site=7",
         ]
     )
-    flags = _flags(args)
+    flags = config_flags(args)
     assert flags["log.trace_mode"] == "opentelemetry"
     assert flags["log.trace_otlp_url"] == "http://collector:4318/v1/traces"
     assert flags["log.trace_otlp_resource"] == ("service.name=edge", "site=7")
@@ -395,8 +396,8 @@ def test_triton_mode_starts_no_opentelemetry() -> None:
     code = (
         "import json, sys\n"
         "from agent.config.schema import AgentConfig\n"
-        "from agent.runtime.daemon import _tracer\n"
-        "tracer = _tracer(AgentConfig())\n"
+        "from agent.runtime.tracing import build_tracer\n"
+        "tracer = build_tracer(AgentConfig())\n"
         "tracer.update(None, {'trace_level': ['TIMESTAMPS'], 'trace_rate': '1'})\n"
         "tracer.finish(tracer.start('m'))\n"
         "tracer.close()\n"

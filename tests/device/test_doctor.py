@@ -171,3 +171,24 @@ def test_doctor_warns_when_a_port_is_taken(tmp_path: Path, port_name: str) -> No
         config.write_text(f"[server]\n{port_name}_port = {taken.getsockname()[1]}\n")
         _, doc = doctor_json(tmp_path, "--config", str(config))
     assert statuses(doc)[f"port {port_name}"] == "WARN"
+
+
+def test_doctor_warns_about_an_api_beyond_loopback_without_protection(tmp_path: Path) -> None:
+    config = tmp_path / "agent.toml"
+    config.write_text(
+        f'[server]\nhost = "0.0.0.0"\nhttp_port = {free_port()}\ngrpc_port = {free_port()}\n'
+        "metrics_port = -1\n"
+    )
+    _, doc = doctor_json(tmp_path, "--config", str(config))
+    (security,) = [c for c in doc["checks"] if c["name"] == "security"]
+    assert security["status"] == "WARN", security
+    assert "without TLS" in security["detail"]
+    assert "server.tls_cert_file" in security["fix"]
+    assert "server.http_restricted_api" in security["fix"]
+
+
+def test_doctor_says_a_loopback_api_is_fine(tmp_path: Path) -> None:
+    _, doc = doctor_json(tmp_path)
+    (security,) = [c for c in doc["checks"] if c["name"] == "security"]
+    assert security["status"] == "OK"
+    assert "127.0.0.1" in security["detail"]

@@ -32,8 +32,9 @@ from agent.fleet.mqtt import Message, MqttSettings, Protocol, random_client_id
 from agent.models.cache_control import CachedVersions, CacheEvents
 from agent.models.control import ModelManager
 from agent.models.events import EventTee, LogEvents
-from agent.runtime.daemon import RunningAgent, provenance_reader, start_agent
+from agent.runtime.daemon import RunningAgent, start_agent
 from agent.runtime.demo import mlp_model
+from agent.runtime.signed_sync import provenance_reader
 from model_cache import ModelCache
 from tests.models import M_CONFIG, write_model
 from tests.support import free_port, wait_until

@@ -1,15 +1,15 @@
 """The fleet dashboard (`edge-agent fleet dashboard`) with real agents on a Mosquitto broker,
-in a real browser: three agents, a rollout moving wave by wave (through the `RolloutSource`
-interface), a device's telemetry opened from the keyboard, and the token."""
+in a real browser: five agents under traffic, a real rollout (the `fleet rollout` driver in its
+own process, its SQLite file read by `StoreRollouts`) advancing wave by wave on the page
+without a reload, a bad version aborted in its first wave and rolled back, a device's telemetry
+opened from the keyboard, and the token."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,11 +24,12 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.fleet.dashboard import Dashboard
+from agent.fleet.rollout_plan import target_order
+from agent.fleet.rollout_view import StoreRollouts
 from agent.pages import UNAUTHORIZED
-from tests.models import scale_model, write_versions
-from tests.mqtt.support import Broker, mqtt_config
+from tests.mqtt.fleet_support import Device, fleet_process, run_fleet
+from tests.mqtt.support import Broker
 from tests.pages.browser import (
     browser_fixture,
     first_paint_ms,
@@ -37,122 +38,156 @@ from tests.pages.browser import (
     text_of,
     wait_for,
 )
-from tests.server import AgentOnThread, agent_on_thread, http_client
 from tests.support import free_port
 
 browser = browser_fixture()
-DEVICES = ("dev1", "dev2", "dev3")
+NAMES = [f"dev{i}" for i in range(5)]
+GROUPS = {n: ("lab", "site-a" if i % 2 else "site-b") for i, n in enumerate(NAMES)}
+BAD_ROLLOUT = "m-v3"
+# Version 3 does not load on the first device its rollout reaches.
+BROKEN = target_order(BAD_ROLLOUT, NAMES)[0]
+# Each redraw of the first rollout's waves: their states, as the page showed them.
+RECORD = """
+window.seen = [];
+const record = () => {
+  const rows = [...document.querySelectorAll("#waves-m-v2 tr")];
+  const states = rows.map((tr) => tr.children[1].textContent).join(",");
+  if (states && states !== window.seen[window.seen.length - 1]) window.seen.push(states);
+};
+new MutationObserver(record).observe(document.getElementById("rollouts"),
+                                     {childList: true, subtree: true});
+window.notReloaded = true;
+"""
 
 
-class Rollouts:
-    """A rollout store as the test moves it (the `RolloutSource` interface)."""
+class Traffic:
+    """Requests to every device, round robin, until stopped: the gate's figures are real."""
 
-    def __init__(self) -> None:
-        self.waves: list[dict[str, Any]] = [
-            {"name": "canary", "state": "running", "devices": {"dev1": "pending"},
-             "gate": {"verdict": "waiting", "figures": {}, "limits": {"p95_ms": 50}}},
-            {"name": "wave 2", "state": "pending",
-             "devices": {"dev2": "pending", "dev3": "pending"}, "gate": None},
-        ]  # fmt: skip
-        self.state = "running"
-        self.reason = ""
+    def __init__(self, devices: list[Device]) -> None:
+        self.clients = [
+            httpclient.InferenceServerClient(f"127.0.0.1:{d.running.agent.http_port}")
+            for d in devices
+        ]
+        self.sent = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def rollouts(self) -> list[dict[str, Any]]:
-        return [{"id": "r1", "model": "s", "version": 2, "state": self.state,
-                 "reason": self.reason, "waves": self.waves}]  # fmt: skip
+    def _run(self) -> None:
+        tensor = httpclient.InferInput("INPUT0", [1, 64], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 64), dtype=np.float32))
+        while not self._stop.is_set():
+            for client in self.clients:
+                client.infer("m", [tensor])
+                self.sent += 1
+            self._stop.wait(0.02)
 
-    def groups(self) -> dict[str, list[str]]:
-        return {"dev1": ["canary", "lab"], "dev2": ["lab"], "dev3": ["field"]}
+    def __enter__(self) -> Traffic:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        for client in self.clients:
+            client.close()
 
 
 @pytest.fixture
-def agents(broker: Broker, tmp_path: Path) -> Iterator[list[AgentOnThread]]:
-    """Three agents, each serving model s version 1 and linked to the broker as dev1..dev3."""
-    with contextlib.ExitStack() as stack:
-        started = []
-        for device in DEVICES:
-            repo = tmp_path / device / "models"
-            write_versions(repo, "s", {1: scale_model(2.0)})
-            config = AgentConfig(
-                server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1),
-                models=ModelsConfig(repository=repo, intra_op_threads=1,
-                                    control_mode="explicit", load_models=("*",)),
-                mqtt=mqtt_config(broker, device_id=device, state_dir=tmp_path / device),
-            )  # fmt: skip
-            started.append(stack.enter_context(agent_on_thread(config)))
-        yield started
+def fleet(broker: Broker, tmp_path: Path) -> Iterator[dict[str, Device]]:
+    with run_fleet(broker, tmp_path / "fleet", GROUPS, {BROKEN}) as devices:
+        yield devices
 
 
 @pytest.fixture
-def board(agents: list[AgentOnThread], broker: Broker) -> Iterator[tuple[Dashboard, Rollouts, str]]:
-    rollouts = Rollouts()
-    dashboard = Dashboard(broker.settings(), rollouts=rollouts)
-    port = agents[0].run(dashboard.start("127.0.0.1", 0))
+def board(fleet: dict[str, Device], broker: Broker, tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    """The dashboard over the rollouts file the driver will create: (that file, the page)."""
+    db = tmp_path / "rollouts.sqlite"
+    dashboard = Dashboard(broker.settings(), rollouts=StoreRollouts(db))
+    running = fleet[NAMES[0]].running
+    port = running.run(dashboard.start("127.0.0.1", 0))
     try:
-        yield dashboard, rollouts, f"http://127.0.0.1:{port}/"
+        yield db, f"http://127.0.0.1:{port}/"
     finally:
-        agents[0].run(dashboard.stop())
-
-
-def _rows(driver: Any, css: str) -> list[str]:
-    return rows_of(driver, css)
+        running.run(dashboard.stop())
 
 
 def _online(driver: Any) -> bool:
-    rows = _rows(driver, "#devices-body tr")
-    return len(rows) == 3 and all(" online " in f" {r} " for r in rows)
+    rows = rows_of(driver, "#devices-body tr")
+    return len(rows) == len(NAMES) and all(" online " in f" {r} " for r in rows)
 
 
-def test_the_dashboard_shows_three_devices_a_rollout_moving_and_a_devices_telemetry(
-    browser: Any,
-    agents: list[AgentOnThread],
-    board: tuple[Dashboard, Rollouts, str],
+def _rollout(broker: Broker, db: Path, log: Path, *args: str) -> int:
+    """Run `fleet rollout start ...` (the real driver, its own process) to its end."""
+    manager = fleet_process(broker, "rollout", "start", *args, "--db", str(db), "--tick", "0.05",
+                            log=log)  # fmt: skip
+    try:
+        return manager.wait(60)
+    finally:
+        if manager.poll() is None:
+            manager.kill()
+
+
+def _in_order(seen: list[str], wanted: list[str]) -> bool:
+    """Whether `wanted` appear in `seen` in this order (others may come between)."""
+    rest = iter(seen)
+    return all(any(s == w for s in rest) for w in wanted)
+
+
+def test_the_dashboard_follows_a_real_rollout_wave_by_wave_and_a_bad_versions_rollback(
+    browser: Any, broker: Broker, fleet: dict[str, Device], board: tuple[Path, str],
     tmp_path: Path,
-) -> None:
+) -> None:  # fmt: skip
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
 
-    _, rollouts, url = board
+    db, url = board
     browser.get(url)
     print(f"fleet dashboard: first contentful paint {first_paint_ms(browser):.1f} ms")
     wait_for(browser, _online)
-    rows = _rows(browser, "#devices-body tr")
-    assert rows[0].startswith("dev1 online canary, lab s: 1 "), rows
-    # Requests to dev1: its p95 (ms) and error rate arrive with its next telemetry.
-    with http_client(agents[0].agent) as client:
-        for _ in range(10):
-            tensor = httpclient.InferInput("X", [1, 4], "FP32")
-            tensor.set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
-            client.infer("s", [tensor])
-    p95 = re.compile(r"^dev1 online canary, lab s: 1 \d+\.\d\d 0\.00 % ")
-    wait_for(browser, lambda d: p95.match(_rows(d, "#devices-body tr")[0]))
-    assert "No rollouts" not in text_of(browser, "#rollouts")
-    browser.execute_script("window.notReloaded = true;")
+    assert "No rollouts" in text_of(browser, "#rollouts")
+    assert rows_of(browser, "#devices-body tr")[0].startswith("dev0 online lab, site-b m: 1 ")
+    browser.execute_script(RECORD)
+    log = tmp_path / "manager.log"
+    with Traffic(list(fleet.values())) as traffic:
+        code = _rollout(broker, db, log, "m", "2", "--group", "lab", "--waves", "20%,60%,100%",
+                        "--gate", "error_rate<=0.01,p95_ms<=1000", "--soak", "3s")  # fmt: skip
+        assert code == 0, log.read_text()
+        wait_for(browser, lambda d: "m-v2: m v2 succeeded" in text_of(d, "#rollouts"))
+        seen = browser.execute_script("return window.seen;")
+        # Each wave soaked (3 s > the page's 2 s poll) while the next still waited.
+        assert _in_order(seen, ["soaking,pending,pending", "done,soaking,pending",
+                                "done,done,soaking", "done,done,done"]), seen  # fmt: skip
+        waves = rows_of(browser, "#waves-m-v2 tr")
+        assert len(waves) == 3
+        gate = re.compile(r"error_rate 0(\.0+)? / 0\.01; p95_ms \d+(\.\d+)? / 1000 pass$")
+        assert all(gate.search(w) for w in waves), waves
+        assert waves[0].startswith("wave 1 (20%) done ")
+        assert sum(w.count(": succeeded") for w in waves) == len(NAMES)
+        # The rows' figures come from the devices' telemetry under the same traffic.
+        p95 = re.compile(r"^dev0 online lab, site-b m: 2 \d+\.\d\d 0\.00 % ")
+        wait_for(browser, lambda d: p95.match(rows_of(d, "#devices-body tr")[0]))
 
-    # The canary wave passes its gate; wave 2 starts.
-    rollouts.waves[0].update(state="done", devices={"dev1": "activated"},
-                             gate={"verdict": "pass", "figures": {"p95_ms": 4.2},
-                                   "limits": {"p95_ms": 50}})  # fmt: skip
-    rollouts.waves[1].update(state="running", devices={"dev2": "activated", "dev3": "pending"})
-    wait_for(browser, lambda d: "canary done dev1: activated p95_ms 4.2 / 50 pass"
-             in _rows(d, "#waves-r1 tr"))  # fmt: skip
-    # Wave 2 fails its gate: the rollout is aborted.
-    rollouts.waves[1].update(state="aborted", devices={"dev2": "failed", "dev3": "pending"},
-                             gate={"verdict": "fail", "figures": {"error_rate": 0.2},
-                                   "limits": {"error_rate": 0.01}})  # fmt: skip
-    rollouts.state, rollouts.reason = "aborted", "wave 2 failed its gate"
-    wait_for(browser, lambda d: "aborted (wave 2 failed its gate)" in text_of(d, "#rollouts"))
-    assert "wave 2 aborted dev2: failed dev3: pending error_rate 0.2 / 0.01 fail" in _rows(
-        browser, "#waves-r1 tr"
+        code = _rollout(broker, db, log, "m", "3", "--group", "lab", "--waves", "40%,100%",
+                        "--soak", "1s")  # fmt: skip
+        assert code == 1, log.read_text()
+        print(f"traffic during both rollouts: {traffic.sent} requests")
+    aborted = "m-v3: m v3 aborted (1 failed devices > 0 allowed)"
+    wait_for(browser, lambda d: aborted in text_of(d, "#rollouts"))
+    first, second = rows_of(browser, "#waves-m-v3 tr")
+    wave1 = target_order(BAD_ROLLOUT, NAMES)[:2]
+    assert first.startswith("wave 1 (40%) aborted "), first
+    assert f"{BROKEN}: failed, rolled_back" in first, first
+    # The other one was sent the version too (answered or not by the abort): rolled back.
+    assert all(re.search(rf"{d}: \w+, rolled_back", first) for d in wave1), first
+    assert second.startswith("wave 2 (100%) not_run "), second
+    assert ": pending" in second
+    span = browser.find_element(
+        By.XPATH, f'//*[@id="waves-m-v3"]//span[starts-with(., "{BROKEN}:")]'
     )
-
-    # dev3 loads a version 2 (a hot swap): its events reach the feed, its row shows it.
-    shutil.copytree(tmp_path / "dev3/models/s/1", tmp_path / "dev3/models/s/2")
-    with http_client(agents[2].agent) as client:
-        client.load_model("s")
-    wait_for(browser, lambda d: any(r.startswith("dev3 online field s: 1, 2")
-                                    for r in _rows(d, "#devices-body tr")))  # fmt: skip
-    assert any("dev3" in r and " s 2 " in r for r in _rows(browser, "#events-body tr"))
+    assert "load_failed" in str(span.get_attribute("title"))
+    assert all(d.serving() == [2] for d in fleet.values())
+    # The devices' own events (the activations) reach the feed.
+    assert any(" m 2 " in f" {r} " for r in rows_of(browser, "#events-body tr"))
     assert browser.execute_script("return window.notReloaded === true;")
     screenshots(browser, "dashboard")
 
@@ -161,7 +196,7 @@ def test_the_dashboard_shows_three_devices_a_rollout_moving_and_a_devices_teleme
     link.send_keys(Keys.ENTER)
     wait_for(browser, lambda d: '"device": "dev2"' in text_of(d, "#telemetry-json"))
     assert '"kind": "telemetry"' in text_of(browser, "#telemetry-json")
-    assert browser.switch_to.active_element.get_attribute("id") == "telemetry-json"
+    assert browser.execute_script("return document.activeElement.id;") == "telemetry-json"
 
 
 def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
@@ -200,10 +235,11 @@ def test_with_a_token_every_route_answers_401_without_it(broker: Broker) -> None
         loop.close()
 
 
-def test_the_cli_serves_the_dashboard_until_sigterm(broker: Broker) -> None:
+def test_the_cli_serves_the_dashboard_until_sigterm(broker: Broker, tmp_path: Path) -> None:
     port = free_port()
+    db = tmp_path / "rollouts.sqlite"
     command = [sys.executable, "-m", "agent", "fleet", "dashboard", "--port", str(port),
-               "--mqtt-port", str(broker.port)]  # fmt: skip
+               "--mqtt-port", str(broker.port), "--rollouts", str(db)]  # fmt: skip
     with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as proc:
         try:
             assert proc.stdout is not None
@@ -211,6 +247,8 @@ def test_the_cli_serves_the_dashboard_until_sigterm(broker: Broker) -> None:
             status, body = _get(f"http://127.0.0.1:{port}/fleet/v1/state")
             assert status == 200
             assert json.loads(body)["access"] == "open"
+            assert json.loads(body)["rollouts"] == []
+            assert not db.exists()  # read-only: the manager creates its file
         finally:
             proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0

@@ -20,7 +20,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from agent.cli.fleet_exporter import Exporter
-from agent.fleet.rollout import target_order
+from agent.fleet.rollout_plan import target_order
 from tests.mqtt.fleet_support import (
     Device,
     RabbitBroker,

@@ -11,8 +11,9 @@ import pytest
 
 from agent.fleet.devices import DeviceView, Fleet
 from agent.fleet.inventory import device_facts, gpu_facts
-from agent.fleet.rollout import Rollout, RolloutSpec, Send, wave_size
+from agent.fleet.rollout import Rollout
 from agent.fleet.rollout_gate import GateError, parse_gate
+from agent.fleet.rollout_plan import RolloutSpec, Send, wave_size
 from agent.fleet.rollout_store import RolloutConflictError, RolloutStore
 
 

@@ -115,3 +115,23 @@ def test_a_gpu_reading_in_words() -> None:
         {"index": 0, "uuid": "GPU-1", "util_percent": 35, "memory_used_bytes": 1 << 30,
          "memory_total_bytes": 8 << 30, "power_w": 41.25}]})  # fmt: skip
     assert '<th scope="row">GPU 0</th><td>35 % busy, 1.0 GiB of 8.0 GiB, 41.2 W</td>' in page
+
+
+def test_a_waves_row_shows_job_states_rollbacks_details_and_the_gate() -> None:
+    board = render_dashboard({"now": 10.0, "devices": [], "events": [], "rollouts": [
+        {"id": "m-v3", "model": "m", "version": 3, "state": "aborted",
+         "reason": "1 failed devices > 0 allowed", "waves": [
+             {"name": "wave 1 (40%)", "state": "aborted",
+              "devices": {"d1": "failed", "d2": "succeeded"},
+              "rollback": {"d1": "rolled_back", "d2": "rolled_back"},
+              "details": {"d1": "load_failed: <bad>"},
+              "gate": {"verdict": "fail", "figures": {"p95_ms": 90.0},
+                       "limits": {"p95_ms": 50.0}}}]}]})  # fmt: skip
+    assert (
+        '<span class="state-failed" title="load_failed: &lt;bad&gt;">d1: failed, '
+        '<span class="state-rolled_back">rolled_back</span></span>'
+    ) in board
+    assert '<span class="state-succeeded">d2: succeeded, ' in board
+    assert "<td>p95_ms 90.0 / 50.0</td>" in board
+    assert '<td class="state-fail">fail</td>' in board
+    assert "(1 failed devices &gt; 0 allowed)" in board
