@@ -5,12 +5,15 @@ process spends per request moves far less, so this is the figure to compare chan
 server and concurrency it reads the server's utime+stime from /proc/PID/stat, sends a fixed
 number of requests with perf_analyzer (HTTP, binary tensors, batch 1) and reads it again:
 µs CPU per request = delta / requests. perf_analyzer's own CPU is reported too (it is a child of
-this process: the RUSAGE_CHILDREN delta around its run).
+this process: the RUSAGE_CHILDREN delta around its run). Voluntary context switches per request
+(all the server's threads, /proc/PID/task/*/status) count thread hand-offs: unlike CPU time they
+barely move with the machine's load.
 
 Servers, each on the benchmark MLP (bench.models):
     floor     bench.floor_server: aiohttp answering with a fixed body (no model, no agent code)
     nobatch   the agent, no scheduler block
     dynbatch  the agent with dynamic batching (preferred 8/16/32, 300 µs delay)
+    nobatch-grpc, dynbatch-grpc   the same agents driven over gRPC (`perf_analyzer -i grpc`)
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ from bench.perf import find_perf_analyzer
 from bench.procs import REPO_ROOT, BenchError, stop_process
 from bench.report import load_average, markdown_table
 
-SERVERS = ("floor", "nobatch", "dynbatch")
+SERVERS = ("floor", "nobatch", "dynbatch", "nobatch-grpc", "dynbatch-grpc")
 _LISTENING = re.compile(r"listening on http://([^\s:]+):(\d+)")
+_GRPC = re.compile(r"gRPC on ([^\s:]+):(\d+)")
 _AVG_LATENCY = re.compile(r"Avg latency: (\d+) usec")
 _TICK_US = 1_000_000 / os.sysconf("SC_CLK_TCK")
 _WARMUP_REQUESTS = 500
@@ -55,12 +59,27 @@ class Point:
     p99_us: float
 
     avg_us: float
+    switches: float = 0.0  # the server's voluntary context switches per request (0: not read)
 
     @property
     def throughput(self) -> float:
         """Little's law, concurrency / mean latency: perf_analyzer's own figure and its run time
         move in whole seconds when it sends a fixed number of requests."""
         return self.concurrency / self.avg_us * 1e6
+
+
+def voluntary_switches(pid: int) -> int:
+    """Voluntary context switches of all of a process's threads (those alive now)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            text = (task / "status").read_text(encoding="ascii")
+        except OSError:  # the thread ended meanwhile
+            continue
+        for line in text.splitlines():
+            if line.startswith("voluntary_ctxt_switches:"):
+                total += int(line.split()[1])
+    return total
 
 
 def cpu_us(pid: int) -> float:
@@ -74,6 +93,7 @@ class Server:
 
     def __init__(self, command: list[str], start_timeout_s: float = 120.0) -> None:
         self.port = 0
+        self.grpc_port = 0  # logged before "listening on"
         self._tail: collections.deque[str] = collections.deque(maxlen=30)
         self._listening = threading.Event()
         self._proc = subprocess.Popen(
@@ -103,6 +123,9 @@ class Server:
         assert self._proc.stderr is not None
         for line in self._proc.stderr:
             self._tail.append(line.rstrip())
+            grpc_match = _GRPC.search(line)
+            if grpc_match:
+                self.grpc_port = int(grpc_match.group(2))
             match = _LISTENING.search(line)
             if match and not self._listening.is_set():
                 self.port = int(match.group(2))
@@ -115,18 +138,29 @@ class Server:
 def server_command(name: str, repos: dict[str, Path], extra: Sequence[str]) -> list[str]:
     if name == "floor":
         return [sys.executable, "-m", "bench.floor_server", "--port", "0"]
+    grpc_port = "0" if name.endswith("-grpc") else "-1"
     return [
-        sys.executable, "-m", "agent", "serve", "--model-repository", str(repos[name]),
-        "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "-1", "--metrics-port", "-1",
-        *extra,
+        sys.executable, "-m", "agent", "serve", "--model-repository", str(repos[_repo(name)]),
+        "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", grpc_port,
+        "--metrics-port", "-1", *extra,
     ]  # fmt: skip
 
 
-def drive(binary: str, port: int, concurrency: int, requests: int, csv_path: Path) -> list[str]:
+def _repo(name: str) -> str:
+    return name.removesuffix("-grpc")
+
+
+def drive(
+    binary: str, port: int, concurrency: int, requests: int, csv_path: Path, protocol: str = "http"
+) -> list[str]:
     """The perf_analyzer command for `requests` requests at `concurrency`."""
+    formats = (
+        ["--input-tensor-format", "binary", "--output-tensor-format", "binary"]
+        if protocol == "http"
+        else []
+    )
     return [
-        binary, "-m", "mlp", "-u", f"127.0.0.1:{port}", "-i", "http",
-        "--input-tensor-format", "binary", "--output-tensor-format", "binary",
+        binary, "-m", "mlp", "-u", f"127.0.0.1:{port}", "-i", protocol, *formats,
         "--concurrency-range", str(concurrency), "-b", "1",
         "--request-count", str(requests), "-f", str(csv_path),
     ]  # fmt: skip
@@ -136,9 +170,11 @@ def run_point(
     binary: str, server: Server, name: str, concurrency: int, requests: int, workdir: Path
 ) -> Point:
     csv_path = workdir / f"{name}-c{concurrency}.csv"
+    protocol = "grpc" if name.endswith("-grpc") else "http"
+    port = server.grpc_port if protocol == "grpc" else server.port
     # Warm-up: connections, first-call allocations and ONNX Runtime's first runs.
     subprocess.run(
-        drive(binary, server.port, concurrency, _WARMUP_REQUESTS, workdir / "warmup.csv"),
+        drive(binary, port, concurrency, _WARMUP_REQUESTS, workdir / "warmup.csv", protocol),
         capture_output=True,
         check=True,
         timeout=300,
@@ -146,8 +182,9 @@ def run_point(
     )
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     before = cpu_us(server.pid)
+    switches_before = voluntary_switches(server.pid)
     done = subprocess.run(
-        drive(binary, server.port, concurrency, requests, csv_path),
+        drive(binary, port, concurrency, requests, csv_path, protocol),
         capture_output=True,
         text=True,
         check=False,
@@ -155,6 +192,7 @@ def run_point(
         cwd=REPO_ROOT,
     )
     after = cpu_us(server.pid)
+    switches_after = voluntary_switches(server.pid)
     children_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0 or not csv_path.is_file():
         raise BenchError(
@@ -174,6 +212,7 @@ def run_point(
         avg_us=_mean_latency_us(done.stdout),
         p50_us=float(row["p50 latency"]),
         p99_us=float(row["p99 latency"]),
+        switches=(switches_after - switches_before) / requests,
     )
 
 
@@ -195,14 +234,15 @@ def render(points: Sequence[Point]) -> str:
             f"{p.throughput:,.0f}",
             f"{p.p50_us:.0f}",
             f"{p.p99_us:.0f}",
+            f"{p.switches:.1f}",
         ]
         for p in points
     ]
     header = [
         "server", "conc", "requests", "server CPU µs/req", "perf_analyzer CPU µs/req",
-        "inf/s", "p50 µs", "p99 µs",
+        "inf/s", "p50 µs", "p99 µs", "switches/req",
     ]  # fmt: skip
-    return markdown_table(header, rows, [False] + [True] * 7)
+    return markdown_table(header, rows, [False] + [True] * 8)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -230,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         root = Path(tmp)
         model = MODELS["mlp"]
         onnx_path = write_model_files(root, [model])["mlp"]
-        repos = {mode: write_repository(root, model, mode, onnx_path) for mode in SERVERS[1:]}
+        repos = {mode: write_repository(root, model, mode, onnx_path) for mode in SERVERS[1:3]}
         for name in servers:
             server = Server(server_command(name, repos, args.agent_arg))
             try:

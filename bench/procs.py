@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -22,6 +23,8 @@ import psutil
 REPO_ROOT = Path(__file__).resolve().parent.parent
 _LISTENING = re.compile(r"listening on http://([^\s:]+):(\d+)")
 _GRPC = re.compile(r"gRPC on ([^\s:]+):(\d+)")
+_METRICS = re.compile(r"metrics on http://([^\s:]+):(\d+)/metrics")
+_PLAN = re.compile(r"^edge_agent_memory_used_bytes ([0-9.e+]+)$", re.MULTILINE)
 MB = 1024 * 1024
 
 
@@ -63,6 +66,7 @@ class AgentProcess:
         self.start_timeout_s = start_timeout_s
         self.port = 0
         self.grpc_port = 0  # the gRPC line comes before "listening on"
+        self.metrics_port = 0  # so does the metrics line
         self._proc: subprocess.Popen[str] | None = None
         self._tail: collections.deque[str] = collections.deque(maxlen=40)
         self._listening = threading.Event()
@@ -123,7 +127,7 @@ class AgentProcess:
             "--grpc-port",
             "0",
             "--metrics-port",
-            "-1",
+            "0",
             "--intra-op-threads",
             str(self.intra_op_threads),
         ]
@@ -161,11 +165,28 @@ class AgentProcess:
             grpc_match = _GRPC.search(line)
             if grpc_match:
                 self.grpc_port = int(grpc_match.group(2))
+            metrics_match = _METRICS.search(line)
+            if metrics_match:
+                self.metrics_port = int(metrics_match.group(2))
             if not self._listening.is_set():
                 match = _LISTENING.search(line)
                 if match:
                     self.port = int(match.group(2))
                     self._listening.set()
+
+    def memory_plan_bytes(self) -> int:
+        """What the agent's memory plan reserves for its loaded models
+        (`edge_agent_memory_used_bytes`), 0 when it cannot be read."""
+        if not self.metrics_port:
+            return 0
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as response:
+                text = response.read().decode("utf-8", "replace")
+        except OSError:
+            return 0
+        match = _PLAN.search(text)
+        return int(float(match.group(1))) if match else 0
 
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None

@@ -29,7 +29,7 @@ def test_cpu_per_request_reports_every_server_and_concurrency() -> None:
             "-m",
             "bench.cpu_per_request",
             "--servers",
-            "floor,nobatch",
+            "floor,nobatch,nobatch-grpc",
             "--concurrency",
             "1,2",
             "--requests",
@@ -44,11 +44,15 @@ def test_cpu_per_request_reports_every_server_and_concurrency() -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    rows = re.findall(r"^\| (floor|nobatch) +\| +(\d+) \| +300 \| +(\d+) \|", result.stdout, re.M)
+    rows = re.findall(
+        r"^\| (floor|nobatch|nobatch-grpc) +\| +(\d+) \| +300 \| +(\d+) \|", result.stdout, re.M
+    )
     assert [(server, conc) for server, conc, _ in rows] == [
         ("floor", "1"),
         ("floor", "2"),
         ("nobatch", "1"),
         ("nobatch", "2"),
+        ("nobatch-grpc", "1"),
+        ("nobatch-grpc", "2"),
     ]
     assert all(int(cpu) > 0 for _, _, cpu in rows)

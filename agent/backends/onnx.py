@@ -7,6 +7,8 @@ an accelerator that is asked for but missing degrades to CPU with a warning inst
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -173,8 +175,41 @@ class OnnxBackend:
             ]
         return out
 
+    def release_memory(self) -> None:
+        """Hand the arena's unused chunks back: one batch-1 run on zeros with arena shrinkage
+        (ONNX Runtime shrinks only at the end of a run), then the C heap trimmed.
+
+        Raises:
+            BackendError: the model does not run on zeros of its smallest shape.
+        """
+        feeds = {t.name: _zeros(t) for t in self._inputs}
+        self.run(feeds, [t.name for t in self._outputs], shrink_memory=True)
+        trim_c_heap()
+
     def close(self) -> None:
         del self._session
+
+
+def _zeros(tensor: ModelTensor) -> np.ndarray:
+    shape = tuple(1 if d is None else d for d in tensor.shape)
+    if tensor.datatype is None or tensor.datatype.kserve == "BYTES":
+        return np.full(shape, b"", dtype=np.object_)
+    return np.zeros(shape, tensor.datatype.numpy)
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+def trim_c_heap() -> None:
+    """glibc keeps freed heap pages mapped; malloc_trim gives them back (no-op elsewhere)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def _tensor(arg: Any) -> ModelTensor:

@@ -44,6 +44,7 @@ from agent.errors import (
 )
 from agent.scheduling.batching import BatchFormer, BatchingPolicy
 from agent.scheduling.deadline_timer import DeadlineTimer
+from agent.scheduling.memory_release import RELEASE_AFTER_S, MemoryReleaser
 from agent.scheduling.rate_limiter import RateLimiter, ResourceNeed
 from agent.scheduling.statistics import ModelStatistics
 from agent.tensors.limits import rows_within, tensor_bytes
@@ -119,6 +120,7 @@ class ModelScheduler:
         inline_below_ns: int = INLINE_BELOW_NS,
         max_batch_bytes: int | None = None,
         output_row_bytes: int = 0,
+        release_after_s: float = RELEASE_AFTER_S,
     ) -> None:
         self.model = model
         self.version = version
@@ -148,6 +150,12 @@ class ModelScheduler:
         self._runs = 0
         self._exec_ns = 0.0  # moving average of one execution's CPU time on its thread
         self._wall_ns = 0.0  # moving average of its wall time
+        self.releaser = MemoryReleaser(
+            getattr(backend, "release_memory", None),
+            executor,
+            lambda: not self.pending,
+            release_after_s,
+        )
 
     @property
     def pending(self) -> int:
@@ -293,6 +301,7 @@ class ModelScheduler:
     def close(self, reason: str = "was unloaded") -> None:
         """Refuse new work and fail whatever is still queued, saying why (`reason`)."""
         self._closed = True
+        self.releaser.cancel()
         if self._timer is not None:
             self._timer.close()
         for job in self._former.drain():
@@ -510,9 +519,12 @@ class ModelScheduler:
     ) -> None:
         error = future.exception()
         self._complete(jobs, future.result() if error is None else error)
+        self.releaser.ran()
         if not self._closed:
             self._dispatch()
         self._check_idle()
+        if not self.pending and not self._closed:
+            self.releaser.idle()
 
     def _complete(
         self, jobs: list[_Job], outcome: list[ExecutionResult | BaseException] | BaseException
