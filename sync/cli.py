@@ -1,7 +1,7 @@
 """Command line: `edge-agent keys init|rotate`, `edge-agent publish`, `edge-agent sync --once`.
 
-Wired into `agent/cli/main.py` with two calls: `add_commands(subparsers)` while building the parser
-and `run(args)` when `args.command in SYNC_COMMANDS`. Thin: parse, call the package, print.
+Wired into `agent/cli/commands.py` with two calls: `add_commands(subparsers)` while building the
+parser and `run(args)` when `args.command in SYNC_COMMANDS`. Thin: parse, call the package, print.
 Key material is never printed; only key ids and paths are.
 """
 

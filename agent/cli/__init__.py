@@ -32,6 +32,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_NO_RUNTIME
-    from agent.cli.main import main as run_command  # noqa: PLC0415 - needs onnxruntime
+    from agent.cli.commands import main as run_command  # noqa: PLC0415 - needs onnxruntime
 
     return run_command(argv)

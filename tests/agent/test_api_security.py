@@ -25,7 +25,7 @@ from tritonclient.utils import InferenceServerException
 
 from agent.api.access import CONTROL_GROUPS, GROUPS
 from agent.api.tls import ServerTls, TlsError, TlsFiles
-from agent.cli.main import main
+from agent.cli.commands import main
 from agent.config.schema import AgentConfig, CacheConfig, ModelsConfig, ServerConfig
 from agent.proto import grpc_service_pb2 as pb
 from agent.proto import grpc_service_pb2_grpc as pb_grpc

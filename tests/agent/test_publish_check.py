@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli.main import main
+from agent.cli.commands import main
 from agent.cli.publish_check import NOT_LOADED, check_folder
 from agent.errors import ModelConfigError, ModelLoadError
 from agent.runtime.demo import mlp_model

@@ -25,7 +25,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from agent.cli.main import build_parser
+from agent.cli.commands import build_parser
 from agent.cli.serve_args import config_flags
 from agent.config.loader import load_config
 from agent.config.schema import AgentConfig, LogConfig, ModelsConfig, ServerConfig, validate

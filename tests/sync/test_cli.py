@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli.main import main
+from agent.cli.commands import main
 from model_cache import ModelCache
 from sync.cli_parser import SYNC_COMMANDS
 from sync.keys import keys_dir

@@ -11,7 +11,7 @@ import io
 import uuid
 from pathlib import Path
 
-from agent.cli.main import main
+from agent.cli.commands import main
 from model_cache import ModelCache
 from tests.sync.signing_support import make_certificate_signer, make_key
 from tests.sync.support import make_model, payload

@@ -1,4 +1,8 @@
-"""Command line: `edge-agent serve ...`."""
+"""The parser and dispatch of every `edge-agent` sub-command (the front door is `agent.cli.main()`).
+
+Named `commands`, not `main`: a submodule `agent.cli.main` would replace the package's `main`
+function as an attribute once imported, and `from agent.cli import main` would get the module.
+"""
 
 from __future__ import annotations
 
