@@ -1,8 +1,7 @@
 """Transport-agnostic server logic: health, metadata, config, repository index and inference.
 
-HTTP (and later gRPC and MQTT) parse their own wire format into `agent.tensors.request` types, call
-this,
-and serialize the result. Inference runs on the model's executor (or inline, for tiny models:
+HTTP, gRPC and MQTT parse their own wire format into `agent.tensors.request` types, call this, and
+serialize the result. Inference runs on the model's executor (or inline, for tiny models:
 see `agent.scheduling.scheduler`).
 """
 
@@ -11,10 +10,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, Coroutine, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from agent import __version__
 from agent.canary.control import CanaryManager
@@ -24,8 +23,6 @@ from agent.errors import (
     BackendError,
     InternalError,
     InvalidInputError,
-    ModelControlDisabledError,
-    ModelControlError,
     ModelInstanceFailedError,
     ModelNotFoundError,
     ModelNotReadyError,
@@ -35,30 +32,29 @@ from agent.errors import (
 )
 from agent.models.cache_control import CachedVersions
 from agent.models.control import ModelControlMode, ModelManager
-from agent.models.pushed import PushedModels, parse_file_parameters
+from agent.models.pushed import PushedModels
 from agent.models.registry import ModelRegistry
 from agent.proto import model_config_pb2 as mc
-from agent.repository.model_config import config_from_json, config_to_json
+from agent.repository.model_config import config_to_json
 from agent.scheduling.sequence_policy import sequence_parameters
 from agent.scheduling.sequence_scheduler import SequenceScheduler
 from agent.scheduling.statistics import FailureReason
 from agent.serving.client_text import PathScrubber
 from agent.serving.cuda_regions import CudaRegionRegistry
 from agent.serving.cuda_shared_memory import CudaRegions, CudaSharedMemory
-from agent.serving.decoupled import stream_responses
 from agent.serving.log_settings import LogSettings
+from agent.serving.model_control import ModelControl
+from agent.serving.request_parameters import now_ms, scheduling_parameters
 from agent.serving.response_cache import ResponseCache, cache_key
-from agent.serving.response_stream import StreamedResponse
 from agent.serving.sequence_routes import SequenceRoutes
 from agent.serving.shared_memory import SharedMemoryRegistry
+from agent.serving.streamed_inference import StreamedInference
 from agent.serving.trace import Trace, Tracer
 from agent.serving.trace_tensors import BACKEND_INPUT, BACKEND_OUTPUT, QUEUE_INPUT
 from agent.tensors.request import InferRequest, InferResponse, OutputTensor, shared_memory_outputs
 from agent.tensors.signature import ModelSignature, ValidatedRequest
 
 logger = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 SERVER_NAME = "edge-agent"
 EXTENSIONS = (
@@ -74,8 +70,9 @@ EXTENSIONS = (
 )
 
 
-class DataPlane:
-    """The agent's request handling, shared by every transport."""
+class DataPlane(ModelControl, StreamedInference):
+    """The agent's request handling, shared by every transport (model control:
+    `agent.serving.model_control`; streamed responses: `agent.serving.streamed_inference`)."""
 
     def __init__(
         self,
@@ -173,128 +170,6 @@ class DataPlane:
         served, _ = self._registry.resolve(name, version)
         return served.config
 
-    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        rows = _with_rejections(self._registry.index(), self.rejected_versions())
-        rows = [{k: self.scrub(v) if k == "reason" else v for k, v in r.items()} for r in rows]
-        if ready_only:
-            rows = [r for r in rows if r.get("state") == "READY"]
-        return rows
-
-    async def load_model(
-        self,
-        name: str,
-        config: dict[str, Any] | None,
-        files: Mapping[str, bytes] | None = None,
-    ) -> str:
-        """Explicit load (or reload) of a model, with an optional JSON config override.
-
-        With `files` (Triton's `file:<path>` parameters, decoded), the model is loaded from
-        those files and the config, not from the repository (see `agent.models.pushed`).
-
-        Raises:
-            ModelControlError: the agent is not in explicit model-control mode.
-            InvalidInputError: files without a config, or a path outside the model folder.
-            ModelConfigError: the override is not a valid config.
-            ModelNotFoundError, ModelLoadError: as `ModelManager.load`.
-        """
-        self._require_explicit("load")
-        return await self._to_completion(self._load_model(name, config, files))
-
-    async def _load_model(
-        self,
-        name: str,
-        config: dict[str, Any] | None,
-        files: Mapping[str, bytes] | None,
-    ) -> str:
-        pushed = parse_file_parameters(
-            files or {}, has_config=config is not None, max_bytes=self._max_request_bytes
-        )
-        override = config_from_json(config) if config is not None else None
-        if pushed is not None:
-            if self.pushed is None:
-                raise ModelControlError("this agent does not load models from request files")
-            assert override is not None  # parse_file_parameters requires the config
-            strategy = await self.pushed.load(self.manager, name, override, pushed)
-        else:
-            strategy = await self.manager.load(name, override)
-            if self.pushed is not None:  # served from the repository again
-                await self.pushed.forget(name)
-        if self._cache is not None:
-            self._cache.invalidate(name)
-        return strategy
-
-    async def unload_model(self, name: str) -> None:
-        """Explicit unload; queued requests finish first (a pushed model's files are removed)."""
-        self._require_explicit("unload")
-        await self._to_completion(self._unload_model(name))
-
-    async def _unload_model(self, name: str) -> None:
-        await self.manager.unload(name)
-        if self.pushed is not None:
-            await self.pushed.forget(name)
-        if self._cache is not None:
-            self._cache.invalidate(name)
-
-    async def activate_version(self, name: str, version: int) -> str:
-        """Hot-swap a model to a version the cache holds (lifting its rejection); the strategy."""
-        cached = self._cached()
-
-        async def activate() -> str:
-            strategy = await cached.activate(name, version, operator=True)
-            if self._cache is not None:
-                self._cache.invalidate(name)
-            return strategy
-
-        return await self._to_completion(activate())
-
-    async def rollback(self, name: str, to_version: int | None) -> int:
-        """Go back to a retained version (by default the previous one); returns it."""
-        cached = self._cached()
-
-        async def roll_back() -> int:
-            version = await cached.rollback(name, to_version)
-            if self._cache is not None:
-                self._cache.invalidate(name)
-            return version
-
-        return await self._to_completion(roll_back())
-
-    async def _to_completion(self, change: Coroutine[Any, Any, T]) -> T:
-        """Run a model-control change to its end even if its caller is cancelled (an HTTP
-        client or gRPC call that went away): a half-done load or swap helps nobody."""
-        task = asyncio.ensure_future(change)
-        self._changes.add(task)
-        task.add_done_callback(self._changes.discard)
-        return await asyncio.shield(task)
-
-    def cached_versions(self, name: str) -> list[dict[str, Any]]:
-        return self._cached().versions(name)
-
-    async def clear_rejected(self, name: str, version: int | None, *, by: str) -> list[int]:
-        """Let the sync activate a model's rejected versions again; returns those lifted."""
-        cached = self._cached()
-        return await asyncio.to_thread(cached.clear_rejected, name, version, by=by)
-
-    def rejected_versions(self) -> list[dict[str, Any]]:
-        """Versions rejected on this device, with cause and reason ([] without a cache)."""
-        return self.versions.rejected() if self.versions is not None else []
-
-    def _cached(self) -> CachedVersions:
-        if self.versions is None:
-            raise ModelControlError(
-                "the agent serves a plain repository: versions are activated and rolled back "
-                "only with a model cache (--cache-dir)"
-            )
-        return self.versions
-
-    def _require_explicit(self, action: str) -> None:
-        if self.mode is not ModelControlMode.EXPLICIT:
-            raise ModelControlDisabledError(  # Triton's words, whatever the mode
-                "explicit model load / unload is not allowed if polling is enabled "
-                f"(model-control mode '{self.mode.value}': {action} needs "
-                "--model-control-mode explicit)"
-            )
-
     def statistics(self, name: str | None, version: str | None) -> dict[str, Any]:
         """Triton's statistics extension for all models, one model, or one version.
 
@@ -389,7 +264,7 @@ class DataPlane:
                 raise InvalidInputError(f"[request id: {tag}] {exc.message}") from None
             if trace is not None:
                 valid = self._trace_inputs(trace, request, valid, served.signature)
-            priority, timeout_us = _scheduling_parameters(request.parameters)
+            priority, timeout_us = scheduling_parameters(request.parameters)
             if self._cache is not None and served.config.response_cache.enable:
                 lookup = time.perf_counter_ns()
                 # Keyed by the build, not the version number: a version rebuilt under the same
@@ -399,9 +274,7 @@ class DataPlane:
                 if hit is not None:
                     self.shared_memory.place_outputs(hit, in_shm)
                     now = time.perf_counter_ns()
-                    stats.record_cache_hit(
-                        ns=now - lookup, now_ms=_now_ms(), request_ns=now - start
-                    )
+                    stats.record_cache_hit(ns=now - lookup, now_ms=now_ms(), request_ns=now - start)
                     self._canary_outcome(name, routed, start, None)
                     if trace is not None:
                         self._trace_end(trace, hit)
@@ -441,7 +314,7 @@ class DataPlane:
             stats.record_failure(
                 request_ns=time.perf_counter_ns() - start,
                 reason=_failure_reason(error),
-                now_ms=_now_ms(),
+                now_ms=now_ms(),
             )
             self._canary_outcome(name, routed, start, error)
             if trace is not None:
@@ -455,7 +328,7 @@ class DataPlane:
             compute_input_ns=result.compute_input_ns,
             compute_infer_ns=result.compute_infer_ns,
             compute_output_ns=result.compute_output_ns,
-            now_ms=_now_ms(),
+            now_ms=now_ms(),
         )
         if key is not None and self._cache is not None:
             self._cache.put(key, outputs, model=served.name, version=version_text)
@@ -463,98 +336,6 @@ class DataPlane:
         if trace is not None:
             self._trace_end(trace, outputs)
         return InferResponse(served.name, version_text, outputs, request.id)
-
-    async def infer_stream(
-        self, name: str, version: str | None, request: InferRequest
-    ) -> AsyncGenerator[StreamedResponse, None]:
-        """Every response of a request, for any model (`agent.serving.response_stream`).
-
-        Errors before the model takes the request are raised (as `infer` raises them); after
-        that they come as items. Closing the iterator before the final item cancels the request
-        (the model's `request.is_cancelled()` turns true).
-        """
-        served, _ = self._registry.resolve(name, version)
-        if not served.config.model_transaction_policy.decoupled:
-            yield StreamedResponse(await self.infer(name, version, request))
-            return
-        start = time.perf_counter_ns()
-        sequence = sequence_parameters(request.parameters)
-        owner = None if version else self._sequences.find(name, sequence)
-        if owner is None:  # a live sequence's old build is draining: its requests must not wait
-            await self.manager.wait_if_swapping(name)
-        routed = None if version or owner else self.canary.route(name)  # canary: unversioned
-        served, number = owner or self._registry.resolve(name, str(routed) if routed else version)
-        loaded = served.versions[number]
-        if isinstance(loaded.scheduler, SequenceScheduler):
-            self._sequences.started(served.name, sequence, served, number)
-        trace = self._stream_trace(name, request)
-        if trace is not None:
-            trace.stamp("REQUEST_START", start)
-            trace.model_version = number
-        try:
-            if any(t.shm is not None for t in request.inputs) or shared_memory_outputs(request):
-                raise InvalidInputError(
-                    "shared-memory tensors are not supported with decoupled models"
-                )
-            valid = served.signature.validate(request)
-            if trace is not None:  # an ensemble's steps become its children
-                valid = self._trace_inputs(trace, request, valid, served.signature)
-            priority, timeout_us = _scheduling_parameters(request.parameters)
-        except AgentError as exc:
-            loaded.stats.record_failure(
-                request_ns=time.perf_counter_ns() - start, reason="OTHER", now_ms=_now_ms()
-            )
-            self._canary_outcome(name, routed, start, exc)
-            if trace is not None:
-                self._stream_trace_end(trace)
-            raise
-        responses = stream_responses(
-            served,
-            loaded,
-            valid,
-            request.id,
-            priority=priority,
-            timeout_us=timeout_us,
-            start_ns=start,
-            sequence=sequence,
-        )
-        failed: AgentError | None = None  # the request's first error, for the canary
-        try:
-            async for item in responses:
-                if isinstance(item.error, ModelInstanceFailedError):
-                    self._registry.mark_failed(
-                        served.name, number, item.error.message, loaded=loaded
-                    )
-                failed = failed or item.error
-                if item.final:  # judged once complete (a client that left is not judged)
-                    self._canary_outcome(name, routed, start, failed)
-                if trace is not None and (item.response is not None or item.error is not None):
-                    trace.stamp("INFER_RESPONSE_COMPLETE")
-                yield item
-        except AgentError as exc:
-            if isinstance(exc, ModelInstanceFailedError):
-                self._registry.mark_failed(served.name, number, exc.message, loaded=loaded)
-            self._canary_outcome(name, routed, start, exc)
-            raise
-        finally:
-            await responses.aclose()
-            if trace is not None:
-                self._stream_trace_end(trace)
-
-    def _stream_trace(self, name: str, request: InferRequest) -> Trace | None:
-        """A streamed request's trace: the child of the request that made it (an ensemble step,
-        a BLS call), or its own when the settings sample it."""
-        if request.parent_trace is not None:
-            return self._child_trace(name, request)
-        if self.tracer.active:
-            return self.tracer.start(name, request.id or "")
-        return None
-
-    def _stream_trace_end(self, trace: Trace) -> None:
-        """The streamed request ended (final flag, failure or the client gone): keep its trace
-        (no transport finishes a stream's trace)."""
-        trace.stamp("REQUEST_END")
-        self.tracer.finish(trace)
 
     def _child_trace(self, name: str, request: InferRequest) -> Trace | None:
         parent = request.parent_trace
@@ -600,31 +381,6 @@ def _decoupled_refusal(name: str) -> str:
     )
 
 
-def _with_rejections(
-    rows: list[dict[str, str]], rejected: list[dict[str, Any]]
-) -> list[dict[str, str]]:
-    """The repository index with each rejected version's reason (and a row if it had none)."""
-    if not rejected:
-        return rows
-    by_key = {(str(r["model"]), str(r["version"])): r for r in rejected}
-    out: list[dict[str, str]] = []
-    for row in rows:
-        found = by_key.pop((row["name"], row.get("version", "")), None)
-        if found is None:
-            out.append(row)
-            continue
-        note = f"rejected on this device ({found['cause']}: {found['reason']})"
-        out.append({**row, "reason": f"{row['reason']}; {note}" if row.get("reason") else note})
-    for (name, version), found in sorted(by_key.items()):
-        note = f"rejected on this device ({found['cause']}: {found['reason']})"
-        out.append({"name": name, "version": version, "state": "UNAVAILABLE", "reason": note})
-    return sorted(out, key=lambda r: (r["name"], int(r.get("version") or 0)))
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 def _failure_reason(error: AgentError) -> FailureReason:
     if isinstance(error, OverloadedError | RequestTimeoutError):
         return "REJECTED"
@@ -633,15 +389,3 @@ def _failure_reason(error: AgentError) -> FailureReason:
     if isinstance(error, ModelNotReadyError | ModelNotFoundError):
         return "CANCELED"
     return "OTHER"
-
-
-def _scheduling_parameters(params: Mapping[str, Any]) -> tuple[int | None, int | None]:
-    """The request parameters `priority` and `timeout` (microseconds), as Triton reads them."""
-    priority = params.get("priority")
-    timeout = params.get("timeout")
-    for label, value in (("priority", priority), ("timeout", timeout)):
-        if value is not None and (
-            not isinstance(value, int) or isinstance(value, bool) or value < 0
-        ):
-            raise InvalidInputError(f"parameter '{label}' must be a non-negative integer")
-    return priority, timeout
