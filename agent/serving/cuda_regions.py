@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agent.errors import ConflictError, InvalidInputError, SharedMemoryNotFoundError
+from agent.serving.shared_memory import check_span
 
 logger = logging.getLogger(__name__)
 
@@ -245,19 +246,7 @@ def register_request_from_json(doc: Mapping[str, Any]) -> tuple[bytes, int, int]
 
 
 def _check_span(status: CudaRegionStatus, offset: int, byte_size: int) -> None:
-    """The wording of the system shared-memory checks (`agent.serving.shared_memory`)."""
-    size, name = status.byte_size, status.name
-    if offset < 0 or byte_size < 0:
-        raise InvalidInputError(f"negative offset or byte size for shared memory '{name}'")
-    if offset >= size:
-        raise InvalidInputError(
-            f"Invalid offset {offset} for shared memory region '{name}' ({size} bytes)"
-        )
-    if offset + byte_size > size:
-        raise InvalidInputError(
-            f"Invalid offset + byte size ({offset} + {byte_size}) for shared memory region "
-            f"'{name}' ({size} bytes)"
-        )
+    check_span(status.name, status.byte_size, offset, byte_size)
 
 
 def _check_count(label: str, value: object, *, minimum: int) -> None:

@@ -319,20 +319,27 @@ class SharedMemoryRegistry:
     @staticmethod
     def _span(region: _Region, offset: int, byte_size: int) -> int:
         """The span's start in the mapping, after checking it lies inside the region."""
-        size = region.status.byte_size
-        name = region.status.name
-        if offset < 0 or byte_size < 0:
-            raise InvalidInputError(f"negative offset or byte size for shared memory '{name}'")
-        if offset >= size:
-            raise InvalidInputError(
-                f"Invalid offset {offset} for shared memory region '{name}' ({size} bytes)"
-            )
-        if offset + byte_size > size:
-            raise InvalidInputError(
-                f"Invalid offset + byte size ({offset} + {byte_size}) for shared memory region "
-                f"'{name}' ({size} bytes)"
-            )
+        check_span(region.status.name, region.status.byte_size, offset, byte_size)
         return region.status.offset + offset
+
+
+def check_span(name: str, size: int, offset: int, byte_size: int) -> None:
+    """Check that `byte_size` bytes at `offset` lie inside region `name` of `size` bytes.
+
+    Shared by the system and the CUDA regions (`agent.serving.cuda_regions`), so both
+    refuse a bad span with the same (Triton's) wording.
+    """
+    if offset < 0 or byte_size < 0:
+        raise InvalidInputError(f"negative offset or byte size for shared memory '{name}'")
+    if offset >= size:
+        raise InvalidInputError(
+            f"Invalid offset {offset} for shared memory region '{name}' ({size} bytes)"
+        )
+    if offset + byte_size > size:
+        raise InvalidInputError(
+            f"Invalid offset + byte size ({offset} + {byte_size}) for shared memory region "
+            f"'{name}' ({size} bytes)"
+        )
 
 
 def _file_name(key: str) -> str:
