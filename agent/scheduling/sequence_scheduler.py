@@ -30,6 +30,7 @@ from agent.errors import (
 )
 from agent.scheduling.batching import BatchingPolicy
 from agent.scheduling.deadline_timer import DeadlineTimer
+from agent.scheduling.inline_gauge import InlineGauge
 from agent.scheduling.scheduler import INLINE_BELOW_NS, ExecutionResult
 from agent.scheduling.sequence_policy import (
     CorrelationId,
@@ -44,8 +45,6 @@ from agent.tensors.signature import ValidatedRequest
 
 logger = logging.getLogger(__name__)
 
-_PROBE_RUNS = 4  # executions measured on the executor before inline is considered
-_WALL_FACTOR = 10  # wall-time limit for inline, as a multiple of the CPU-time limit
 # A batch's outputs per request, and the state each of its sequences returned.
 _Outcome = tuple[list[ExecutionResult | BaseException], list[dict[str, np.ndarray]]]
 
@@ -89,10 +88,7 @@ class SequenceScheduler:
         self._closed = False
         self._idle = asyncio.Event()
         self._idle.set()
-        self._inline_below_ns = inline_below_ns
-        self._runs = 0
-        self._exec_ns = 0.0  # moving average of one execution's CPU time on its thread
-        self._wall_ns = 0.0  # and of its wall time
+        self._gauge = InlineGauge(inline_below_ns)
 
     @property
     def policy(self) -> BatchingPolicy:
@@ -226,11 +222,7 @@ class SequenceScheduler:
     def inline(self) -> bool:
         """Whether batches run on the event loop (measured cheaper than the hand-off to a
         thread, as in the dynamic scheduler), not on the executor."""
-        return (
-            self._runs >= _PROBE_RUNS
-            and self._exec_ns < self._inline_below_ns
-            and self._wall_ns < self._inline_below_ns * _WALL_FACTOR
-        )
+        return self._gauge.inline
 
     def _launch(self, steps: list[Step[_Job]]) -> None:
         held = [None if s.start else self._states.get(s.correlation_id) for s in steps]
@@ -335,7 +327,7 @@ class SequenceScheduler:
                     compute_infer_ns=t2 - t1,
                     compute_output_ns=t3 - t2,
                 )
-        self._measured(time.thread_time_ns() - cpu_start, run_ns)
+        self._gauge.measured(time.thread_time_ns() - cpu_start, run_ns)
         return [r for r in results if r is not None], states
 
     def _execute_decoupled(self, steps: list[Step[_Job]], started_ns: int) -> _Outcome:
@@ -369,13 +361,6 @@ class SequenceScheduler:
             for s in steps
         ]
         return results, [{} for _ in steps]
-
-    def _measured(self, ns: int, wall_ns: int) -> None:
-        # One writer at a time per instance thread; a lost update only delays the switch.
-        first = self._runs == 0
-        self._exec_ns = ns if first else 0.75 * self._exec_ns + 0.25 * ns
-        self._wall_ns = wall_ns if first else 0.75 * self._wall_ns + 0.25 * wall_ns
-        self._runs += 1
 
     def _on_done(self, steps: list[Step[_Job]], future: asyncio.Future[_Outcome]) -> None:
         error = future.exception()
