@@ -529,12 +529,12 @@ class ModelScheduler:
 
     def _finish(self, job: _Job, outcome: ExecutionResult | BaseException) -> None:
         if not self.policy.preserve_ordering:
-            _settle(job, outcome)
+            settle(job.future, outcome)
             return
         self._done[job.seq] = (job, outcome)
         while self._next_release in self._done:
             ready, result = self._done.pop(self._next_release)
-            _settle(ready, result)
+            settle(ready.future, result)
             self._next_release += 1
 
     def _check_idle(self) -> None:
@@ -542,13 +542,16 @@ class ModelScheduler:
             self._idle.set()
 
 
-def _settle(job: _Job, outcome: ExecutionResult | BaseException) -> None:
-    if job.future.done():  # the client went away
+def settle(
+    future: asyncio.Future[ExecutionResult], outcome: ExecutionResult | BaseException
+) -> None:
+    """Give a waiting request its result or error (nothing when the client went away)."""
+    if future.done():  # the client went away
         return
     if isinstance(outcome, BaseException):
-        job.future.set_exception(outcome)
+        future.set_exception(outcome)
     else:
-        job.future.set_result(outcome)
+        future.set_result(outcome)
 
 
 def _group_by_shape(jobs: Sequence[_Job]) -> list[list[int]]:

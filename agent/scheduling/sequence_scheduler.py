@@ -31,7 +31,7 @@ from agent.errors import (
 from agent.scheduling.batching import BatchingPolicy
 from agent.scheduling.deadline_timer import DeadlineTimer
 from agent.scheduling.inline_gauge import InlineGauge
-from agent.scheduling.scheduler import INLINE_BELOW_NS, ExecutionResult
+from agent.scheduling.scheduler import INLINE_BELOW_NS, ExecutionResult, settle
 from agent.scheduling.sequence_policy import (
     CorrelationId,
     SequenceBatcher,
@@ -184,7 +184,7 @@ class SequenceScheduler:
         if self._timer is not None:
             self._timer.close()
         for job in self._batcher.drain():
-            _settle(job, ModelNotReadyError(f"model '{self.model}' {reason}"))
+            settle(job.future, ModelNotReadyError(f"model '{self.model}' {reason}"))
         self._states.clear()
         self._check_idle()
 
@@ -192,8 +192,8 @@ class SequenceScheduler:
         now = time.monotonic()
         expired = self._batcher.expire(now)
         for job in expired.refused:
-            _settle(
-                job,
+            settle(
+                job.future,
                 OverloadedError(
                     f"model '{self.model}': no sequence slot freed in time (all "
                     f"{self.sequence_policy.slots} taken); timeout of the corresponding "
@@ -379,13 +379,13 @@ class SequenceScheduler:
                 else BackendError(f"execution failed: {outcome}")
             )
             for step in steps:
-                _settle(step.item, failure)
+                settle(step.item.future, failure)
         else:
             results, states = outcome
             for step, result, state in zip(steps, results, states, strict=True):
                 if not step.end and not isinstance(result, BaseException):
                     self._states[step.correlation_id] = state
-                _settle(step.item, result)
+                settle(step.item.future, result)
         for corrid in self._batcher.done(steps, time.monotonic()):
             self._states.pop(corrid, None)
 
@@ -421,12 +421,3 @@ class SequenceScheduler:
 
 def _row(data: np.ndarray, row: int, batched: bool) -> np.ndarray:
     return data[row : row + 1] if batched else data
-
-
-def _settle(job: _Job, outcome: ExecutionResult | BaseException) -> None:
-    if job.future.done():  # the client went away
-        return
-    if isinstance(outcome, BaseException):
-        job.future.set_exception(outcome)
-    else:
-        job.future.set_result(outcome)
