@@ -231,6 +231,22 @@ def render(points: Sequence[Point]) -> str:
     return markdown_table(header, rows, [False] + [True] * 8)
 
 
+def run_plan(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, known: Sequence[str]
+) -> tuple[list[str], str, list[int]] | None:
+    """The servers, perf_analyzer binary and concurrencies `--servers`, `--perf-analyzer` and
+    `--concurrency` ask for; None (said on stderr) when there is no perf_analyzer."""
+    servers = [s for s in args.servers.split(",") if s]
+    unknown = sorted(set(servers) - set(known))
+    if unknown:
+        parser.error(f"unknown servers {unknown}; choose from {tuple(known)}")
+    binary = find_perf_analyzer(args.perf_analyzer)
+    if binary is None:
+        print("perf_analyzer not found (--perf-analyzer or $PERF_ANALYZER)", file=sys.stderr)
+        return None
+    return servers, binary, [int(c) for c in args.concurrency.split(",") if c]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--servers", default=",".join(SERVERS), help="comma list of %(default)s")
@@ -241,15 +257,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--agent-arg", action="append", default=[], help="extra `agent serve` argument (repeat)"
     )
     args = parser.parse_args(argv)
-    servers = [s for s in args.servers.split(",") if s]
-    unknown = sorted(set(servers) - set(SERVERS))
-    if unknown:
-        parser.error(f"unknown servers {unknown}; choose from {SERVERS}")
-    binary = find_perf_analyzer(args.perf_analyzer)
-    if binary is None:
-        print("perf_analyzer not found (--perf-analyzer or $PERF_ANALYZER)", file=sys.stderr)
+    plan = run_plan(parser, args, SERVERS)
+    if plan is None:
         return 2
-    concurrency = [int(c) for c in args.concurrency.split(",") if c]
+    servers, binary, concurrency = plan
     points: list[Point] = []
     load_before = load_average()
     with tempfile.TemporaryDirectory(prefix="cpu-per-request-") as tmp:

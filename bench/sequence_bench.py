@@ -25,8 +25,8 @@ from pathlib import Path
 
 import onnx
 
-from bench.cpu_per_request import Point, Server, cpu_us, server_command
-from bench.perf import find_perf_analyzer, mean_latency_us, single_run_row
+from bench.cpu_per_request import Point, Server, cpu_us, run_plan, server_command
+from bench.perf import mean_latency_us, single_run_row
 from bench.procs import REPO_ROOT
 from bench.report import load_average, markdown_table
 from bench.sequence_models import ACCUMULATOR_CONFIG, accumulator_model
@@ -139,15 +139,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sequence-length", type=int, default=5)
     parser.add_argument("--perf-analyzer", default=None, help="the perf_analyzer binary")
     args = parser.parse_args(argv)
-    servers = [s for s in args.servers.split(",") if s]
-    unknown = sorted(set(servers) - set(SERVERS))
-    if unknown:
-        parser.error(f"unknown servers {unknown}; choose from {SERVERS}")
-    binary = find_perf_analyzer(args.perf_analyzer)
-    if binary is None:
-        print("perf_analyzer not found (--perf-analyzer or $PERF_ANALYZER)", file=sys.stderr)
+    plan = run_plan(parser, args, SERVERS)
+    if plan is None:
         return 2
-    concurrency = [int(c) for c in args.concurrency.split(",") if c]
+    servers, binary, concurrency = plan
     points: list[Point] = []
     load_before = load_average()
     with tempfile.TemporaryDirectory(prefix="sequence-bench-") as tmp:
