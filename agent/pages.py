@@ -6,7 +6,7 @@ fleet dashboard (`agent.fleet.dashboard`).
   with a body that says nothing about the page, the token or the device.
 * The static assets (`agent/static/`, package data), inlined into each page so that one
   response paints it: no CDN, no second request, nothing to build.
-* Small HTML helpers: escaping, byte and number formats, the SVG sparkline.
+* Small HTML helpers: escaping, byte and number formats, the SVG sparkline, tables.
 
 Pure apart from reading the packaged assets once.
 """
@@ -32,6 +32,7 @@ __all__ = [
     "page",
     "request_token",
     "sparkline",
+    "table",
     "token_middleware",
     "token_matches",
 ]
@@ -129,6 +130,19 @@ def sparkline(values: Sequence[float | None], width: int = 120, height: int = 24
     return (
         f'<svg class="spark" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
         f'aria-hidden="true"><polyline points="{coords}"/></svg>'
+    )
+
+
+def table(caption: str, head: Sequence[str], rows: Sequence[str], tbody_id: str) -> str:
+    """A captioned table with a header row; `rows` are ready `<tr>` markup ("none" when empty).
+
+    `tbody_id` names the body the page's script refills on each poll.
+    """
+    cols = "".join(f'<th scope="col">{h}</th>' for h in head)
+    empty = f'<tr><td colspan="{len(head)}">none</td></tr>'
+    return (
+        f'<div class="scroll"><table><caption>{caption}</caption><thead><tr>{cols}</tr></thead>'
+        f'<tbody id="{tbody_id}">{"".join(rows) or empty}</tbody></table></div>'
     )
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import csv
 import os
 import re
 import resource
@@ -34,14 +33,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.models import MODELS, write_model_files, write_repository
-from bench.perf import find_perf_analyzer
+from bench.perf import find_perf_analyzer, mean_latency_us, single_run_row
 from bench.procs import REPO_ROOT, BenchError, stop_process
 from bench.report import load_average, markdown_table
 
 SERVERS = ("floor", "nobatch", "dynbatch", "nobatch-grpc", "dynbatch-grpc")
 _LISTENING = re.compile(r"listening on http://([^\s:]+):(\d+)")
 _GRPC = re.compile(r"gRPC on ([^\s:]+):(\d+)")
-_AVG_LATENCY = re.compile(r"Avg latency: (\d+) usec")
 _TICK_US = 1_000_000 / os.sysconf("SC_CLK_TCK")
 _WARMUP_REQUESTS = 500
 
@@ -194,12 +192,7 @@ def run_point(
     after = cpu_us(server.pid)
     switches_after = voluntary_switches(server.pid)
     children_after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if done.returncode != 0 or not csv_path.is_file():
-        raise BenchError(
-            f"perf_analyzer failed ({done.returncode}):\n{(done.stdout + done.stderr)[-2000:]}"
-        )
-    with csv_path.open(newline="", encoding="utf-8") as handle:
-        row = next(csv.DictReader(handle))
+    row = single_run_row(done, csv_path)
     client = (
         children_after.ru_utime + children_after.ru_stime - children.ru_utime - children.ru_stime
     ) * 1e6
@@ -209,18 +202,11 @@ def run_point(
         requests=requests,
         server_us=(after - before) / requests,
         client_us=client / requests,
-        avg_us=_mean_latency_us(done.stdout),
+        avg_us=mean_latency_us(done.stdout),
         p50_us=float(row["p50 latency"]),
         p99_us=float(row["p99 latency"]),
         switches=(switches_after - switches_before) / requests,
     )
-
-
-def _mean_latency_us(output: str) -> float:
-    match = _AVG_LATENCY.search(output)
-    if match is None:
-        raise BenchError(f"no 'Avg latency' in perf_analyzer's output:\n{output[-2000:]}")
-    return float(match.group(1))
 
 
 def render(points: Sequence[Point]) -> str:
@@ -245,6 +231,22 @@ def render(points: Sequence[Point]) -> str:
     return markdown_table(header, rows, [False] + [True] * 8)
 
 
+def run_plan(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, known: Sequence[str]
+) -> tuple[list[str], str, list[int]] | None:
+    """The servers, perf_analyzer binary and concurrencies `--servers`, `--perf-analyzer` and
+    `--concurrency` ask for; None (said on stderr) when there is no perf_analyzer."""
+    servers = [s for s in args.servers.split(",") if s]
+    unknown = sorted(set(servers) - set(known))
+    if unknown:
+        parser.error(f"unknown servers {unknown}; choose from {tuple(known)}")
+    binary = find_perf_analyzer(args.perf_analyzer)
+    if binary is None:
+        print("perf_analyzer not found (--perf-analyzer or $PERF_ANALYZER)", file=sys.stderr)
+        return None
+    return servers, binary, [int(c) for c in args.concurrency.split(",") if c]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--servers", default=",".join(SERVERS), help="comma list of %(default)s")
@@ -255,15 +257,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--agent-arg", action="append", default=[], help="extra `agent serve` argument (repeat)"
     )
     args = parser.parse_args(argv)
-    servers = [s for s in args.servers.split(",") if s]
-    unknown = sorted(set(servers) - set(SERVERS))
-    if unknown:
-        parser.error(f"unknown servers {unknown}; choose from {SERVERS}")
-    binary = find_perf_analyzer(args.perf_analyzer)
-    if binary is None:
-        print("perf_analyzer not found (--perf-analyzer or $PERF_ANALYZER)", file=sys.stderr)
+    plan = run_plan(parser, args, SERVERS)
+    if plan is None:
         return 2
-    concurrency = [int(c) for c in args.concurrency.split(",") if c]
+    servers, binary, concurrency = plan
     points: list[Point] = []
     load_before = load_average()
     with tempfile.TemporaryDirectory(prefix="cpu-per-request-") as tmp:

@@ -29,6 +29,7 @@ STABILITY_OFF = (
     "100000"  # max/min up to 1000x still counts as stable: always exactly WINDOWS windows
 )
 _PASS = re.compile(r"Pass \[\d+\] throughput: ([\d.]+) infer/sec")
+_AVG_LATENCY = re.compile(r"Avg latency: (\d+) usec")
 STARTUP_ALLOWANCE_S = 90.0  # perf_analyzer start, config fetch, warm-up, draining the last requests
 
 
@@ -184,3 +185,21 @@ def parse_results(csv_path: Path, concurrency: int, output: str) -> LoadResult:
         raise BenchError(
             f"unexpected perf_analyzer CSV {csv_path.name}: {exc!r} in {row!r}"
         ) from None
+
+
+def single_run_row(done: subprocess.CompletedProcess[str], csv_path: Path) -> dict[str, str]:
+    """The CSV row of a one-concurrency perf_analyzer run (`done`), or its failure as BenchError."""
+    if done.returncode != 0 or not csv_path.is_file():
+        raise BenchError(
+            f"perf_analyzer failed ({done.returncode}):\n{(done.stdout + done.stderr)[-2000:]}"
+        )
+    with csv_path.open(newline="", encoding="utf-8") as handle:
+        return next(csv.DictReader(handle))
+
+
+def mean_latency_us(output: str) -> float:
+    """The mean latency perf_analyzer prints ("Avg latency: N usec")."""
+    match = _AVG_LATENCY.search(output)
+    if match is None:
+        raise BenchError(f"no 'Avg latency' in perf_analyzer's output:\n{output[-2000:]}")
+    return float(match.group(1))

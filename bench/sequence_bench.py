@@ -17,8 +17,6 @@ the baseline in the same run.
 from __future__ import annotations
 
 import argparse
-import csv
-import re
 import subprocess
 import sys
 import tempfile
@@ -27,14 +25,13 @@ from pathlib import Path
 
 import onnx
 
-from bench.cpu_per_request import Point, Server, cpu_us, server_command
-from bench.perf import find_perf_analyzer
-from bench.procs import REPO_ROOT, BenchError
+from bench.cpu_per_request import Point, Server, cpu_us, run_plan, server_command
+from bench.perf import mean_latency_us, single_run_row
+from bench.procs import REPO_ROOT
 from bench.report import load_average, markdown_table
 from bench.sequence_models import ACCUMULATOR_CONFIG, accumulator_model
 
 SERVERS = ("stateless", "direct", "oldest")
-_AVG_LATENCY = re.compile(r"Avg latency: (\d+) usec")
 _STRATEGY = {
     "direct": "direct { max_queue_delay_microseconds: 100 }",
     "oldest": "oldest { max_candidate_sequences: 8 max_queue_delay_microseconds: 100"
@@ -104,29 +101,17 @@ def run_point(
         cwd=REPO_ROOT,  # .venv-perf/bin/perf_analyzer is a wrapper with a relative path
     )
     after = cpu_us(server.pid)
-    if done.returncode != 0 or not out.is_file():
-        raise BenchError(
-            f"perf_analyzer failed ({done.returncode}):\n{(done.stdout + done.stderr)[-2000:]}"
-        )
-    with out.open(newline="", encoding="utf-8") as handle:
-        row = next(csv.DictReader(handle))
+    row = single_run_row(done, out)
     return Point(
         server=name,
         concurrency=concurrency,
         requests=requests,
         server_us=(after - before) / requests,
         client_us=0.0,
-        avg_us=_mean_latency_us(done.stdout),  # throughput by Little's law, as cpu_per_request
+        avg_us=mean_latency_us(done.stdout),  # throughput by Little's law, as cpu_per_request
         p50_us=float(row["p50 latency"]),
         p99_us=float(row["p99 latency"]),
     )
-
-
-def _mean_latency_us(output: str) -> float:
-    match = _AVG_LATENCY.search(output)
-    if match is None:
-        raise BenchError(f"no 'Avg latency' in perf_analyzer's output:\n{output[-2000:]}")
-    return float(match.group(1))
 
 
 def render(points: Sequence[Point]) -> str:
@@ -154,15 +139,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sequence-length", type=int, default=5)
     parser.add_argument("--perf-analyzer", default=None, help="the perf_analyzer binary")
     args = parser.parse_args(argv)
-    servers = [s for s in args.servers.split(",") if s]
-    unknown = sorted(set(servers) - set(SERVERS))
-    if unknown:
-        parser.error(f"unknown servers {unknown}; choose from {SERVERS}")
-    binary = find_perf_analyzer(args.perf_analyzer)
-    if binary is None:
-        print("perf_analyzer not found (--perf-analyzer or $PERF_ANALYZER)", file=sys.stderr)
+    plan = run_plan(parser, args, SERVERS)
+    if plan is None:
         return 2
-    concurrency = [int(c) for c in args.concurrency.split(",") if c]
+    servers, binary, concurrency = plan
     points: list[Point] = []
     load_before = load_average()
     with tempfile.TemporaryDirectory(prefix="sequence-bench-") as tmp:

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -75,6 +76,16 @@ async def wait_until_async(
                 f"timed out after {timeout_s:g} s waiting for {what} (last seen: {value!r})"
             )
         await asyncio.sleep(interval_s)
+
+
+def http_get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    """GET `url`: the status and body, error statuses included (no exception for 4xx/5xx)."""
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return int(answer.status), bytes(answer.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
 
 
 def free_port() -> int:

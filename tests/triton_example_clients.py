@@ -24,6 +24,26 @@ def check_add_sub(in0: np.ndarray, in1: np.ndarray, out0: np.ndarray, out1: np.n
         assert in0.flat[i] - in1.flat[i] == out1[0][i], "incorrect difference"
 
 
+def string_shm_tensors() -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """simple_string over shared memory: the expected sum and difference, and the serialized
+    BYTES tensor of each region (inputs, and outputs at their expected size)."""
+    in0 = np.arange(16, dtype=np.int32)
+    in1 = np.ones(16, dtype=np.int32)
+    expected_sum = np.array([str(x).encode() for x in in0 + in1], dtype=object)
+    expected_diff = np.array([str(x).encode() for x in in0 - in1], dtype=object)
+    tensors = {
+        "input0_data": utils.serialize_byte_tensor(
+            np.array([str(x).encode() for x in in0], object)
+        ),
+        "input1_data": utils.serialize_byte_tensor(
+            np.array([str(x).encode() for x in in1], object)
+        ),
+        "output0_data": utils.serialize_byte_tensor(expected_sum),
+        "output1_data": utils.serialize_byte_tensor(expected_diff),
+    }
+    return expected_sum, expected_diff, tensors
+
+
 def string_inference(client: Any, mod: Any, binary: tuple[bool, bool] = (True, False)) -> None:
     """`simple_string`: decimal strings in, their sum and difference as strings out."""
     in0 = np.expand_dims(np.arange(16, dtype=np.int32), axis=0)

@@ -131,6 +131,12 @@ def _mapped(
     return wrapper
 
 
+def _require_local_caller() -> None:
+    """Refuse a shared-memory registration from a peer off this host."""
+    call = _call.get(None)
+    require_local_registrant(call.peer() if call is not None else None)
+
+
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     """The gRPC servicer over the shared data plane."""
 
@@ -345,8 +351,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def SystemSharedMemoryRegister(
         self, request: pb.SystemSharedMemoryRegisterRequest
     ) -> pb.SystemSharedMemoryRegisterResponse:
-        call = _call.get(None)
-        require_local_registrant(call.peer() if call is not None else None)
+        _require_local_caller()
         self._dp.shared_memory.register(
             request.name, request.key, request.offset, request.byte_size
         )
@@ -381,8 +386,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def CudaSharedMemoryRegister(
         self, request: pb.CudaSharedMemoryRegisterRequest
     ) -> pb.CudaSharedMemoryRegisterResponse:
-        call = _call.get(None)
-        require_local_registrant(call.peer() if call is not None else None)
+        _require_local_caller()
         self._dp.cuda_shared_memory.register(
             request.name, request.raw_handle, request.device_id, request.byte_size
         )

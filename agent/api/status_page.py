@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from agent.pages import esc, fmt_bytes, fmt_num, page, sparkline
+from agent.pages import esc, fmt_bytes, fmt_num, page, sparkline, table
 from agent.serving.dataplane import DataPlane
 
 __all__ = [
@@ -111,15 +111,6 @@ def _section(key: str, title: str, inner: str) -> str:
     return f'<section aria-labelledby="h-{key}"><h2 id="h-{key}">{title}</h2>{inner}</section>'
 
 
-def _table(caption: str, head: Sequence[str], rows: Sequence[str], tbody_id: str) -> str:
-    cols = "".join(f'<th scope="col">{h}</th>' for h in head)
-    empty = f'<tr><td colspan="{len(head)}">none</td></tr>'
-    return (
-        f'<div class="scroll"><table><caption>{caption}</caption><thead><tr>{cols}</tr></thead>'
-        f'<tbody id="{tbody_id}">{"".join(rows) or empty}</tbody></table></div>'
-    )
-
-
 def _models_table(models: Sequence[Mapping[str, Any]]) -> str:
     rows = [
         f'<tr><th scope="row">{esc(m.get("name"))}</th><td>{esc(m.get("version"))}</td>'
@@ -127,7 +118,7 @@ def _models_table(models: Sequence[Mapping[str, Any]]) -> str:
         f"<td>{esc(m.get('reason') or None)}</td></tr>"
         for m in models
     ]
-    return _table(
+    return table(
         "Models and versions", ("Model", "Version", "State", "Reason"), rows, "models-body"
     )
 
@@ -149,7 +140,7 @@ def _serving_table(doc: Mapping[str, Any]) -> str:
         )
     head = ("Model", "Version", "Inferences/s", "p50 ms", "p95 ms", "p99 ms", "p95 trend",
             "Queued", "Batch size", "Requests", "Failures")  # fmt: skip
-    return _table("Throughput, latency and queue by version", head, rows, "serving-body")
+    return table("Throughput, latency and queue by version", head, rows, "serving-body")
 
 
 def _ms(us: object) -> float | None:
@@ -203,7 +194,7 @@ def _canary_table(canaries: Sequence[Mapping[str, Any]]) -> str:
         for c in canaries
     ]
     head = ("Model", "State", "Baseline", "Candidate", "Share", "Pinned")
-    return _table("Canaries and pins", head, rows, "canary-body")
+    return table("Canaries and pins", head, rows, "canary-body")
 
 
 def _events_table(events: Sequence[Mapping[str, Any]]) -> str:
@@ -215,4 +206,4 @@ def _events_table(events: Sequence[Mapping[str, Any]]) -> str:
         for e in events
     ]
     head = ("Time (UTC)", "Event", "Model", "Version", "Detail")
-    return _table("Most recent first", head, rows, "events-body")
+    return table("Most recent first", head, rows, "events-body")

@@ -90,6 +90,25 @@ def decoupled_refusal(model: str) -> str:
     )
 
 
+def start_child(
+    runner: BlsRunner,
+    model: str,
+    meta: dict[str, Any],
+    request: InferRequest,
+    on_item: OnStreamItem | None,
+) -> Future[Any]:
+    """Start a BLS child request on the version `meta` names (<= 0: the policy's choice).
+
+    With `on_item` it is streamed (`decoupled=True`); without, one response is awaited and a
+    decoupled model refuses it with Triton's wording.
+    """
+    version = meta.get("version", -1)
+    number = str(version) if int(version) > 0 else None
+    if on_item is not None:
+        return runner.stream_threadsafe(model, number, request, on_item)
+    return runner.submit_threadsafe(model, number, request, refusal=decoupled_refusal(model))
+
+
 # ---------------------------------------------------------------- agent side
 
 
@@ -170,8 +189,7 @@ class BlsCalls:
         wake = self._wake_w
         try:
             request = infer_request_of(message, timeout_us if own else None, self._parent(meta))
-            version = meta.get("version", -1)
-            number = str(version) if int(version) > 0 else None
+            on_item: OnStreamItem | None = None
             if meta.get("decoupled"):
                 items: queue.SimpleQueue[tuple[InferResponse | None, AgentError | None, bool]]
                 items = call.items = queue.SimpleQueue()
@@ -182,13 +200,7 @@ class BlsCalls:
                     items.put((response, error, final))
                     _poke(wake)
 
-                future: Future[Any] = self._submit.stream_threadsafe(
-                    model, number, request, on_item
-                )
-            else:
-                future = self._submit.submit_threadsafe(
-                    model, number, request, refusal=decoupled_refusal(model)
-                )
+            future = start_child(self._submit, model, meta, request, on_item)
         except (AgentError, TypeError, ValueError) as exc:
             self._answer(call, error=failure_text(model, exc), final=bool(meta.get("decoupled")))
             return

@@ -25,9 +25,9 @@ from agent.backends import python_ipc as ipc
 from agent.backends.python_bls import (
     CANCELLED,
     BlsRunner,
-    decoupled_refusal,
     failure_text,
     infer_request_of,
+    start_child,
 )
 from agent.errors import AgentError
 from agent.tensors.request import InferResponse
@@ -74,16 +74,7 @@ class BlsRelay:
             timeout_us = meta.get("timeout_us") or 0
             own = isinstance(timeout_us, int) and timeout_us > 0
             request = infer_request_of(message, timeout_us if own else None)
-            version = meta.get("version", -1)
-            number = str(version) if int(version) > 0 else None
-            if streamed:
-                future: Future[Any] = self._runner.stream_threadsafe(
-                    model, number, request, on_item
-                )
-            else:
-                future = self._runner.submit_threadsafe(
-                    model, number, request, refusal=decoupled_refusal(model)
-                )
+            future = start_child(self._runner, model, meta, request, on_item if streamed else None)
         except (AgentError, TypeError, ValueError) as exc:
             self._reply(call_id, error=failure_text(model, exc), final=streamed or None)
             return

@@ -212,11 +212,8 @@ class Exporter:
         if message.topic.startswith(f"{self.prefix}/_exporters/") and not message.payload:
             self.metrics.take(message.topic, {"state": "down"})
             return
-        try:
-            doc = json.loads(message.payload)
-        except ValueError:
-            return
-        if not isinstance(doc, dict):
+        doc = message.json_object()
+        if doc is None:
             return
         device = doc.get("device")
         if doc.get("kind") == "telemetry" and isinstance(device, str):

@@ -112,11 +112,8 @@ class FleetConnection:
                     rollout.on_response(device, command_id, doc)
 
     def _on_message(self, message: Message) -> None:
-        try:
-            doc = json.loads(message.payload)
-        except ValueError:
-            return
-        if not isinstance(doc, dict):
+        doc = message.json_object()
+        if doc is None:
             return
         self.received += 1
         leaf = message.topic.rsplit("/", 1)[-1]

@@ -9,7 +9,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agent.pages import esc, fmt_num, page
+from agent.pages import esc, fmt_num, page, table
 
 __all__ = ["POLL_MS", "ago", "render_dashboard"]
 
@@ -47,7 +47,7 @@ def render_dashboard(state: Mapping[str, Any]) -> str:
         f"{'Broker connected' if state.get('broker') else 'Broker not connected'}</p>"
         f'<p id="access">{esc(access)}</p></header><main id="main">'
         '<section aria-labelledby="h-devices"><h2 id="h-devices">Devices</h2>'
-        + _table(
+        + table(
             "Select a device to open its last telemetry",
             DEVICE_HEAD,
             [_device_row(d, now) for d in devices],
@@ -59,7 +59,7 @@ def render_dashboard(state: Mapping[str, Any]) -> str:
         '<section aria-labelledby="h-rollouts"><h2 id="h-rollouts">Rollouts</h2>'
         f'<div id="rollouts">{render_rollouts(state.get("rollouts", []), state)}</div></section>'
         '<section aria-labelledby="h-events"><h2 id="h-events">Events</h2>'
-        + _table(
+        + table(
             "Most recent first",
             EVENT_HEAD,
             [_event_row(e) for e in state.get("events", [])],
@@ -70,15 +70,6 @@ def render_dashboard(state: Mapping[str, Any]) -> str:
     )
     return page("edge-agent fleet", body, script="dashboard.js", data_url="fleet/v1/state",
                 interval_ms=POLL_MS)  # fmt: skip
-
-
-def _table(caption: str, head: Sequence[str], rows: Sequence[str], tbody_id: str) -> str:
-    cols = "".join(f'<th scope="col">{h}</th>' for h in head)
-    empty = f'<tr><td colspan="{len(head)}">none</td></tr>'
-    return (
-        f'<div class="scroll"><table><caption>{caption}</caption><thead><tr>{cols}</tr></thead>'
-        f'<tbody id="{tbody_id}">{"".join(rows) or empty}</tbody></table></div>'
-    )
 
 
 def _device_row(d: Mapping[str, Any], now: float) -> str:
@@ -129,7 +120,7 @@ def render_rollouts(rollouts: Sequence[Mapping[str, Any]], state: Mapping[str, A
             f"{esc(r.get('model'))} v{esc(r.get('version'))} "
             f'<span class="state-{esc(r.get("state"))}">{esc(r.get("state"))}</span>'
             f"{' (' + esc(r.get('reason')) + ')' if r.get('reason') else ''}</h3>"
-            + _table(f"Waves of {rid}", head, rows, f"waves-{rid}")
+            + table(f"Waves of {rid}", head, rows, f"waves-{rid}")
             + "</article>"
         )
     return "".join(parts)

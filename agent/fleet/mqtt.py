@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import json
 import logging
 import ssl
 import uuid
@@ -95,6 +96,14 @@ class Message:
     retain: bool = False
     response_topic: str | None = None
     correlation_data: bytes | None = None
+
+    def json_object(self) -> dict[str, Any] | None:
+        """The payload as a JSON object; None when it is not JSON or not an object."""
+        try:
+            doc = json.loads(self.payload)
+        except ValueError:  # JSONDecodeError and UnicodeDecodeError alike
+            return None
+        return doc if isinstance(doc, dict) else None
 
 
 class MqttClient:

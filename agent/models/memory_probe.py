@@ -28,7 +28,6 @@ refused with the figures.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +36,7 @@ import numpy as np
 
 from agent.backends.base import Backend
 from agent.errors import AgentError, MemoryBudgetError
+from agent.models.device_memory import folder_bytes
 from agent.models.memory_plan import Footprint, measure_footprint
 from agent.proto import model_config_pb2 as mc
 from agent.scheduling.sequence_tensors import SequenceTensors
@@ -134,7 +134,7 @@ def measure_version(
     if not failed:
         return Measured(backend, config, measured, "", warmed_up=False)
     footprint = estimate_footprint(
-        weights_bytes=_folder_bytes(version_dir),
+        weights_bytes=folder_bytes(version_dir),
         load_growth=measured.bytes_at_batch_1,
         io_bytes_at_1=io_row_bytes(config, batch_rows=False),
         row_bytes=row,
@@ -179,17 +179,6 @@ def _contract_bytes(contract: TensorContract) -> int:
     dt = datatypes.from_kserve(contract.datatype)
     itemsize = dt.numpy.itemsize if dt is not None else 8
     return math.prod(max(1, d) for d in contract.dims) * max(itemsize, 8)
-
-
-def _folder_bytes(folder: Path) -> int:
-    total = 0
-    for dirpath, _dirs, files in os.walk(folder):
-        for name in files:
-            try:
-                total += os.stat(os.path.join(dirpath, name)).st_size
-            except OSError:
-                continue
-    return total
 
 
 def run_zeros(

@@ -35,6 +35,7 @@ from google.protobuf import text_format
 from agent.errors import AgentError, InvalidInputError, RepositoryPollError
 from agent.models.control import ModelManager
 from agent.proto import model_config_pb2 as mc
+from model_cache.atomic import fsync_dir
 
 __all__ = ["FILE_PREFIX", "MAX_FILES", "PushedFiles", "PushedModels", "parse_file_parameters"]
 
@@ -206,7 +207,7 @@ class PushedModels:
             _fsync_dirs(staging)
             final = self.root / f"{name}-{token}"
             os.rename(staging, final)
-            _fsync(self.root)
+            fsync_dir(self.root)
         except BaseException:
             _remove(staging)
             raise
@@ -224,15 +225,7 @@ def _write_file(path: Path, data: bytes) -> None:
 
 def _fsync_dirs(root: Path) -> None:
     for dirpath, _dirs, _files in os.walk(root, topdown=False):
-        _fsync(Path(dirpath))
-
-
-def _fsync(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fsync_dir(Path(dirpath))
 
 
 def _remove(path: Path) -> None:

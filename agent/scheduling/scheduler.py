@@ -44,6 +44,7 @@ from agent.errors import (
 )
 from agent.scheduling.batching import BatchFormer, BatchingPolicy
 from agent.scheduling.deadline_timer import DeadlineTimer
+from agent.scheduling.inline_gauge import InlineGauge
 from agent.scheduling.memory_release import RELEASE_AFTER_S, MemoryReleaser
 from agent.scheduling.rate_limiter import RateLimiter, ResourceNeed
 from agent.scheduling.statistics import ModelStatistics
@@ -52,8 +53,6 @@ from agent.tensors.signature import ValidatedRequest
 
 # Executions that may block the event loop: the hand-off they skip costs more than this.
 INLINE_BELOW_NS = 100_000
-_PROBE_RUNS = 4  # executions measured on the executor before inline is considered
-_WALL_FACTOR = 10  # wall-time limit for inline, as a multiple of the CPU-time limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,12 +143,9 @@ class ModelScheduler:
         # preserve_ordering: results released strictly in arrival order.
         self._next_release = 0
         self._done: dict[int, tuple[_Job, ExecutionResult | BaseException]] = {}
-        self._inline_below_ns = inline_below_ns
         self._max_batch_bytes = max_batch_bytes
         self._output_row_bytes = output_row_bytes
-        self._runs = 0
-        self._exec_ns = 0.0  # moving average of one execution's CPU time on its thread
-        self._wall_ns = 0.0  # moving average of its wall time
+        self._gauge = InlineGauge(inline_below_ns)
         self.releaser = MemoryReleaser(
             getattr(backend, "release_memory", None),
             executor,
@@ -289,7 +285,7 @@ class ModelScheduler:
                 compute_infer_ns=t1 - t0,
                 compute_output_ns=0,
             )
-        self._measured(time.thread_time_ns() - cpu_start, t1 - t0)
+        self._gauge.measured(time.thread_time_ns() - cpu_start, t1 - t0)
         return ExecutionResult(outputs, 0, 0, t1 - t0, 0, request.batch_size)
 
     async def drain(self) -> None:
@@ -351,11 +347,7 @@ class ModelScheduler:
     @property
     def inline(self) -> bool:
         """Whether batches now run on the event loop (measured fast enough), not the executor."""
-        return (
-            self._runs >= _PROBE_RUNS
-            and self._exec_ns < self._inline_below_ns
-            and self._wall_ns < self._inline_below_ns * _WALL_FACTOR
-        )
+        return self._gauge.inline
 
     def _launch(self, jobs: list[_Job]) -> None:
         started = time.perf_counter_ns()
@@ -484,7 +476,7 @@ class ModelScheduler:
                     compute_infer_ns=t2 - t1,
                     compute_output_ns=t3 - t2,
                 )
-        self._measured(time.thread_time_ns() - cpu_start, run_ns)
+        self._gauge.measured(time.thread_time_ns() - cpu_start, run_ns)
         return [r for r in results if r is not None]
 
     def _execute_decoupled(
@@ -506,13 +498,6 @@ class ModelScheduler:
             ExecutionResult([], max(0, started_ns - j.enqueued_ns), 0, t1 - t0, 0, rows)
             for j in jobs
         ]
-
-    def _measured(self, ns: int, wall_ns: int) -> None:
-        # One writer at a time per instance thread; a lost update only delays the switch.
-        first = self._runs == 0
-        self._exec_ns = ns if first else 0.75 * self._exec_ns + 0.25 * ns
-        self._wall_ns = wall_ns if first else 0.75 * self._wall_ns + 0.25 * wall_ns
-        self._runs += 1
 
     def _on_done(
         self, jobs: list[_Job], future: asyncio.Future[list[ExecutionResult | BaseException]]
@@ -544,12 +529,12 @@ class ModelScheduler:
 
     def _finish(self, job: _Job, outcome: ExecutionResult | BaseException) -> None:
         if not self.policy.preserve_ordering:
-            _settle(job, outcome)
+            settle(job.future, outcome)
             return
         self._done[job.seq] = (job, outcome)
         while self._next_release in self._done:
             ready, result = self._done.pop(self._next_release)
-            _settle(ready, result)
+            settle(ready.future, result)
             self._next_release += 1
 
     def _check_idle(self) -> None:
@@ -557,13 +542,16 @@ class ModelScheduler:
             self._idle.set()
 
 
-def _settle(job: _Job, outcome: ExecutionResult | BaseException) -> None:
-    if job.future.done():  # the client went away
+def settle(
+    future: asyncio.Future[ExecutionResult], outcome: ExecutionResult | BaseException
+) -> None:
+    """Give a waiting request its result or error (nothing when the client went away)."""
+    if future.done():  # the client went away
         return
     if isinstance(outcome, BaseException):
-        job.future.set_exception(outcome)
+        future.set_exception(outcome)
     else:
-        job.future.set_result(outcome)
+        future.set_result(outcome)
 
 
 def _group_by_shape(jobs: Sequence[_Job]) -> list[list[int]]:

@@ -30,7 +30,8 @@ from agent.errors import (
 )
 from agent.scheduling.batching import BatchingPolicy
 from agent.scheduling.deadline_timer import DeadlineTimer
-from agent.scheduling.scheduler import INLINE_BELOW_NS, ExecutionResult
+from agent.scheduling.inline_gauge import InlineGauge
+from agent.scheduling.scheduler import INLINE_BELOW_NS, ExecutionResult, settle
 from agent.scheduling.sequence_policy import (
     CorrelationId,
     SequenceBatcher,
@@ -44,8 +45,6 @@ from agent.tensors.signature import ValidatedRequest
 
 logger = logging.getLogger(__name__)
 
-_PROBE_RUNS = 4  # executions measured on the executor before inline is considered
-_WALL_FACTOR = 10  # wall-time limit for inline, as a multiple of the CPU-time limit
 # A batch's outputs per request, and the state each of its sequences returned.
 _Outcome = tuple[list[ExecutionResult | BaseException], list[dict[str, np.ndarray]]]
 
@@ -89,10 +88,7 @@ class SequenceScheduler:
         self._closed = False
         self._idle = asyncio.Event()
         self._idle.set()
-        self._inline_below_ns = inline_below_ns
-        self._runs = 0
-        self._exec_ns = 0.0  # moving average of one execution's CPU time on its thread
-        self._wall_ns = 0.0  # and of its wall time
+        self._gauge = InlineGauge(inline_below_ns)
 
     @property
     def policy(self) -> BatchingPolicy:
@@ -188,7 +184,7 @@ class SequenceScheduler:
         if self._timer is not None:
             self._timer.close()
         for job in self._batcher.drain():
-            _settle(job, ModelNotReadyError(f"model '{self.model}' {reason}"))
+            settle(job.future, ModelNotReadyError(f"model '{self.model}' {reason}"))
         self._states.clear()
         self._check_idle()
 
@@ -196,8 +192,8 @@ class SequenceScheduler:
         now = time.monotonic()
         expired = self._batcher.expire(now)
         for job in expired.refused:
-            _settle(
-                job,
+            settle(
+                job.future,
                 OverloadedError(
                     f"model '{self.model}': no sequence slot freed in time (all "
                     f"{self.sequence_policy.slots} taken); timeout of the corresponding "
@@ -226,11 +222,7 @@ class SequenceScheduler:
     def inline(self) -> bool:
         """Whether batches run on the event loop (measured cheaper than the hand-off to a
         thread, as in the dynamic scheduler), not on the executor."""
-        return (
-            self._runs >= _PROBE_RUNS
-            and self._exec_ns < self._inline_below_ns
-            and self._wall_ns < self._inline_below_ns * _WALL_FACTOR
-        )
+        return self._gauge.inline
 
     def _launch(self, steps: list[Step[_Job]]) -> None:
         held = [None if s.start else self._states.get(s.correlation_id) for s in steps]
@@ -335,7 +327,7 @@ class SequenceScheduler:
                     compute_infer_ns=t2 - t1,
                     compute_output_ns=t3 - t2,
                 )
-        self._measured(time.thread_time_ns() - cpu_start, run_ns)
+        self._gauge.measured(time.thread_time_ns() - cpu_start, run_ns)
         return [r for r in results if r is not None], states
 
     def _execute_decoupled(self, steps: list[Step[_Job]], started_ns: int) -> _Outcome:
@@ -370,13 +362,6 @@ class SequenceScheduler:
         ]
         return results, [{} for _ in steps]
 
-    def _measured(self, ns: int, wall_ns: int) -> None:
-        # One writer at a time per instance thread; a lost update only delays the switch.
-        first = self._runs == 0
-        self._exec_ns = ns if first else 0.75 * self._exec_ns + 0.25 * ns
-        self._wall_ns = wall_ns if first else 0.75 * self._wall_ns + 0.25 * wall_ns
-        self._runs += 1
-
     def _on_done(self, steps: list[Step[_Job]], future: asyncio.Future[_Outcome]) -> None:
         error = future.exception()
         self._complete(steps, future.result() if error is None else error)
@@ -394,13 +379,13 @@ class SequenceScheduler:
                 else BackendError(f"execution failed: {outcome}")
             )
             for step in steps:
-                _settle(step.item, failure)
+                settle(step.item.future, failure)
         else:
             results, states = outcome
             for step, result, state in zip(steps, results, states, strict=True):
                 if not step.end and not isinstance(result, BaseException):
                     self._states[step.correlation_id] = state
-                _settle(step.item, result)
+                settle(step.item.future, result)
         for corrid in self._batcher.done(steps, time.monotonic()):
             self._states.pop(corrid, None)
 
@@ -436,12 +421,3 @@ class SequenceScheduler:
 
 def _row(data: np.ndarray, row: int, batched: bool) -> np.ndarray:
     return data[row : row + 1] if batched else data
-
-
-def _settle(job: _Job, outcome: ExecutionResult | BaseException) -> None:
-    if job.future.done():  # the client went away
-        return
-    if isinstance(outcome, BaseException):
-        job.future.set_exception(outcome)
-    else:
-        job.future.set_result(outcome)

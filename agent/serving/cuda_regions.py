@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agent.errors import ConflictError, InvalidInputError, SharedMemoryNotFoundError
+from agent.serving.shared_memory import check_count, check_room, check_span
 
 logger = logging.getLogger(__name__)
 
@@ -132,13 +133,9 @@ class CudaRegionRegistry:
                 f"failed to register CUDA shared memory region '{name}': raw_handle must be a "
                 f"{IPC_HANDLE_SIZE}-byte CUDA IPC handle, got {len(raw_handle)} bytes"
             )
-        _check_count("device_id", device_id, minimum=0)
-        _check_count("byte_size", byte_size, minimum=1)
-        if len(self._regions) >= self._max_regions:
-            raise InvalidInputError(
-                f"cannot register shared memory region '{name}': {self._max_regions} regions "
-                "are registered already (unregister some first)"
-            )
+        check_count("device_id", device_id, minimum=0)
+        check_count("byte_size", byte_size, minimum=1)
+        check_room(name, len(self._regions), self._max_regions)
         try:
             buffer = self._opener.open(raw_handle, device_id, byte_size)
         except CudaCallError as exc:
@@ -245,24 +242,7 @@ def register_request_from_json(doc: Mapping[str, Any]) -> tuple[bytes, int, int]
 
 
 def _check_span(status: CudaRegionStatus, offset: int, byte_size: int) -> None:
-    """The wording of the system shared-memory checks (`agent.serving.shared_memory`)."""
-    size, name = status.byte_size, status.name
-    if offset < 0 or byte_size < 0:
-        raise InvalidInputError(f"negative offset or byte size for shared memory '{name}'")
-    if offset >= size:
-        raise InvalidInputError(
-            f"Invalid offset {offset} for shared memory region '{name}' ({size} bytes)"
-        )
-    if offset + byte_size > size:
-        raise InvalidInputError(
-            f"Invalid offset + byte size ({offset} + {byte_size}) for shared memory region "
-            f"'{name}' ({size} bytes)"
-        )
-
-
-def _check_count(label: str, value: object, *, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise InvalidInputError(f"'{label}' must be an integer >= {minimum}, got {value!r}")
+    check_span(status.name, status.byte_size, offset, byte_size)
 
 
 # -- cuda-python -----------------------------------------------------------------------------

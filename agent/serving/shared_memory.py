@@ -137,13 +137,9 @@ class SharedMemoryRegistry:
             raise InvalidInputError("shared memory region name must not be empty")
         if name in self._regions or self._on_device(name) is not None:
             raise RegionExistsError(f"shared memory region '{name}' already in manager")
-        _check_count("offset", offset, minimum=0)
-        _check_count("byte_size", byte_size, minimum=1)
-        if len(self._regions) >= self._max_regions:
-            raise InvalidInputError(
-                f"cannot register shared memory region '{name}': {self._max_regions} regions "
-                "are registered already (unregister some first)"
-            )
+        check_count("offset", offset, minimum=0)
+        check_count("byte_size", byte_size, minimum=1)
+        check_room(name, len(self._regions), self._max_regions)
         path = self._directory / _file_name(key)
         try:
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -319,20 +315,27 @@ class SharedMemoryRegistry:
     @staticmethod
     def _span(region: _Region, offset: int, byte_size: int) -> int:
         """The span's start in the mapping, after checking it lies inside the region."""
-        size = region.status.byte_size
-        name = region.status.name
-        if offset < 0 or byte_size < 0:
-            raise InvalidInputError(f"negative offset or byte size for shared memory '{name}'")
-        if offset >= size:
-            raise InvalidInputError(
-                f"Invalid offset {offset} for shared memory region '{name}' ({size} bytes)"
-            )
-        if offset + byte_size > size:
-            raise InvalidInputError(
-                f"Invalid offset + byte size ({offset} + {byte_size}) for shared memory region "
-                f"'{name}' ({size} bytes)"
-            )
+        check_span(region.status.name, region.status.byte_size, offset, byte_size)
         return region.status.offset + offset
+
+
+def check_span(name: str, size: int, offset: int, byte_size: int) -> None:
+    """Check that `byte_size` bytes at `offset` lie inside region `name` of `size` bytes.
+
+    Shared by the system and the CUDA regions (`agent.serving.cuda_regions`), so both
+    refuse a bad span with the same (Triton's) wording.
+    """
+    if offset < 0 or byte_size < 0:
+        raise InvalidInputError(f"negative offset or byte size for shared memory '{name}'")
+    if offset >= size:
+        raise InvalidInputError(
+            f"Invalid offset {offset} for shared memory region '{name}' ({size} bytes)"
+        )
+    if offset + byte_size > size:
+        raise InvalidInputError(
+            f"Invalid offset + byte size ({offset} + {byte_size}) for shared memory region "
+            f"'{name}' ({size} bytes)"
+        )
 
 
 def _file_name(key: str) -> str:
@@ -354,6 +357,16 @@ def _encodable(name: str) -> bool:
     return True
 
 
-def _check_count(label: str, value: object, *, minimum: int) -> None:
+def check_count(label: str, value: object, *, minimum: int) -> None:
+    """Check a register request's integer field (bools refused, as JSON true is not a count)."""
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise InvalidInputError(f"'{label}' must be an integer >= {minimum}, got {value!r}")
+
+
+def check_room(name: str, registered: int, max_regions: int) -> None:
+    """Refuse registering region `name` when `max_regions` are registered already."""
+    if registered >= max_regions:
+        raise InvalidInputError(
+            f"cannot register shared memory region '{name}': {max_regions} regions "
+            "are registered already (unregister some first)"
+        )

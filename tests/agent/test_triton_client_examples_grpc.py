@@ -33,6 +33,7 @@ from tests.triton_example_clients import (
     reuse_infer_objects,
     run_sequences,
     string_inference,
+    string_shm_tensors,
 )
 from tests.triton_example_models import MODEL_NAMES, example_agent, write_example_repository
 
@@ -353,20 +354,7 @@ def test_simple_grpc_shm_client(client: grpcclient.InferenceServerClient) -> Non
 def test_simple_grpc_shm_string_client(client: grpcclient.InferenceServerClient) -> None:
     client.unregister_system_shared_memory()
     client.unregister_cuda_shared_memory()
-    in0 = np.arange(16, dtype=np.int32)
-    in1 = np.ones(16, dtype=np.int32)
-    expected_sum = np.array([str(x).encode() for x in in0 + in1], dtype=object)
-    expected_diff = np.array([str(x).encode() for x in in0 - in1], dtype=object)
-    tensors = {
-        "input0_data": utils.serialize_byte_tensor(
-            np.array([str(x).encode() for x in in0], object)
-        ),
-        "input1_data": utils.serialize_byte_tensor(
-            np.array([str(x).encode() for x in in1], object)
-        ),
-        "output0_data": utils.serialize_byte_tensor(expected_sum),
-        "output1_data": utils.serialize_byte_tensor(expected_diff),
-    }
+    expected_sum, expected_diff, tensors = string_shm_tensors()
     sizes = {name: utils.serialized_byte_size(t) for name, t in tensors.items()}
     handles = {n: shm.create_shared_memory_region(n, key(f"g_{n}"), sizes[n]) for n in tensors}
     try:

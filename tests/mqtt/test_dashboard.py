@@ -14,8 +14,6 @@ import signal
 import subprocess
 import sys
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,7 +36,7 @@ from tests.pages.browser import (
     text_of,
     wait_for,
 )
-from tests.support import free_port
+from tests.support import free_port, http_get
 
 browser = browser_fixture()
 NAMES = [f"dev{i}" for i in range(5)]
@@ -199,15 +197,6 @@ def test_the_dashboard_follows_a_real_rollout_wave_by_wave_and_a_bad_versions_ro
     assert browser.execute_script("return document.activeElement.id;") == "telemetry-json"
 
 
-def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
-    request = urllib.request.Request(url, headers=headers or {})
-    try:
-        with urllib.request.urlopen(request, timeout=10) as answer:
-            return int(answer.status), bytes(answer.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-
-
 def test_with_a_token_every_route_answers_401_without_it(broker: Broker) -> None:
     dashboard = Dashboard(broker.settings(), token="s3cret")
     loop = asyncio.new_event_loop()
@@ -218,14 +207,14 @@ def test_with_a_token_every_route_answers_401_without_it(broker: Broker) -> None
     try:
         for path in ("/", "/fleet/v1/state", "/fleet/v1/devices/dev1/telemetry"):
             for headers in ({}, {"Authorization": "Bearer s3cre"}):
-                assert _get(base + path, headers) == (401, UNAUTHORIZED)
-            assert _get(base + path + "?token=nope") == (401, UNAUTHORIZED)
-        status, body = _get(base + "/fleet/v1/state", {"Authorization": "Bearer s3cret"})
+                assert http_get(base + path, headers) == (401, UNAUTHORIZED)
+            assert http_get(base + path + "?token=nope") == (401, UNAUTHORIZED)
+        status, body = http_get(base + "/fleet/v1/state", {"Authorization": "Bearer s3cret"})
         assert status == 200
         assert b'"access":"token"' in body
-        assert _get(base + "/?token=s3cret")[0] == 200
+        assert http_get(base + "/?token=s3cret")[0] == 200
         # A device never heard from: 404 with a JSON error, once the token is right.
-        status, body = _get(base + "/fleet/v1/devices/nobody/telemetry?token=s3cret")
+        status, body = http_get(base + "/fleet/v1/devices/nobody/telemetry?token=s3cret")
         assert status == 404
         assert b"nobody" in body
     finally:
@@ -244,7 +233,7 @@ def test_the_cli_serves_the_dashboard_until_sigterm(broker: Broker, tmp_path: Pa
         try:
             assert proc.stdout is not None
             assert proc.stdout.readline().strip() == f"fleet dashboard on http://127.0.0.1:{port}/"
-            status, body = _get(f"http://127.0.0.1:{port}/fleet/v1/state")
+            status, body = http_get(f"http://127.0.0.1:{port}/fleet/v1/state")
             assert status == 200
             assert json.loads(body)["access"] == "open"
             assert json.loads(body)["rollouts"] == []

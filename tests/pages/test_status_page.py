@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +25,7 @@ from tests.pages.browser import (
     wait_for,
 )
 from tests.server import http_client, running_agent
+from tests.support import http_get
 
 browser = browser_fixture()
 
@@ -53,15 +52,6 @@ def demo_agent(demo_repo: Path) -> Iterator[RunningAgent]:
     )
     with running_agent(config) as agent:
         yield agent
-
-
-def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
-    request = urllib.request.Request(url, headers=headers or {})
-    try:
-        with urllib.request.urlopen(request, timeout=10) as answer:
-            return int(answer.status), bytes(answer.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
 
 
 def _infer(client: httpclient.InferenceServerClient, count: int) -> None:
@@ -118,7 +108,7 @@ def test_the_page_shows_the_demo_models_and_a_hot_swap_without_a_reload(
 def test_the_status_json_is_compact_and_carries_the_sampled_history(
     demo_agent: RunningAgent,
 ) -> None:
-    status, body = _get(f"http://127.0.0.1:{demo_agent.http_port}/v2/status")
+    status, body = http_get(f"http://127.0.0.1:{demo_agent.http_port}/v2/status")
     assert status == 200
     doc = json.loads(body)
     assert doc["access"] == "loopback"
@@ -147,9 +137,9 @@ def token_agent(model_repo: Path) -> Iterator[RunningAgent]:
 def test_without_the_token_the_answer_is_401_and_reveals_nothing(
     token_agent: RunningAgent, path: str, headers: dict[str, str]
 ) -> None:
-    status, body = _get(f"http://127.0.0.1:{token_agent.http_port}{path}", headers)
+    status, body = http_get(f"http://127.0.0.1:{token_agent.http_port}{path}", headers)
     assert (status, body) == (401, UNAUTHORIZED)
-    status, body = _get(f"http://127.0.0.1:{token_agent.http_port}{path}?token=wrong")
+    status, body = http_get(f"http://127.0.0.1:{token_agent.http_port}{path}?token=wrong")
     assert (status, body) == (401, UNAUTHORIZED)
 
 
@@ -157,7 +147,7 @@ def test_with_the_token_the_page_opens_says_so_and_keeps_polling(
     browser: Any, token_agent: RunningAgent
 ) -> None:
     base = f"http://127.0.0.1:{token_agent.http_port}"
-    status, _ = _get(base + "/v2/status", {"Authorization": "Bearer s3cret"})
+    status, _ = http_get(base + "/v2/status", {"Authorization": "Bearer s3cret"})
     assert status == 200
     browser.get(base + "/?token=s3cret")
     assert "Token required" in text_of(browser, "#access")
@@ -171,7 +161,7 @@ def test_beyond_loopback_without_a_token_the_page_is_closed(model_repo: Path) ->
         models=ModelsConfig(repository=model_repo, intra_op_threads=1),
     )
     with running_agent(config) as agent:
-        status, body = _get(f"http://127.0.0.1:{agent.http_port}/")
+        status, body = http_get(f"http://127.0.0.1:{agent.http_port}/")
         assert (status, body) == (401, UNAUTHORIZED)
-        status, _ = _get(f"http://127.0.0.1:{agent.http_port}/v2/health/ready")
+        status, _ = http_get(f"http://127.0.0.1:{agent.http_port}/v2/health/ready")
         assert status == 200  # the API itself is governed by its own settings

@@ -12,6 +12,7 @@ from model_cache import ModelCache
 from sync.keys import init_keys
 from sync.s3 import S3Store
 from sync.store import FileStore, S3Settings
+from tests.mqtt.support import Broker
 from tests.sync.support import HttpFaults, World, http_server
 
 _AWS_ENV = {
@@ -86,3 +87,14 @@ def http_url(tmp_path: Path, http_faults: HttpFaults) -> Iterator[str]:
     yield url
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Broker]:
+    """A Mosquitto broker of this test's own (the end-to-end tests skip without mosquitto)."""
+    server = Broker(tmp_path / "broker")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

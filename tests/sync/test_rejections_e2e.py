@@ -28,16 +28,6 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture
-def broker(tmp_path: Path) -> Iterator[Broker]:
-    server = Broker(tmp_path / "broker")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
 def dev(tmp_path: Path, s3_endpoint: str, broker: Broker) -> Iterator[Device]:
     with device(tmp_path, s3_endpoint, broker) as made:
         yield made

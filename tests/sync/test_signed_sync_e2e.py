@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +26,6 @@ pytestmark = pytest.mark.skipif(
     not (shutil.which("mosquitto") or Path("/usr/sbin/mosquitto").exists()),
     reason="mosquitto is not installed (make test installs it)",
 )
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[Broker]:
-    server = Broker(tmp_path / "broker")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def publish_signed(dev: Device, version: int, key: SigningKey, *, tamper: bool = False) -> None:
