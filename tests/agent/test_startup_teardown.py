@@ -79,7 +79,7 @@ def test_a_port_in_use_after_http_and_the_watcher_started(tmp_path: Path, busy_p
         server=ServerConfig(http_port=http, grpc_port=busy_port, metrics_port=-1),
         models=ModelsConfig(repository=repo, control_mode="poll"),
     )
-    _start_fails(config, OSError, "")
+    _start_fails(config, OSError, str(busy_port))
     _assert_released(http)
 
 
