@@ -218,6 +218,12 @@ def sample(datatype: str, shape: tuple[int, ...], rng: np.random.Generator) -> n
     return rng.standard_normal(size=shape).astype(dtype)
 
 
+# perf_analyzer fails a run whose windows differ by more than --stability-percentage; on a shared
+# 2-core CI host they do. These tests check that requests succeed, not that the load is steady,
+# so any spread counts as stable and exactly three windows are measured.
+PERF_ANALYZER_FIXED_WINDOWS = ("--stability-percentage", "100000", "--max-trials", "3")
+
+
 def perf_analyzer() -> str:
     """Triton's perf_analyzer binary, or skip the test saying how to install it."""
     path = os.environ.get("PERF_ANALYZER", "")

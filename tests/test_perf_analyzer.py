@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from agent.runtime.daemon import RunningAgent
-from tests.support import perf_analyzer
+from tests.support import PERF_ANALYZER_FIXED_WINDOWS, perf_analyzer
 
 
 @pytest.mark.parametrize("model", ["mlp_classifier", "mixed_add"])
@@ -32,10 +32,7 @@ def test_perf_analyzer_concurrency_4_no_errors(agent: RunningAgent, model: str) 
             "binary",
             "--output-tensor-format",
             "binary",
-            "--stability-percentage",
-            "100",
-            "--max-trials",
-            "5",
+            *PERF_ANALYZER_FIXED_WINDOWS,
         ],
         capture_output=True,
         text=True,

@@ -21,7 +21,7 @@ from tritonclient.utils import InferenceServerException
 from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.runtime.daemon import RunningAgent
 from tests.server import running_agent
-from tests.support import perf_analyzer
+from tests.support import PERF_ANALYZER_FIXED_WINDOWS, perf_analyzer
 
 Client = Any  # httpclient or grpcclient InferenceServerClient: the same shared-memory calls
 
@@ -218,10 +218,7 @@ def test_perf_analyzer_with_system_shared_memory(agent: RunningAgent, protocol: 
             "1000",
             "-b",
             "1",
-            "--stability-percentage",
-            "100",
-            "--max-trials",
-            "3",
+            *PERF_ANALYZER_FIXED_WINDOWS,
         ],
         capture_output=True,
         text=True,
