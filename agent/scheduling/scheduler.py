@@ -8,12 +8,12 @@ per instance), splits the outputs back per request and records statistics.
 
 Tiny models run inline: handing a batch to an executor thread and its result back costs the event
 loop about 300 µs of CPU per execution (thread wake-ups and GIL ping-pong, measured with
-`bench.cpu_per_request`), twenty times what the demo MLP takes to compute. Once a version's
-measured execution CPU time is below `inline_below_ns`, and its wall time below ten times that
-(a GPU model can wait for its device without using CPU), its batches run on the event loop
-thread instead; a slower execution moves it back to the executor. The wall time is that of the
-backend's `run` alone: on the executor it also holds the wait for the GIL afterwards, so the
-limit on it sits well above the CPU one.
+`bench.cpu_per_request`), more than the demo MLP takes to compute. Once a version's measured
+execution CPU time is below `inline_below_ns`, and its wall time below five times that (a GPU
+model can wait for its device without using CPU), its batches run on the event loop thread
+instead; executions well over either bar move it back to the executor
+(`agent.scheduling.inline_gauge` has the rules: wall times measured on the executor hold the
+wait for the GIL, so only the quickest of them counts).
 
 Memory: with `max_batch_bytes` (from the model's memory plan), a request whose tensors alone
 (inputs, plus a lower bound on its outputs) need more is refused with `PayloadTooLargeError`,
@@ -51,8 +51,10 @@ from agent.scheduling.statistics import ModelStatistics
 from agent.tensors.limits import rows_within, tensor_bytes
 from agent.tensors.signature import ValidatedRequest
 
-# Executions that may block the event loop: the hand-off they skip costs more than this.
-INLINE_BELOW_NS = 100_000
+# Executions that may block the event loop: the hand-off they skip costs more than this
+# (~300 µs of the loop's CPU). Twice what the benchmark MLP takes on a loaded 2-core host (up
+# to ~110 µs of CPU in ONNX Runtime), so that such a model stays on the loop.
+INLINE_BELOW_NS = 200_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,7 +287,7 @@ class ModelScheduler:
                 compute_infer_ns=t1 - t0,
                 compute_output_ns=0,
             )
-        self._gauge.measured(time.thread_time_ns() - cpu_start, t1 - t0)
+        self._gauge.measured(time.thread_time_ns() - cpu_start, t1 - t0, on_loop=True)
         return ExecutionResult(outputs, 0, 0, t1 - t0, 0, request.batch_size)
 
     async def drain(self) -> None:
@@ -355,14 +357,14 @@ class ModelScheduler:
             # Completes here; the caller's dispatch loop takes the next batch (no recursion).
             try:
                 outcome: list[ExecutionResult | BaseException] | BaseException = self._execute(
-                    jobs, started
+                    jobs, started, True
                 )
             except Exception as exc:  # noqa: BLE001 - reported to the requests as BackendError
                 outcome = exc
             self._complete(jobs, outcome)
             return
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._executor, self._execute, jobs, started)
+        future = loop.run_in_executor(self._executor, self._execute, jobs, started, False)
         future.add_done_callback(lambda f: self._on_done(jobs, f))
 
     def _arm_timer(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -384,9 +386,9 @@ class ModelScheduler:
         self._dispatch()
 
     def _execute(
-        self, jobs: Sequence[_Job], started_ns: int
+        self, jobs: Sequence[_Job], started_ns: int, on_loop: bool
     ) -> list[ExecutionResult | BaseException]:
-        """Run in an executor thread (or inline): concatenate, run, split."""
+        """Run in an executor thread (or inline, `on_loop`): concatenate, run, split."""
         if jobs[0].sink is not None:
             return self._execute_decoupled(jobs, started_ns)
         cpu_start = time.thread_time_ns()
@@ -476,7 +478,7 @@ class ModelScheduler:
                     compute_infer_ns=t2 - t1,
                     compute_output_ns=t3 - t2,
                 )
-        self._gauge.measured(time.thread_time_ns() - cpu_start, run_ns)
+        self._gauge.measured(time.thread_time_ns() - cpu_start, run_ns, on_loop=on_loop)
         return [r for r in results if r is not None]
 
     def _execute_decoupled(

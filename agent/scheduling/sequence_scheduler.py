@@ -229,13 +229,13 @@ class SequenceScheduler:
         started = time.perf_counter_ns()
         if self.inline:  # completes here; the caller's dispatch loop takes the next batch
             try:
-                outcome: _Outcome | BaseException = self._execute(steps, held, started)
+                outcome: _Outcome | BaseException = self._execute(steps, held, started, True)
             except Exception as exc:  # noqa: BLE001 - reported to the requests as BackendError
                 outcome = exc
             self._complete(steps, outcome)
             return
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._executor, self._execute, steps, held, started)
+        future = loop.run_in_executor(self._executor, self._execute, steps, held, started, False)
         future.add_done_callback(lambda f: self._on_done(steps, f))
 
     def _execute(
@@ -243,8 +243,10 @@ class SequenceScheduler:
         steps: list[Step[_Job]],
         held: list[dict[str, np.ndarray] | None],
         started_ns: int,
+        on_loop: bool,
     ) -> _Outcome:
-        """Run in an executor thread (or inline): one batch of one request per sequence."""
+        """Run in an executor thread (or inline, `on_loop`): one batch of one request per
+        sequence."""
         if steps[0].item.sink is not None:
             return self._execute_decoupled(steps, started_ns)
         cpu_start = time.thread_time_ns()
@@ -327,7 +329,7 @@ class SequenceScheduler:
                     compute_infer_ns=t2 - t1,
                     compute_output_ns=t3 - t2,
                 )
-        self._gauge.measured(time.thread_time_ns() - cpu_start, run_ns)
+        self._gauge.measured(time.thread_time_ns() - cpu_start, run_ns, on_loop=on_loop)
         return [r for r in results if r is not None], states
 
     def _execute_decoupled(self, steps: list[Step[_Job]], started_ns: int) -> _Outcome:

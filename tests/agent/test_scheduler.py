@@ -230,7 +230,7 @@ def test_executions_count_the_same_inline_and_on_the_executor(onnx_backend: Onnx
 
 def test_a_model_that_waits_without_cpu_stays_on_the_executor(onnx_backend: OnnxBackend) -> None:
     backend = RecordingBackend(onnx_backend)
-    backend.device_wait_s = 0.05  # 50 ms of wall time, almost no CPU: limits 1 ms CPU, 10 ms wall
+    backend.device_wait_s = 0.05  # 50 ms of wall time, almost no CPU: limits 1 ms CPU, 5 ms wall
     outputs, loop_thread, inline = run_scheduler(backend, 1_000_000, range(6))
     assert not inline
     assert loop_thread not in backend.threads
@@ -291,3 +291,37 @@ def test_cancelled_requests_are_skipped_in_the_queue_and_signalled_while_running
         asyncio.run(main())
     # Three executions would mean the cancelled queued request ran: it must not.
     assert backend.seen == [[True], [False]]
+
+
+def test_stalls_on_the_loop_move_a_model_back_only_when_they_repeat(
+    onnx_backend: OnnxBackend,
+) -> None:
+    backend = RecordingBackend(onnx_backend)
+    with ThreadPoolExecutor(1) as executor:
+
+        async def main() -> None:
+            scheduler = ModelScheduler(
+                model="mlp",
+                version=1,
+                backend=backend,
+                policy=BatchingPolicy(max_batch_size=8, dynamic_batching=False),
+                instances=1,
+                executor=executor,
+                inline_below_ns=1_000_000,  # 1 ms of CPU, 5 ms of wall; leaves at 10 ms twice
+            )
+            loop_thread = threading.get_ident()
+            await submit_each(scheduler, range(4))
+            assert scheduler.inline
+            backend.device_wait_s = 0.05  # stalls on the loop, as a preempted thread would
+            await submit_each(scheduler, [4])
+            assert scheduler.inline  # one stall
+            await submit_each(scheduler, [5])
+            assert not scheduler.inline  # two in a row
+            backend.device_wait_s = 0.0
+            await submit_each(scheduler, [6, 7])  # quick again on the executor: back inline
+            assert scheduler.inline
+            assert backend.threads[4:6] == [loop_thread] * 2
+            assert backend.threads[6] != loop_thread
+            assert backend.threads[7] == loop_thread
+
+        asyncio.run(main())
