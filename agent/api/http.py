@@ -4,9 +4,10 @@ inference, health, metadata, statistics and canary handlers.
 Handlers are thin: parse with `agent.api.http_codec`, call `agent.serving.dataplane`, serialize.
 The other extensions' handlers live beside this: `agent.api.http_repository` (model repository
 and versions), `agent.api.http_settings` (trace, logging), `agent.api.http_shared_memory`.
-One middleware maps every error to a status code (`STATUS_FOR_ERROR`, read through
-`agent.errors.lookup`) and Triton's `{"error": "..."}` body; an unexpected exception is logged
-with its traceback and answered as a JSON 500, never as aiohttp's plain-text page.
+One middleware (`request_middleware`) checks the status page's token and restricted API groups,
+reads the body up front, and maps every error to a status code (`STATUS_FOR_ERROR`, read
+through `agent.errors.lookup`) and Triton's `{"error": "..."}` body; an unexpected exception is
+logged with its traceback and answered as a JSON 500, never as aiohttp's plain-text page.
 """
 
 from __future__ import annotations
@@ -37,7 +38,12 @@ from agent.api.http_context import (
     target,
 )
 from agent.api.http_generate import REFUSAL, generate_routes
-from agent.api.http_limits import ClientTimeoutError, body_middleware, must_close, read_body
+from agent.api.http_limits import (
+    ClientTimeoutError,
+    must_close,
+    read_body,
+    read_body_up_front,
+)
 from agent.api.model_load import ModelLoadFailedError
 from agent.api.openapi import openapi_bytes
 from agent.api.status_page import (
@@ -75,7 +81,7 @@ from agent.errors import (
     UnsupportedError,
     lookup,
 )
-from agent.pages import token_middleware
+from agent.pages import request_token, token_matches, unauthorized
 from agent.serving.dataplane import DataPlane
 from agent.tensors.limits import DEFAULT_MAX_BYTES_ELEMENTS, TensorLimits
 
@@ -127,12 +133,43 @@ def error_response(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
 
-def error_middleware(max_request_bytes: int) -> Middleware:
-    """Turn agent errors and aiohttp's own HTTP errors into Triton-style JSON errors."""
+def request_middleware(
+    max_request_bytes: int,
+    body_timeout_s: float,
+    access: ApiAccess | None,
+    status_token: Callable[[], str | None] | None,
+) -> Middleware:
+    """What every request goes through before its handler, in this order, as one layer (each
+    middleware layer costs a coroutine per request on the event loop):
+
+    1. the status page's token (`status_token` gives the token in force, None: open), answered
+       401 before anything else is read;
+    2. restricted API groups (`access`): refused without their header, before the body is read;
+    3. the body, read up front within its size limit and timeout (`agent.api.http_limits`);
+    4. errors, from any of these or the handler: agent errors and aiohttp's own HTTP errors
+       become Triton-style JSON errors; an unexpected exception is logged with its traceback
+       and answered as a JSON 500.
+    """
+    guarded = frozenset(STATUS_PATHS)
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
+            if status_token is not None or access is not None:
+                resource = request.match_info.route.resource  # None: 404/405, from aiohttp
+                guard = resource is not None and resource.canonical in guarded
+                if status_token is not None and guard:
+                    token = status_token()
+                    if token is not None and not token_matches(request_token(request), token):
+                        return unauthorized()
+                restrictions = access.http if access is not None else None  # a reload swaps it
+                if restrictions and resource is not None:
+                    endpoint = http_endpoint(request.method, resource.canonical)
+                    refusal = restrictions.refusal(endpoint, request.headers)  # case-insensitive
+                    if refusal is not None:
+                        raise RestrictedApiError(refusal)
+            if request.body_exists:
+                await read_body_up_front(request, max_request_bytes, body_timeout_s)
             return await handler(request)
         except AgentError as exc:
             # no path of the device in what the client reads
@@ -157,23 +194,6 @@ def error_middleware(max_request_bytes: int) -> Middleware:
     return middleware
 
 
-def restriction_middleware(access: ApiAccess) -> Middleware:
-    """Refuse requests to a restricted API group without its header (before the body is read)."""
-
-    @web.middleware
-    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        restrictions = access.http  # read once: a reload swaps it
-        resource = request.match_info.route.resource
-        if restrictions and resource is not None:  # None: 404/405, answered by aiohttp
-            endpoint = http_endpoint(request.method, resource.canonical)
-            refusal = restrictions.refusal(endpoint, request.headers)  # case-insensitive
-            if refusal is not None:
-                raise RestrictedApiError(refusal)
-        return await handler(request)
-
-    return middleware
-
-
 def create_app(
     dataplane: DataPlane,
     *,
@@ -187,12 +207,7 @@ def create_app(
     """Build the HTTP application around a data plane (limits: `agent.api.http_limits`;
     restricted API groups: `agent.api.access`; the status page: `agent.api.status_page`, with
     `status_token` giving the token it needs, None: open)."""
-    middlewares = [error_middleware(max_request_bytes)]
-    if status_token is not None:
-        middlewares.append(token_middleware(status_token, STATUS_PATHS))
-    if access is not None:
-        middlewares.append(restriction_middleware(access))
-    middlewares.append(body_middleware(max_request_bytes, body_timeout_s))
+    middlewares = [request_middleware(max_request_bytes, body_timeout_s, access, status_token)]
     app = web.Application(
         middlewares=middlewares,
         client_max_size=max_request_bytes,

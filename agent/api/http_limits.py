@@ -11,7 +11,7 @@ listening socket and adds both:
   connection that sends nothing, or keep-alive after a response), is closed.
 
 A request "runs" from the moment its handler is entered (headers complete) until it returns:
-`guard_middleware` tells the guard. `body_middleware` then bounds the body: a declared
+`guard_middleware` tells the guard. `read_body_up_front` then bounds the body: a declared
 Content-Length over the limit is refused (413) before a byte of it is read, and a body that does
 not arrive within `body_timeout_s` gets 408; both close the connection, since the rest of the
 body is never read.
@@ -207,38 +207,32 @@ class ConnectionGuard:
         return guard_middleware
 
 
-def body_middleware(max_bytes: int, body_timeout_s: float) -> Middleware:
-    """Read each body up front, within the size limit and the body timeout (see module doc).
+async def read_body_up_front(request: web.Request, max_bytes: int, body_timeout_s: float) -> None:
+    """Read a request's body before its handler runs, within the size limit and the body
+    timeout (see module doc); aiohttp keeps it, so the handler's `read()` returns it.
 
     Raises (to the error middleware):
         PayloadTooLargeError: the declared Content-Length is over `max_bytes` (nothing read).
         ClientTimeoutError: the body did not arrive in time.
         InvalidInputError: the body cannot be read as sent (see `read_body`).
     """
-
-    @web.middleware
-    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.body_exists:
-            declared = request.content_length
-            if declared is not None and declared > max_bytes:
-                raise PayloadTooLargeError(
-                    f"request body of {declared} bytes is over the limit of {max_bytes} bytes "
-                    "(server.max_request_bytes)"
-                )
-            if request.content.is_eof():  # all arrived with the headers: no timer needed
-                await read_body(request)  # aiohttp keeps the body: the handler's read() returns it
-                return await handler(request)
-            started = time.monotonic()
-            try:
-                await asyncio.wait_for(read_body(request), body_timeout_s)
-            except asyncio.TimeoutError:  # TimeoutError from 3.11 on
-                raise ClientTimeoutError(
-                    f"request body not received within {time.monotonic() - started:.1f} s "
-                    f"(server.body_timeout_ms)"
-                ) from None
-        return await handler(request)
-
-    return middleware
+    declared = request.content_length
+    if declared is not None and declared > max_bytes:
+        raise PayloadTooLargeError(
+            f"request body of {declared} bytes is over the limit of {max_bytes} bytes "
+            "(server.max_request_bytes)"
+        )
+    if request.content.is_eof():  # all arrived with the headers: no timer needed
+        await read_body(request)
+        return
+    started = time.monotonic()
+    try:
+        await asyncio.wait_for(read_body(request), body_timeout_s)
+    except asyncio.TimeoutError:  # TimeoutError from 3.11 on
+        raise ClientTimeoutError(
+            f"request body not received within {time.monotonic() - started:.1f} s "
+            f"(server.body_timeout_ms)"
+        ) from None
 
 
 async def read_body(request: web.Request) -> bytes:
