@@ -325,12 +325,14 @@ async def _canary_stop(request: web.Request) -> web.Response:
 
 
 async def _infer(request: web.Request) -> web.Response:
-    if dataplane_of(request).tracer.active:
+    app = request.app
+    dataplane = app[DATAPLANE]
+    if dataplane.tracer.active:
         return await _infer_traced(request)
     header_length = _header_length(request)
     body = await read_body(request)
-    infer_request = decode_infer_request(body, header_length, limits=request.app[TENSOR_LIMITS])
-    response = await dataplane_of(request).infer(*target(request), infer_request, refusal=REFUSAL)
+    infer_request = decode_infer_request(body, header_length, limits=app[TENSOR_LIMITS])
+    response = await dataplane.infer(*target(request), infer_request, refusal=REFUSAL)
     return _infer_response(*encode_infer_response(response, infer_request))
 
 

@@ -195,7 +195,8 @@ class ModelScheduler:
         """
         if self._closed:
             raise ModelNotReadyError(f"model '{self.model}' version {self.version} is unloading")
-        if len(self._former) >= self._max_pending:
+        queued = len(self._former)  # a sum over the priority levels: read once
+        if queued >= self._max_pending:
             raise OverloadedError(
                 f"Exceeds maximum queue size: model '{self.model}' has {self._max_pending} "
                 "requests queued; retry later"
@@ -214,8 +215,8 @@ class ModelScheduler:
             and timeout_us is None
             and self._free == self._instances
             and self._holding == 0
-            and not self._former
-            and self.inline
+            and not queued
+            and self._gauge.inline
             and self._alone_now(request)
         ):
             return self._run_now(request)

@@ -239,8 +239,9 @@ class DataPlane(ModelControl, StreamedInference):
             trace = self._child_trace(name, request)
         if trace is not None:
             trace.stamp("REQUEST_START", start)
-        sequence = sequence_parameters(request.parameters)
-        owner = None if version else self._sequences.find(name, sequence)
+        params = request.parameters
+        sequence = sequence_parameters(params) if params else None  # most requests have none
+        owner = None if version or sequence is None else self._sequences.find(name, sequence)
         if owner is None:  # a live sequence's old build is draining: its requests must not wait
             await self.manager.wait_if_swapping(name)
         routed = None if version or owner else self.canary.route(name)  # canary: unversioned only
@@ -264,7 +265,7 @@ class DataPlane(ModelControl, StreamedInference):
                 raise InvalidInputError(f"[request id: {tag}] {exc.message}") from None
             if trace is not None:
                 valid = self._trace_inputs(trace, request, valid, served.signature)
-            priority, timeout_us = scheduling_parameters(request.parameters)
+            priority, timeout_us = scheduling_parameters(params) if params else (None, None)
             if self._cache is not None and served.config.response_cache.enable:
                 lookup = time.perf_counter_ns()
                 # Keyed by the build, not the version number: a version rebuilt under the same
