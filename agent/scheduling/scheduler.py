@@ -9,7 +9,7 @@ per instance), splits the outputs back per request and records statistics.
 Tiny models run inline: handing a batch to an executor thread and its result back costs the event
 loop about 300 µs of CPU per execution (thread wake-ups and GIL ping-pong, measured with
 `bench.cpu_per_request`), more than the demo MLP takes to compute. Once a version's measured
-execution CPU time is below `inline_below_ns`, and its wall time below five times that (a GPU
+execution CPU time is below `inline_below_ns`, and its wall time below ten times that (a GPU
 model can wait for its device without using CPU), its batches run on the event loop thread
 instead; executions well over either bar move it back to the executor
 (`agent.scheduling.inline_gauge` has the rules: wall times measured on the executor hold the
@@ -51,10 +51,10 @@ from agent.scheduling.statistics import ModelStatistics
 from agent.tensors.limits import rows_within, tensor_bytes
 from agent.tensors.signature import ValidatedRequest
 
-# Executions that may block the event loop: the hand-off they skip costs more than this
-# (~300 µs of the loop's CPU). Twice what the benchmark MLP takes on a loaded 2-core host (up
-# to ~110 µs of CPU in ONNX Runtime), so that such a model stays on the loop.
-INLINE_BELOW_NS = 200_000
+# Executions that may block the event loop: the hand-off they skip costs more than this.
+# (At 200 µs the benchmark MLP's dynamically batched executions moved inline too, and cost
+# more CPU per request there than on the executor: fewer requests join each batch.)
+INLINE_BELOW_NS = 100_000
 
 
 @dataclass(frozen=True, slots=True)

@@ -230,7 +230,7 @@ def test_executions_count_the_same_inline_and_on_the_executor(onnx_backend: Onnx
 
 def test_a_model_that_waits_without_cpu_stays_on_the_executor(onnx_backend: OnnxBackend) -> None:
     backend = RecordingBackend(onnx_backend)
-    backend.device_wait_s = 0.05  # 50 ms of wall time, almost no CPU: limits 1 ms CPU, 5 ms wall
+    backend.device_wait_s = 0.05  # 50 ms of wall time, almost no CPU: limits 1 ms CPU, 10 ms wall
     outputs, loop_thread, inline = run_scheduler(backend, 1_000_000, range(6))
     assert not inline
     assert loop_thread not in backend.threads
@@ -307,7 +307,7 @@ def test_stalls_on_the_loop_move_a_model_back_only_when_they_repeat(
                 policy=BatchingPolicy(max_batch_size=8, dynamic_batching=False),
                 instances=1,
                 executor=executor,
-                inline_below_ns=1_000_000,  # 1 ms of CPU, 5 ms of wall; leaves at 10 ms twice
+                inline_below_ns=1_000_000,  # 1 ms of CPU, 10 ms of wall; leaves at 20 ms twice
             )
             loop_thread = threading.get_ident()
             await submit_each(scheduler, range(4))
