@@ -157,8 +157,8 @@ def request_middleware(
         try:
             if status_token is not None or access is not None:
                 resource = request.match_info.route.resource  # None: 404/405, from aiohttp
-                guard = resource is not None and resource.canonical in guarded
-                if status_token is not None and guard:
+                on_status_page = resource is not None and resource.canonical in guarded
+                if status_token is not None and on_status_page:
                     token = status_token()
                     if token is not None and not token_matches(request_token(request), token):
                         return unauthorized()
