@@ -93,6 +93,7 @@ class GrpcProtocol(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._idle_ticks = 0
         self._seen = 0
+        self._flush_soon = False
         self.closed = asyncio.get_running_loop().create_future()
 
     # Transport events -------------------------------------------------------------------------
@@ -228,7 +229,7 @@ class GrpcProtocol(asyncio.Protocol):
             async for reply in call.method.handler(requests(), call.context):
                 if not self._reply(sid, reply):
                     return
-                self._write()
+                self._write_soon()
                 while self._core.backlog(sid) > _BACKLOG_LIMIT and sid in self._calls:
                     self._windows = self._windows or asyncio.Event()
                     self._windows.clear()
@@ -264,9 +265,7 @@ class GrpcProtocol(asyncio.Protocol):
         if call.deadline is not None:
             call.deadline.cancel()
         self._core.finish(sid, status, message)
-        self._write()
-        if self._core.closing and not self._core.streams:
-            self._close()
+        self._write_soon()
 
     def _end(self, sid: int, status: int, message: str) -> None:
         """End a call from outside its handler (its task, if any, is cancelled)."""
@@ -287,6 +286,19 @@ class GrpcProtocol(asyncio.Protocol):
                 call.deadline.cancel()
 
     # Connection -------------------------------------------------------------------------------
+
+    def _write_soon(self) -> None:
+        """Write at the end of this loop iteration: the calls that finish in the same one (the
+        model's answers come back together) go out in one send."""
+        if not self._flush_soon:
+            self._flush_soon = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_soon = False
+        self._write()
+        if self._core.closing and not self._core.streams:
+            self._close()
 
     def _write(self) -> None:
         data = self._core.data_to_send()
