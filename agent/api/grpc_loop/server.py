@@ -265,7 +265,10 @@ class GrpcProtocol(asyncio.Protocol):
         if call.deadline is not None:
             call.deadline.cancel()
         self._core.finish(sid, status, message)
-        self._write_soon()
+        if self._calls:
+            self._write_soon()  # others may finish in this iteration: one send for all
+        else:
+            self._flush()
 
     def _end(self, sid: int, status: int, message: str) -> None:
         """End a call from outside its handler (its task, if any, is cancelled)."""
