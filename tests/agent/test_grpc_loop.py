@@ -78,6 +78,15 @@ def test_a_message_over_the_limit_is_resource_exhausted(
     assert stub.ModelInfer(mlp_request(), timeout=30).model_name == "mlp_classifier"
 
 
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compressed_requests_are_served(agent: RunningAgent, algorithm: str) -> None:
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{agent.grpc_port}")
+    tensor = grpcclient.InferInput("INPUT0", [1, 64], "FP32")
+    tensor.set_data_from_numpy(np.zeros((1, 64), np.float32))
+    result = client.infer("mlp_classifier", [tensor], compression_algorithm=algorithm)
+    assert result.as_numpy("OUTPUT0").shape == (1, 10)
+
+
 def test_an_unknown_method_is_unimplemented(agent: RunningAgent) -> None:
     with grpc.insecure_channel(f"127.0.0.1:{agent.grpc_port}") as channel:
         call: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zlib
+
 import hpack
 import pytest
 
@@ -246,3 +248,29 @@ def test_a_client_reset_ends_the_call() -> None:
     conn.data_to_send()
     conn.finish(1, 0)  # the handler's late answer goes nowhere
     assert conn.data_to_send() == b""
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_a_compressed_message_is_inflated_within_the_limit(encoding: str) -> None:
+    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
+    packer = zlib.compressobj(wbits=wbits)
+    small = packer.compress(b"a" * 100) + packer.flush()
+    conn = c.Connection(max_message=1000)
+    handshake(conn)
+    encoder = hpack.Encoder()
+    headers = request_headers(encoder, **{"grpc-encoding": encoding})
+    events = conn.receive(
+        f.frame(f.HEADERS, f.END_HEADERS, 1, headers)
+        + f.frame(f.DATA, f.END_STREAM, 1, b"\x01" + message(small)[1:])
+    )
+    assert c.MessageReceived(1, b"a" * 100) in events
+    packer = zlib.compressobj(wbits=wbits)
+    bomb = packer.compress(b"a" * 5000) + packer.flush()  # small on the wire, over once inflated
+    conn.data_to_send()
+    headers = request_headers(encoder, **{"grpc-encoding": encoding})
+    events = conn.receive(
+        f.frame(f.HEADERS, f.END_HEADERS, 3, headers)
+        + f.frame(f.DATA, f.END_STREAM, 3, b"\x01" + message(bomb)[1:])
+    )
+    assert events[-1] == c.StreamReset(3)
+    assert decoded_headers(parse_all(conn.data_to_send())[0][3])["grpc-status"] == "8"

@@ -11,8 +11,8 @@ Invariants:
   credit back once half of a window is consumed (not per request);
 * a response never exceeds the peer's windows: what does not fit waits in the stream's backlog
   and goes out on WINDOW_UPDATE, its trailers after it;
-* a message's length is checked at its 5-byte prefix: over `max_message` the call ends with
-  RESOURCE_EXHAUSTED before the body is buffered; a compressed message ends with UNIMPLEMENTED;
+* a call's messages are cut out of its DATA by `messages.MessageReader` (the size limit at each
+  prefix, gzip/deflate); one it refuses ends the call with its status (`StreamReset`);
 * a broken frame, preface or header block ends the connection with GOAWAY (`ConnectionEnded`);
   a stream-level refusal (too many streams) is an RST_STREAM, the connection goes on.
 """
@@ -26,12 +26,12 @@ import hpack
 from hpack import HPACKError
 
 from agent.api.grpc_loop import frames as f
+from agent.api.grpc_loop.messages import CallRefusedError, MessageReader
 
 OUR_WINDOW = 16 * 1024 * 1024
 OUR_MAX_FRAME = 1024 * 1024
 MAX_HEADER_BLOCK = 64 * 1024
-_RESOURCE_EXHAUSTED = 8
-_UNIMPLEMENTED = 12
+_INTERNAL = 13
 _HIGH_BYTES = bytes(range(0x80, 0x100))
 _CACHED_BLOCKS = 64
 
@@ -85,24 +85,22 @@ Event = RequestStarted | MessageReceived | InputEnded | StreamReset | Connection
 class _Stream:
     __slots__ = (
         "backlog",
-        "body",
-        "expect",
         "headers_sent",
         "id",
+        "reader",
         "recv_unacked",
         "remote_closed",
         "send_window",
         "trailers",
     )
 
-    def __init__(self, stream_id: int, send_window: int) -> None:
+    def __init__(self, stream_id: int, send_window: int, max_message: int) -> None:
         self.id = stream_id
         self.send_window = send_window
         self.recv_unacked = 0
         self.headers_sent = False
         self.remote_closed = False
-        self.body = bytearray()
-        self.expect = -1  # length of the message being read; -1: at a prefix
+        self.reader = MessageReader(max_message)
         self.backlog: deque[memoryview] = deque()
         self.trailers: bytes | None = None  # waiting for the backlog to drain
 
@@ -236,7 +234,10 @@ class Connection:
         if self.closing or len(self.streams) >= self.max_streams:
             self._out.append(f.rst_stream_frame(sid, f.REFUSED_STREAM))
             return
-        stream = _Stream(sid, self._peer_window)
+        stream = _Stream(sid, self._peer_window, self.max_message)
+        for name, value in parsed[1]:
+            if name == "grpc-encoding":
+                stream.reader.encoding = value
         self.streams[sid] = stream
         self.opened += 1
         events.append(RequestStarted(sid, *parsed))
@@ -287,52 +288,20 @@ class Connection:
             if stream.recv_unacked >= OUR_WINDOW // 2:
                 self._out.append(f.window_update_frame(sid, stream.recv_unacked))
                 stream.recv_unacked = 0
-        body = stream.body
-        if not body and stream.expect < 0 and len(payload) >= f.GRPC_PREFIX_SIZE:
-            # The usual case: one whole message in one frame, taken without a copy.
-            compressed, length = f.parse_grpc_prefix(payload[:5])
-            if not compressed and length == len(payload) - 5 and length <= self.max_message:
-                events.append(MessageReceived(sid, payload[5:]))
-                payload = b""
-        if payload:
-            body += payload
-            if not self._messages(stream, events):
-                return  # the call was ended here
+        try:
+            for message in stream.reader.feed(payload):
+                events.append(MessageReceived(sid, message))
+        except CallRefusedError as refused:
+            self._refuse(stream, refused.status, refused.message)
+            events.append(StreamReset(sid))
+            return
         if flags & f.END_STREAM:
             self._remote_end(stream, events)
 
-    def _messages(self, stream: _Stream, events: list[Event]) -> bool:
-        """Cut the complete messages out of a stream's body; False when the call was refused."""
-        body = stream.body
-        while True:
-            if stream.expect < 0:
-                if len(body) < f.GRPC_PREFIX_SIZE:
-                    return True
-                compressed, length = f.parse_grpc_prefix(bytes(body[:5]))
-                if compressed:
-                    self._refuse(stream, _UNIMPLEMENTED, "compressed messages are not supported")
-                    events.append(StreamReset(stream.id))
-                    return False
-                if length > self.max_message:
-                    self._refuse(
-                        stream,
-                        _RESOURCE_EXHAUSTED,
-                        f"Received message larger than max ({length} vs. {self.max_message})",
-                    )
-                    events.append(StreamReset(stream.id))
-                    return False
-                stream.expect = length
-            if len(body) < 5 + stream.expect:
-                return True
-            end = 5 + stream.expect
-            events.append(MessageReceived(stream.id, bytes(body[5:end])))
-            del body[:end]
-            stream.expect = -1
-
     def _remote_end(self, stream: _Stream, events: list[Event]) -> None:
         stream.remote_closed = True
-        if stream.body:
-            self._refuse(stream, 13, "the request ended inside a message")  # INTERNAL
+        if stream.reader.inside_message:
+            self._refuse(stream, _INTERNAL, "the request ended inside a message")
             events.append(StreamReset(stream.id))
             return
         events.append(InputEnded(stream.id))
