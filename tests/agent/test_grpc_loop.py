@@ -7,9 +7,11 @@ restricted protocols, TLS, perf_analyzer.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import socket
 import subprocess
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,6 +23,8 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from agent.api.grpc_loop import frames
+from agent.api.grpc_loop.server import LoopGrpcServer, Method
+from agent.api.http_limits import ConnectionLimits
 from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.proto import grpc_service_pb2 as pb
 from agent.proto import grpc_service_pb2_grpc as pb_grpc
@@ -380,3 +384,51 @@ def test_a_reloaded_certificate_serves_new_connections(secure: RunningAgent, pki
         assert client.is_server_live()
     finally:
         client.close()
+
+
+# --- graceful stop -----------------------------------------------------------------------------
+
+
+def test_stop_refuses_new_connections_and_lets_open_calls_finish() -> None:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    entered, release = threading.Event(), asyncio.Event()
+
+    async def slow_live(request: pb.ServerLiveRequest, context: object) -> pb.ServerLiveResponse:
+        entered.set()
+        await release.wait()
+        return pb.ServerLiveResponse(live=True)
+
+    methods = {
+        "/inference.GRPCInferenceService/ServerLive": Method(
+            slow_live, pb.ServerLiveRequest, streaming=False
+        )
+    }
+    server = LoopGrpcServer(
+        methods, max_message_bytes=LIMIT, limits=ConnectionLimits(), access=None
+    )
+    try:
+        port = asyncio.run_coroutine_threadsafe(server.start("127.0.0.1", 0, None), loop).result(30)
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+            call = stub.ServerLive.future(pb.ServerLiveRequest(), timeout=30)
+            assert entered.wait(30)
+            stopped = asyncio.run_coroutine_threadsafe(server.stop(30), loop)
+            wait_until(lambda: not _accepts(port), "the listener to close")
+            assert not stopped.done()  # the open call holds the stop
+            loop.call_soon_threadsafe(release.set)
+            assert call.result(30).live
+            stopped.result(30)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+def _accepts(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    except OSError:
+        return False
+    return True
