@@ -26,7 +26,7 @@ from agent.api.http_limits import ConnectionLimits
 logger = logging.getLogger(__name__)
 
 _BACKLOG_LIMIT = 4 * 1024 * 1024  # a stream's responses waiting on the peer's window: pause
-_UNKNOWN, _DEADLINE, _UNIMPLEMENTED, _INTERNAL, _UNAVAILABLE = 2, 4, 12, 13, 14
+_CANCELLED, _UNKNOWN, _DEADLINE, _UNIMPLEMENTED, _INTERNAL, _UNAVAILABLE = 1, 2, 4, 12, 13, 14
 _RESOURCE_EXHAUSTED = 8
 
 
@@ -90,21 +90,22 @@ class GrpcProtocol(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._peer = ""
         self._windows: asyncio.Event | None = None
-        self._timer: asyncio.TimerHandle | None = None
         self._idle_ticks = 0
         self._seen = 0
         self._flush_soon = False
-        self.closed = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self.closed = loop.create_future()
+        # Counted from the accept (a burst of accepts is capped before any connection_made);
+        # the handshake clock (TLS included) starts there too.
+        server.connections.add(self)
+        self._timer = loop.call_later(server.limits.header_timeout_s, self._handshake_due)
 
     # Transport events -------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
         self._peer = _peer(transport.get_extra_info("peername"))
-        self._server.connections.add(self)
         self._write()
-        loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(self._server.limits.header_timeout_s, self._handshake_due)
 
     def data_received(self, data: bytes) -> None:
         core = self._core
@@ -210,8 +211,11 @@ class GrpcProtocol(asyncio.Protocol):
         except AbortError as exc:
             self._complete(sid, exc.code, exc.message)
             return
+        except asyncio.CancelledError:
+            self._complete(sid, _CANCELLED, "Cancelled")  # a no-op when the call was dropped
+            raise
         except Exception as exc:  # the servicer maps its errors; anything else is a bug
-            logger.exception("gRPC %s failed", type(call.method.handler).__name__)
+            logger.exception("gRPC %s failed", getattr(call.method.handler, "__name__", "call"))
             self._complete(sid, _UNKNOWN, f"Unexpected {type(exc)}: {exc}")
             return
         self._reply(sid, reply)
@@ -225,8 +229,9 @@ class GrpcProtocol(asyncio.Protocol):
             while (request := await queue.get()) is not None:
                 yield request
 
+        responses = call.method.handler(requests(), call.context)
         try:
-            async for reply in call.method.handler(requests(), call.context):
+            async for reply in responses:
                 if not self._reply(sid, reply):
                     return
                 self._write_soon()
@@ -237,10 +242,15 @@ class GrpcProtocol(asyncio.Protocol):
         except AbortError as exc:
             self._complete(sid, exc.code, exc.message)
             return
+        except asyncio.CancelledError:
+            self._complete(sid, _CANCELLED, "Cancelled")
+            raise
         except Exception as exc:
             logger.exception("gRPC stream failed")
             self._complete(sid, _UNKNOWN, f"Unexpected {type(exc)}: {exc}")
             return
+        finally:
+            await responses.aclose()  # its requests are cancelled now, not when collected
         self._complete(sid, 0)
 
     def _reply(self, sid: int, reply: Message) -> bool:
@@ -326,7 +336,10 @@ class GrpcProtocol(asyncio.Protocol):
     def _handshake_due(self) -> None:
         if not self._core.handshaken:
             logger.info("gRPC client %s did not finish the HTTP/2 handshake: closed", self._peer)
-            self.abort()
+            if self._transport is not None:
+                self.abort()
+            else:  # the TLS handshake failed: no connection_lost will come
+                self.connection_lost(None)
             return
         self._arm_idle()
 
