@@ -274,3 +274,22 @@ def test_a_compressed_message_is_inflated_within_the_limit(encoding: str) -> Non
     )
     assert events[-1] == c.StreamReset(3)
     assert decoded_headers(parse_all(conn.data_to_send())[0][3])["grpc-status"] == "8"
+
+
+def test_frames_split_anywhere_across_reads_give_the_same_events() -> None:
+    encoder = hpack.Encoder()
+    wire = (
+        f.PREFACE
+        + f.settings_frame({})
+        + f.frame(f.HEADERS, f.END_HEADERS, 1, request_headers(encoder))
+        + f.frame(f.DATA, 0, 1, message(b"p" * 700)[:300])
+        + f.frame(f.DATA, f.END_STREAM, 1, message(b"p" * 700)[300:])
+    )
+    whole = c.Connection(max_message=1000).receive(wire)
+    for size in (1, 7, 64, 500):
+        conn = c.Connection(max_message=1000)
+        events = []
+        for start in range(0, len(wire), size):
+            events += conn.receive(wire[start : start + size])
+        assert events == whole, size
+    assert c.MessageReceived(1, b"p" * 700) in whole

@@ -146,10 +146,11 @@ class Connection:
         if self.ended:
             return []
         buffer = self._buffer
-        buffer += data
         events: list[Event] = []
         try:
             if not self._preface:
+                buffer += data
+                data = b""
                 if len(buffer) < len(f.PREFACE):
                     if not f.PREFACE.startswith(bytes(buffer)):
                         raise f.FrameError(f.PROTOCOL_ERROR, "not an HTTP/2 client preface")
@@ -158,8 +159,18 @@ class Connection:
                     raise f.FrameError(f.PROTOCOL_ERROR, "not an HTTP/2 client preface")
                 del buffer[: len(f.PREFACE)]
                 self._preface = True
-            while (parsed := f.take_frame(buffer, OUR_MAX_FRAME)) is not None:
-                self._frame(*parsed, events)
+            # Whole frames are cut straight out of `data` when nothing was left over before;
+            # only an incomplete tail waits in the buffer.
+            if buffer:
+                buffer += data
+                parsed, used = f.split_frames(buffer, OUR_MAX_FRAME)
+                del buffer[:used]
+            else:
+                parsed, used = f.split_frames(data, OUR_MAX_FRAME)
+                if used < len(data):
+                    buffer += data[used:]
+            for frame in parsed:
+                self._frame(*frame, events)
                 if self.ended:
                     break
         except f.FrameError as exc:

@@ -75,7 +75,10 @@ class FrameError(Exception):
         self.message = message
 
 
-def take_frame(buffer: bytearray, max_size: int) -> tuple[int, int, int, bytes] | None:
+Frame = tuple[int, int, int, bytes]  # type, flags, stream id, payload
+
+
+def take_frame(buffer: bytearray, max_size: int) -> Frame | None:
     """The first complete frame of `buffer` as (type, flags, stream id, payload), removed from it.
 
     Returns None while the frame is incomplete.
@@ -92,9 +95,32 @@ def take_frame(buffer: bytearray, max_size: int) -> tuple[int, int, int, bytes] 
     end = 9 + length
     if len(buffer) < end:
         return None
-    payload = bytes(buffer[9:end])
+    with memoryview(buffer) as view:
+        payload = bytes(view[9:end])  # one copy (a bytearray slice would be a second)
     del buffer[:end]
     return kind, flags, stream & 0x7FFF_FFFF, payload
+
+
+def split_frames(data: bytes | bytearray, max_size: int) -> tuple[list[Frame], int]:
+    """The complete frames at the start of `data`, and how many bytes they take.
+
+    Raises:
+        FrameError: a frame longer than `max_size` (our SETTINGS_MAX_FRAME_SIZE).
+    """
+    frames: list[Frame] = []
+    size, start = len(data), 0
+    with memoryview(data) as view:
+        while size - start >= 9:
+            high, low, kind, flags, stream = _HEADER.unpack_from(view, start)
+            length = (high << 16) | low
+            if length > max_size:
+                raise FrameError(FRAME_SIZE_ERROR, f"frame of {length} bytes over {max_size}")
+            end = start + 9 + length
+            if end > size:
+                break
+            frames.append((kind, flags, stream & 0x7FFF_FFFF, bytes(view[start + 9 : end])))
+            start = end
+    return frames, start
 
 
 def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:

@@ -73,7 +73,8 @@ class MessageReader:
             end = 5 + self._expect
             if len(body) < end:
                 return messages
-            message = bytes(body[5:end])
+            with memoryview(body) as view:
+                message = bytes(view[5:end])  # one copy (a bytearray slice would be a second)
             del body[:end]
             self._expect = -1
             messages.append(self._inflate(message) if self._compressed else message)

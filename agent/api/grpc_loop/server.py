@@ -103,6 +103,9 @@ class GrpcProtocol(asyncio.Protocol):
     # Transport events -------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if self.closed.done():  # its TLS handshake ended after the server stopped
+            transport.close()
+            return
         self._transport = cast(asyncio.Transport, transport)
         self._peer = _peer(transport.get_extra_info("peername"))
         self._write()
@@ -324,6 +327,9 @@ class GrpcProtocol(asyncio.Protocol):
 
     def shutdown(self) -> None:
         """GOAWAY: no new calls; the connection closes once the open ones are done."""
+        if self._transport is None:  # still in its TLS handshake, or that failed: forget it
+            self.connection_lost(None)
+            return
         self._core.goaway()
         self._write()
         if not self._core.streams:
