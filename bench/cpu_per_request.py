@@ -14,6 +14,7 @@ Servers, each on the benchmark MLP (bench.models):
     nobatch   the agent, no scheduler block
     dynbatch  the agent with dynamic batching (preferred 8/16/32, 300 µs delay)
     nobatch-grpc, dynbatch-grpc   the same agents driven over gRPC (`perf_analyzer -i grpc`)
+    nobatch-grpcloop, dynbatch-grpcloop   the same over gRPC with `--grpc-engine loop`
 """
 
 from __future__ import annotations
@@ -37,7 +38,15 @@ from bench.perf import find_perf_analyzer, mean_latency_us, single_run_row
 from bench.procs import REPO_ROOT, BenchError, stop_process
 from bench.report import load_average, markdown_table
 
-SERVERS = ("floor", "nobatch", "dynbatch", "nobatch-grpc", "dynbatch-grpc")
+SERVERS = (
+    "floor",
+    "nobatch",
+    "dynbatch",
+    "nobatch-grpc",
+    "dynbatch-grpc",
+    "nobatch-grpcloop",
+    "dynbatch-grpcloop",
+)
 _LISTENING = re.compile(r"listening on http://([^\s:]+):(\d+)")
 _GRPC = re.compile(r"gRPC on ([^\s:]+):(\d+)")
 _TICK_US = 1_000_000 / os.sysconf("SC_CLK_TCK")
@@ -136,16 +145,21 @@ class Server:
 def server_command(name: str, repos: dict[str, Path], extra: Sequence[str]) -> list[str]:
     if name == "floor":
         return [sys.executable, "-m", "bench.floor_server", "--port", "0"]
-    grpc_port = "0" if name.endswith("-grpc") else "-1"
+    grpc_port = "0" if _is_grpc(name) else "-1"
+    engine = ["--grpc-engine", "loop"] if name.endswith("-grpcloop") else []
     return [
         sys.executable, "-m", "agent", "serve", "--model-repository", str(repos[_repo(name)]),
         "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", grpc_port,
-        "--metrics-port", "-1", *extra,
+        "--metrics-port", "-1", *engine, *extra,
     ]  # fmt: skip
 
 
+def _is_grpc(name: str) -> bool:
+    return name.endswith(("-grpc", "-grpcloop"))
+
+
 def _repo(name: str) -> str:
-    return name.removesuffix("-grpc")
+    return name.removesuffix("-grpcloop").removesuffix("-grpc")
 
 
 def drive(
@@ -168,7 +182,7 @@ def run_point(
     binary: str, server: Server, name: str, concurrency: int, requests: int, workdir: Path
 ) -> Point:
     csv_path = workdir / f"{name}-c{concurrency}.csv"
-    protocol = "grpc" if name.endswith("-grpc") else "http"
+    protocol = "grpc" if _is_grpc(name) else "http"
     port = server.grpc_port if protocol == "grpc" else server.port
     # Warm-up: connections, first-call allocations and ONNX Runtime's first runs.
     subprocess.run(

@@ -6,8 +6,9 @@ restart:
 
 * HTTP and metrics: the listeners share one `ssl.SSLContext`, and loading the new chain into it
   changes what each new connection is served (open connections keep theirs);
-* gRPC: `grpc.dynamic_ssl_server_credentials` asks `_fetch` before each new handshake, which
-  returns the new configuration once.
+* the loop gRPC engine: its own context (ALPN "h2"), reloaded the same way;
+* gRPC (grpcio): `grpc.dynamic_ssl_server_credentials` asks `_fetch` before each new
+  handshake, which returns the new configuration once.
 
 Invariant: a reload that fails (a missing file, a key that does not match the certificate)
 changes nothing; the running certificate stands and the error is raised to the caller.
@@ -63,6 +64,7 @@ class ServerTls:
         self._lock = threading.Lock()  # `_fetch` runs on grpc's threads
         self._pending: grpc.ServerCertificateConfiguration | None = None
         self._grpc_initial = _grpc_config(material)
+        self._h2_context: ssl.SSLContext | None = None
 
     @property
     def mutual(self) -> bool:
@@ -73,6 +75,16 @@ class ServerTls:
     def ssl_context(self) -> ssl.SSLContext:
         """The context of the HTTP and metrics listeners (the same object across reloads)."""
         return self._context
+
+    def h2_ssl_context(self) -> ssl.SSLContext:
+        """A context offering ALPN "h2" (gRPC clients require it) for the loop gRPC engine.
+
+        Its own object, so the HTTP listeners' ALPN stays untouched; `reload` updates it too.
+        """
+        if self._h2_context is None:
+            self._h2_context = _server_context(self.files)
+            self._h2_context.set_alpn_protocols(["h2"])
+        return self._h2_context
 
     def grpc_credentials(self) -> grpc.ServerCredentials:
         """Server credentials that pick up each reload at the next handshake."""
@@ -90,10 +102,14 @@ class ServerTls:
         """
         material = _read(self.files)
         _server_context(self.files)  # the new pair loads, or nothing changes
+        contexts = (
+            [self._context] if self._h2_context is None else [self._context, self._h2_context]
+        )
         try:
-            self._context.load_cert_chain(self.files.cert, self.files.key)
-            if self.files.client_ca is not None:
-                self._context.load_verify_locations(cafile=self.files.client_ca)
+            for context in contexts:
+                context.load_cert_chain(self.files.cert, self.files.key)
+                if self.files.client_ca is not None:
+                    context.load_verify_locations(cafile=self.files.client_ca)
         except (OSError, ssl.SSLError) as exc:  # replaced between the check and now
             raise TlsError(f"server TLS: cannot reload {self.files.cert}: {exc}") from None
         with self._lock:

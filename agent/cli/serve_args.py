@@ -31,6 +31,12 @@ def add_serve_command(commands: Any) -> None:
         "--grpc-port", type=int, dest="server.grpc_port", help="default 8001; -1: off"
     )
     serve.add_argument(
+        "--grpc-engine",
+        dest="server.grpc_engine",
+        choices=("grpcio", "loop"),
+        help="gRPC server: grpcio (grpc.aio, default) or loop (HTTP/2 on the event loop)",
+    )
+    serve.add_argument(
         "--metrics-port", type=int, dest="server.metrics_port", help="default 8002; -1: off"
     )
     serve.add_argument(

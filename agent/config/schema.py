@@ -1,8 +1,8 @@
 """The agent's settings: frozen dataclasses, read once at start-up by `agent.config.loader`.
 
-    [server]  name, host, http_port, grpc_port, metrics_port, max_request_bytes, shared_memory,
-              max_bytes_elements, max_connections, header_timeout_ms, body_timeout_ms,
-              idle_timeout_ms, tls_cert_file, tls_key_file, tls_client_ca_file,
+    [server]  name, host, http_port, grpc_port, grpc_engine, metrics_port, max_request_bytes,
+              shared_memory, max_bytes_elements, max_connections, header_timeout_ms,
+              body_timeout_ms, idle_timeout_ms, tls_cert_file, tls_key_file, tls_client_ca_file,
               http_restricted_api, grpc_restricted_protocol, strict_security, status_token,
               status_sample_ms
     [models]  repository, demo, strict_model_config, exit_on_error, intra_op_threads,
@@ -40,6 +40,7 @@ from sync.config import SyncConfig
 from sync.config import validate as validate_sync
 from sync.errors import SyncConfigError
 
+GRPC_ENGINES = ("grpcio", "loop")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 CONTROL_MODES = ("none", "poll", "explicit")
 TRACE_MODES = ("triton", "opentelemetry")
@@ -53,6 +54,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     http_port: int = 8000
     grpc_port: int = 8001  # KServe v2 gRPC; -1 turns it off
+    grpc_engine: str = "grpcio"  # "grpcio" (grpc.aio) or "loop" (HTTP/2 on the event loop)
     metrics_port: int = 8002  # Prometheus /metrics; -1 turns it off
     max_request_bytes: int = 64 * 1024 * 1024
     shared_memory: bool = True  # Triton's system shared-memory extension for local clients
@@ -146,6 +148,11 @@ def validate(config: AgentConfig, *, serving: bool = True) -> None:
     if not -1 <= server.grpc_port <= 65535:
         raise AgentConfigError(
             f"server.grpc_port must be 0..65535 (or -1 for off), got {server.grpc_port}"
+        )
+    if server.grpc_engine not in GRPC_ENGINES:
+        raise AgentConfigError(
+            f"server.grpc_engine must be one of {', '.join(GRPC_ENGINES)}, "
+            f"got {server.grpc_engine!r}"
         )
     if not -1 <= server.metrics_port <= 65535:
         raise AgentConfigError(

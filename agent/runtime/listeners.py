@@ -15,6 +15,7 @@ import ssl
 from aiohttp import web
 
 from agent.api.access import ApiAccess
+from agent.api.grpc_loop import start_loop_grpc_server
 from agent.api.grpc_server import start_grpc_server
 from agent.api.http_limits import ConnectionGuard, ConnectionLimits
 from agent.api.metrics import build_registry, create_metrics_app
@@ -123,18 +124,22 @@ async def serve_grpc(
     server = config.server
     if server.grpc_port < 0:
         return None
-    grpc_server, grpc_port = await start_grpc_server(
+    tensor_limits = TensorLimits(server.max_request_bytes, server.max_bytes_elements)
+    restricted = access if "grpc" in access.enforced else None
+    start = start_loop_grpc_server if server.grpc_engine == "loop" else start_grpc_server
+    grpc_server, grpc_port = await start(
         dataplane,
         server.host,
         server.grpc_port,
         max_message_bytes=server.max_request_bytes,
-        tensor_limits=TensorLimits(server.max_request_bytes, server.max_bytes_elements),
+        tensor_limits=tensor_limits,
         connection_limits=limits,
-        access=access if "grpc" in access.enforced else None,
+        access=restricted,
         tls=tls,
     )
     stack.push_async_callback(grpc_server.stop, DRAIN_TIMEOUT_S)
-    logger.info("gRPC on %s:%d%s", server.host, grpc_port, tls_note(tls))
+    engine = " (loop engine)" if server.grpc_engine == "loop" else ""
+    logger.info("gRPC on %s:%d%s%s", server.host, grpc_port, tls_note(tls), engine)
     return grpc_port
 
 

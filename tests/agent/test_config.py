@@ -247,6 +247,16 @@ def test_invalid_log_level(tmp_path: Path, repo: Path) -> None:
         load_config(path, {})
 
 
+def test_grpc_engine_is_checked_and_read_from_the_environment(tmp_path: Path, repo: Path) -> None:
+    path = repo_toml(tmp_path, '[server]\ngrpc_engine = "h2"\n')
+    with pytest.raises(AgentConfigError, match=r"server\.grpc_engine must be one of grpcio, loop"):
+        load_config(path, {})
+    path = repo_toml(tmp_path, "")
+    assert load_config(path, {}).server.grpc_engine == "grpcio"
+    environ = {"EDGE_AGENT_SERVER_GRPC_ENGINE": "loop"}
+    assert load_config(path, {}, environ).server.grpc_engine == "loop"
+
+
 def test_log_level_is_case_insensitive(tmp_path: Path, repo: Path) -> None:
     path = repo_toml(tmp_path, '[log]\nlevel = "WARNING"\n')
 
