@@ -34,7 +34,7 @@ def add_serve_command(commands: Any) -> None:
         "--grpc-engine",
         dest="server.grpc_engine",
         choices=("grpcio", "loop"),
-        help="gRPC server: grpcio (grpc.aio, default) or loop (HTTP/2 on the event loop)",
+        help="gRPC server: loop (HTTP/2 on the event loop, default) or grpcio (grpc.aio)",
     )
     serve.add_argument(
         "--metrics-port", type=int, dest="server.metrics_port", help="default 8002; -1: off"

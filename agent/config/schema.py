@@ -54,7 +54,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     http_port: int = 8000
     grpc_port: int = 8001  # KServe v2 gRPC; -1 turns it off
-    grpc_engine: str = "grpcio"  # "grpcio" (grpc.aio) or "loop" (HTTP/2 on the event loop)
+    grpc_engine: str = "loop"  # "loop" (HTTP/2 on the event loop) or "grpcio" (grpc.aio)
     metrics_port: int = 8002  # Prometheus /metrics; -1 turns it off
     max_request_bytes: int = 64 * 1024 * 1024
     shared_memory: bool = True  # Triton's system shared-memory extension for local clients

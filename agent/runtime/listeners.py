@@ -138,8 +138,9 @@ async def serve_grpc(
         tls=tls,
     )
     stack.push_async_callback(grpc_server.stop, DRAIN_TIMEOUT_S)
-    engine = " (loop engine)" if server.grpc_engine == "loop" else ""
-    logger.info("gRPC on %s:%d%s%s", server.host, grpc_port, tls_note(tls), engine)
+    logger.info(
+        "gRPC on %s:%d%s (%s engine)", server.host, grpc_port, tls_note(tls), server.grpc_engine
+    )
     return grpc_port
 
 

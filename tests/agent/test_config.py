@@ -252,9 +252,9 @@ def test_grpc_engine_is_checked_and_read_from_the_environment(tmp_path: Path, re
     with pytest.raises(AgentConfigError, match=r"server\.grpc_engine must be one of grpcio, loop"):
         load_config(path, {})
     path = repo_toml(tmp_path, "")
-    assert load_config(path, {}).server.grpc_engine == "grpcio"
-    environ = {"EDGE_AGENT_SERVER_GRPC_ENGINE": "loop"}
-    assert load_config(path, {}, environ).server.grpc_engine == "loop"
+    assert load_config(path, {}).server.grpc_engine == "loop"
+    environ = {"EDGE_AGENT_SERVER_GRPC_ENGINE": "grpcio"}
+    assert load_config(path, {}, environ).server.grpc_engine == "grpcio"
 
 
 def test_log_level_is_case_insensitive(tmp_path: Path, repo: Path) -> None:

@@ -1,8 +1,8 @@
-"""The loop gRPC engine (`server.grpc_engine = "loop"`) with real gRPC clients.
+"""The loop gRPC engine (`server.grpc_engine = "loop"`, the default) with real gRPC clients.
 
-The tritonclient tests of the grpc.aio engine run here again against the loop engine (imported
-below), then what is the engine's own: limits, malformed clients, flow control, streaming,
-restricted protocols, TLS, perf_analyzer.
+Every other gRPC test runs against the default engine too; here is what is the engine's own:
+limits, malformed clients, flow control, streaming, restricted protocols, TLS, perf_analyzer.
+The grpc.aio engine keeps its own run of the client tests (test_grpc_engine_grpcio.py).
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from agent.proto import grpc_service_pb2_grpc as pb_grpc
 from agent.runtime.daemon import RunningAgent
 from tests.agent.test_decoupled_grpc import MODEL as STREAMER
 from tests.agent.test_decoupled_grpc import collect, request
-from tests.agent.test_grpc_tritonclient import *  # noqa: F403 - the same behaviours, loop engine
 from tests.decoupled_models import DECOUPLED_MODEL, decoupled_config
 from tests.models import IDENTITY_TYPES, scale_model, write_versions
 from tests.python_models import write_python_model

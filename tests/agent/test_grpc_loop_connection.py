@@ -162,7 +162,9 @@ def test_a_compressed_message_is_unimplemented() -> None:
 def test_a_response_over_the_peer_window_waits_for_window_updates() -> None:
     conn = c.Connection(max_message=1 << 20)
     handshake(conn, {f.INITIAL_WINDOW_SIZE: 1000})
-    conn.receive(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, 1, b""))
+    conn.receive(
+        f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, 1, request_headers(hpack.Encoder()))
+    )
     conn.data_to_send()
     conn.send_message(1, b"r" * 3000)
     conn.finish(1, 0)
@@ -293,3 +295,25 @@ def test_frames_split_anywhere_across_reads_give_the_same_events() -> None:
             events += conn.receive(wire[start : start + size])
         assert events == whole, size
     assert c.MessageReceived(1, b"p" * 700) in whole
+
+
+@pytest.mark.parametrize("content_type", ["text/html", "application/json", None])
+def test_a_request_that_is_not_grpc_is_answered_415(content_type: str | None) -> None:
+    conn = c.Connection(max_message=1 << 20)
+    handshake(conn)
+    conn.data_to_send()
+    fields = [(":method", "GET"), (":scheme", "http"), (":path", "/"), (":authority", "x")]
+    if content_type is not None:
+        fields.append(("content-type", content_type))
+    events = conn.receive(
+        f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, 1, hpack.Encoder().encode(fields))
+    )
+    assert events == []
+    [(kind, flags, stream, block)] = parse_all(conn.data_to_send())
+    assert (kind, flags, stream) == (f.HEADERS, f.END_HEADERS | f.END_STREAM, 1)
+    assert decoded_headers(block) == {":status": "415"}
+    # the connection goes on: a gRPC call on the next stream is served
+    events = conn.receive(
+        f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, 3, request_headers(hpack.Encoder()))
+    )
+    assert events[0] == c.RequestStarted(3, PATH, (), None)

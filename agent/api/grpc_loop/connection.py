@@ -34,6 +34,8 @@ MAX_HEADER_BLOCK = 64 * 1024
 _INTERNAL = 13
 _HIGH_BYTES = bytes(range(0x80, 0x100))
 _CACHED_BLOCKS = 64
+# A request's header block read: path, metadata, grpc-timeout (s), whether it is a gRPC call.
+_ParsedBlock = tuple[str, tuple[tuple[str, str], ...], float | None, bool]
 
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs ~3x
@@ -124,7 +126,7 @@ class Connection:
         self._continuing: tuple[int, int, bytearray] | None = None
         # Header blocks made only of indexed fields leave the HPACK table as it is, so the same
         # bytes mean the same call again (a client repeats its blocks): parsed once.
-        self._parsed: dict[bytes, tuple[str, tuple[tuple[str, str], ...], float | None]] = {}
+        self._parsed: dict[bytes, _ParsedBlock] = {}
         self._send_window = f.DEFAULT_WINDOW
         self._peer_window = f.DEFAULT_WINDOW
         self._peer_max_frame = f.DEFAULT_MAX_FRAME
@@ -242,6 +244,9 @@ class Connection:
         if sid % 2 == 0 or sid <= self.last_stream:
             raise f.FrameError(f.PROTOCOL_ERROR, f"stream {sid} cannot be opened")
         self.last_stream = sid
+        if not parsed[3]:  # not gRPC (a browser, curl): HTTP's answer, as grpc servers give
+            self._out.append(f.frame(f.HEADERS, f.END_STREAM | f.END_HEADERS, sid, f.STATUS_415))
+            return
         if self.closing or len(self.streams) >= self.max_streams:
             self._out.append(f.rst_stream_frame(sid, f.REFUSED_STREAM))
             return
@@ -251,12 +256,12 @@ class Connection:
                 stream.reader.encoding = value
         self.streams[sid] = stream
         self.opened += 1
-        events.append(RequestStarted(sid, *parsed))
+        events.append(RequestStarted(sid, *parsed[:3]))
         if flags & f.END_STREAM:
             self._remote_end(stream, events)
 
-    def _parse_block(self, block: bytes) -> tuple[str, tuple[tuple[str, str], ...], float | None]:
-        """(path, metadata, grpc-timeout) of a header block; cached when it indexes only."""
+    def _parse_block(self, block: bytes) -> _ParsedBlock:
+        """(path, metadata, grpc-timeout, is gRPC) of a header block; cached if it only indexes."""
         try:
             headers = self._decoder.decode(block, raw=True)
         except HPACKError as exc:
@@ -264,15 +269,18 @@ class Connection:
         path = ""
         timeout: float | None = None
         metadata: list[tuple[str, str]] = []
+        is_grpc = False
         for name, value in headers:
             if name[:1] == b":":
                 if name == b":path":
                     path = value.decode("latin-1")
             elif name == b"grpc-timeout":
                 timeout = f.parse_timeout(value.decode("latin-1"))
-            elif name not in (b"te", b"content-type"):
+            elif name == b"content-type":
+                is_grpc = value.startswith(b"application/grpc")
+            elif name != b"te":
                 metadata.append((name.decode("latin-1"), value.decode("latin-1")))
-        parsed = (path, tuple(metadata), timeout)
+        parsed = (path, tuple(metadata), timeout, is_grpc)
         if block.translate(None, _HIGH_BYTES):  # a literal: the table may have changed
             self._parsed.clear()
         elif len(self._parsed) < _CACHED_BLOCKS:

@@ -215,6 +215,8 @@ def literal(name: bytes, value: bytes) -> bytes:
     return b"\x00" + hpack_int(len(name), 7) + name + hpack_int(len(value), 7) + value
 
 
+# ":status: 415" (name from static index 8, literal value): the answer to a request not gRPC.
+STATUS_415: Final = b"\x08\x03415"
 RESPONSE_HEADERS: Final = b"\x88" + b"\x0f\x10" + hpack_int(16, 7) + b"application/grpc"
 
 
