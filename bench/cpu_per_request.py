@@ -40,7 +40,7 @@ from bench.report import load_average, markdown_table
 SERVERS = ("floor", "nobatch", "dynbatch", "nobatch-grpc", "dynbatch-grpc")
 _LISTENING = re.compile(r"listening on http://([^\s:]+):(\d+)")
 _GRPC = re.compile(r"gRPC on ([^\s:]+):(\d+)")
-_TICK_US = 1_000_000 / os.sysconf("SC_CLK_TCK")
+TICK_US = 1_000_000 / os.sysconf("SC_CLK_TCK")
 _WARMUP_REQUESTS = 500
 
 
@@ -83,7 +83,7 @@ def voluntary_switches(pid: int) -> int:
 def cpu_us(pid: int) -> float:
     """utime + stime of a process, in microseconds (clock-tick resolution)."""
     fields = Path(f"/proc/{pid}/stat").read_text(encoding="ascii").rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * _TICK_US
+    return (int(fields[11]) + int(fields[12])) * TICK_US
 
 
 class Server:
@@ -149,16 +149,22 @@ def _repo(name: str) -> str:
 
 
 def drive(
-    binary: str, port: int, concurrency: int, requests: int, csv_path: Path, protocol: str = "http"
+    binary: str,
+    port: int,
+    concurrency: int,
+    requests: int,
+    csv_path: Path,
+    protocol: str = "http",
+    model: str = "mlp",
 ) -> list[str]:
-    """The perf_analyzer command for `requests` requests at `concurrency`."""
+    """The perf_analyzer command for `requests` requests of `model` at `concurrency`."""
     formats = (
         ["--input-tensor-format", "binary", "--output-tensor-format", "binary"]
         if protocol == "http"
         else []
     )
     return [
-        binary, "-m", "mlp", "-u", f"127.0.0.1:{port}", "-i", protocol, *formats,
+        binary, "-m", model, "-u", f"127.0.0.1:{port}", "-i", protocol, *formats,
         "--concurrency-range", str(concurrency), "-b", "1",
         "--request-count", str(requests), "-f", str(csv_path),
     ]  # fmt: skip
