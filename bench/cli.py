@@ -63,6 +63,7 @@ from bench.targets import (
     Targets,
     cnn_cpu_points,
     render_targets,
+    run_cnn_floor,
     run_mlp_cpu,
 )
 
@@ -90,6 +91,7 @@ class Settings:
     shared_memory: bool = False
     mlp_cpu_requests: int = 10_000  # per server in the MLP CPU table
     raw_cpu_seconds: float = 1.5  # raw ORT time per batch size in the CNN CPU table
+    cnn_floor_requests: int = 1500  # aiohttp floor with the CNN's requests
 
 
 @dataclass(slots=True)
@@ -217,6 +219,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         shared_memory=bool(args.shared_memory),
         mlp_cpu_requests=1500 if quick else 10_000,
         raw_cpu_seconds=0.3 if quick else 1.5,
+        cnn_floor_requests=300 if quick else 1500,
     )
 
 
@@ -235,8 +238,8 @@ def estimate_seconds(s: Settings) -> float:
         point = 1.2 * WINDOWS * interval_for(model, s) / 1000 + 0.5
         runs = len(MODES) + 1 + int(s.shared_memory)
         agent += runs * (len(s.concurrency) * point + AGENT_START_S)
-        if model.key in CNN_CPU_MODELS:  # raw ORT at up to ~8 batch sizes per CPU point
-            agent += 8 * (s.raw_cpu_seconds + 0.5)
+        if model.key in CNN_CPU_MODELS:  # raw ORT at up to ~8 batch sizes, the floor server
+            agent += 8 * (s.raw_cpu_seconds + 0.5) + s.cnn_floor_requests / 1000 + 3
         if model.key == "mlp":  # three servers at ~2,500 requests/s, plus start and warm-up
             agent += len(MLP_CPU_SERVERS) * (s.mlp_cpu_requests / 2500 + AGENT_START_S + 1)
     return raw + agent
@@ -360,6 +363,9 @@ def run_suite(root: Path, s: Settings) -> str:
                 s.raw_cpu_seconds,
                 s.raw_min_calls,
                 log,
+            )
+            extra.cnn_floor[model.key] = run_cnn_floor(
+                s.perf_analyzer, model, s.cnn_floor_requests, root, log
             )
         if model.key == "mlp":
             extra.mlp_cpu = run_mlp_cpu(

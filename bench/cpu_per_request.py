@@ -171,14 +171,20 @@ def drive(
 
 
 def run_point(
-    binary: str, server: Server, name: str, concurrency: int, requests: int, workdir: Path
+    binary: str,
+    server: Server,
+    name: str,
+    concurrency: int,
+    requests: int,
+    workdir: Path,
+    model: str = "mlp",
 ) -> Point:
     csv_path = workdir / f"{name}-c{concurrency}.csv"
     protocol = "grpc" if name.endswith("-grpc") else "http"
     port = server.grpc_port if protocol == "grpc" else server.port
     # Warm-up: connections, first-call allocations and ONNX Runtime's first runs.
     subprocess.run(
-        drive(binary, port, concurrency, _WARMUP_REQUESTS, workdir / "warmup.csv", protocol),
+        drive(binary, port, concurrency, _WARMUP_REQUESTS, workdir / "warmup.csv", protocol, model),
         capture_output=True,
         check=True,
         timeout=300,
@@ -188,7 +194,7 @@ def run_point(
     before = cpu_us(server.pid)
     switches_before = voluntary_switches(server.pid)
     done = subprocess.run(
-        drive(binary, port, concurrency, requests, csv_path, protocol),
+        drive(binary, port, concurrency, requests, csv_path, protocol, model),
         capture_output=True,
         text=True,
         check=False,

@@ -13,6 +13,7 @@ same run, on the same cores, moves far less. Each table here puts the ratio next
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +53,7 @@ class Targets:
 
     mlp_cpu: dict[str, Point | str] = field(default_factory=dict)  # server -> point or error
     cnn_cpu: dict[str, list[CpuPoint]] = field(default_factory=dict)  # model key -> points
+    cnn_floor: dict[str, Point | str] = field(default_factory=dict)  # model key -> floor
 
 
 def _ratio_cells(
@@ -161,6 +163,30 @@ def mlp_cpu_table(points: Mapping[str, Point | str]) -> str:
     )
 
 
+def run_cnn_floor(
+    binary: str, model: BenchModel, requests: int, workdir: Path, log: Callable[[str], None]
+) -> Point | str:
+    """bench.floor_server with the CNN's shapes at c=16: aiohttp reading each request's tensor
+    and answering a fixed response, the transport's floor per request (str: the error)."""
+    command = [sys.executable, "-m", "bench.floor_server", "--port", "0", "--model", model.key]
+    try:
+        server = Server(command)
+        try:
+            point = run_point(
+                binary, server, "floor", CNN_CPU_MIN_CONCURRENCY, requests, workdir,
+                model.served_name,
+            )  # fmt: skip
+        finally:
+            server.stop()
+    except (BenchError, OSError, ValueError) as exc:
+        log(f"[{model.key}] floor: FAILED: {exc}")
+        return str(exc)
+    log(
+        f"[{model.key}] aiohttp floor c={CNN_CPU_MIN_CONCURRENCY}: {point.server_us:.0f} µs/request"
+    )
+    return point
+
+
 def cnn_cpu_points(
     runs: Mapping[str, Mapping[int, AgentCpu]],
     onnx_path: Path,
@@ -229,6 +255,25 @@ def render_targets(
             render(points) if points else "(no run at c >= 16 completed)",
             "",
             notes(threads(model), instances(model, "dynbatch")),
+            _floor_note(model, extra.cnn_floor.get(key), points),
             "",
         ]
     return parts
+
+
+def _floor_note(model: BenchModel, floor: Point | str | None, points: Sequence[CpuPoint]) -> str:
+    """The transport's floor for the same requests, against raw ORT's CPU per inference."""
+    what = (
+        f"- aiohttp floor for the same requests (bench.floor_server --model {model.key}: reads "
+        "each request's tensor, answers a fixed response), "
+        f"c={CNN_CPU_MIN_CONCURRENCY}: "
+    )
+    if not isinstance(floor, Point):
+        return what + "not measured" + (f" ({floor.splitlines()[0]})" if floor else "") + "."
+    raws = sorted(p.raw_us for p in points)
+    share = (
+        f" = {floor.server_us / raws[len(raws) // 2]:.1%} of raw ORT's CPU per inference"
+        if raws
+        else ""
+    )
+    return f"{what}{floor.server_us:,.0f} µs CPU per request{share}: aiohttp's own share."

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ from bench.cpu_per_inference import (
     read_counters,
     render,
 )
-from bench.cpu_per_request import Point
+from bench.cpu_per_request import Point, Server
 from bench.models import MODELS, write_model_files, write_repository
 from bench.perf import LoadResult
 from bench.targets import grpc_http_table, mlp_cpu_table
@@ -114,3 +115,18 @@ def test_grpc_http_and_mlp_cpu_tables_mark_targets_met_or_missed() -> None:
     assert floor[4:] == ["1.00", ""]
     assert agent_http[1:] == ["190", "0.0", "2,000", "1.90", "<= 2.00 (met)"]
     assert agent_grpc[:2] == ["agent, gRPC", "failed"]
+
+
+def test_floor_server_answers_with_the_cnn_shapes() -> None:
+    model = MODELS["cnn"]
+    server = Server([sys.executable, "-m", "bench.floor_server", "--port", "0", "--model", "cnn"])
+    try:
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{server.port}")
+        metadata = client.get_model_metadata(model.served_name)
+        assert metadata["inputs"][0]["shape"] == [-1, 3, 224, 224]
+        image = np.zeros((1, *model.input_dims), dtype=np.float32)
+        result = client.infer(model.served_name, [_input(image)])
+        assert result.as_numpy("OUTPUT0").shape == (1, 1000)
+        client.close()
+    finally:
+        server.stop()
