@@ -13,6 +13,7 @@ same run, on the same cores, moves far less. Each table here puts the ratio next
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -121,7 +122,7 @@ def run_mlp_cpu(
                 point = run_point(binary, server, name, MLP_CPU_CONCURRENCY, requests, workdir)
             finally:
                 server.stop()
-        except (BenchError, OSError, ValueError) as exc:
+        except (BenchError, OSError, ValueError, subprocess.SubprocessError) as exc:
             points[name] = str(exc)
             log(f"[mlp cpu] {name}: FAILED: {exc}")
             continue
@@ -178,7 +179,7 @@ def run_cnn_floor(
             )  # fmt: skip
         finally:
             server.stop()
-    except (BenchError, OSError, ValueError) as exc:
+    except (BenchError, OSError, ValueError, subprocess.SubprocessError) as exc:
         log(f"[{model.key}] floor: FAILED: {exc}")
         return str(exc)
     log(
