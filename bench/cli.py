@@ -5,7 +5,10 @@ Steps, all in a temporary folder that is removed afterwards:
   2. raw ONNX Runtime in this process at each batch size (the limit);
   3. for each model and each repository ("nobatch", "dynbatch"): start the agent as a child
      process, run perf_analyzer at each concurrency, sample the agent's RSS;
-  4. print one table (and a memory table); --out also writes them as markdown.
+  4. print one table (and a memory table); --out also writes them as markdown;
+  5. issue 18's targets as same-run ratios (bench.targets): gRPC / HTTP, the agent's CPU per MLP
+     request against the aiohttp floor (bench.cpu_per_request), and its CPU per CNN inference
+     against raw ORT at the batch sizes the batcher formed (bench.cpu_per_inference).
 `--shared-memory` adds a column: the dynamic-batching agent driven over HTTP with
 `--shared-memory system` (tensors in POSIX shared memory, as local clients on a device send them).
 `--soak SECONDS` instead runs the MLP at concurrency 16 for that long and tracks RSS.
@@ -15,6 +18,7 @@ Progress goes to stderr, the report to stdout.
 from __future__ import annotations
 
 import argparse
+import functools
 import signal
 import sys
 import tempfile
@@ -24,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
+from bench.cpu_per_inference import AgentCpu, measure_agent
 from bench.models import (
     MAX_BATCH,
     MODELS,
@@ -52,6 +57,15 @@ from bench.report import (
     markdown_table,
     usable_cores,
 )
+from bench.targets import (
+    CNN_CPU_MODELS,
+    MLP_CPU_SERVERS,
+    Targets,
+    cnn_cpu_points,
+    render_targets,
+    run_cnn_floor,
+    run_mlp_cpu,
+)
 
 DEFAULT_CONCURRENCY = (1, 4, 16, 32)
 RAW_BATCHES = (1, 4, 8, 16, 32)
@@ -75,6 +89,9 @@ class Settings:
     perf_analyzer: str | None
     quick: bool
     shared_memory: bool = False
+    mlp_cpu_requests: int = 10_000  # per server in the MLP CPU table
+    raw_cpu_seconds: float = 1.5  # raw ORT time per batch size in the CNN CPU table
+    cnn_floor_requests: int = 1500  # aiohttp floor with the CNN's requests
 
 
 @dataclass(slots=True)
@@ -88,6 +105,7 @@ class AgentRun:
     settled_rss: int = 0  # SETTLE_AFTER_LOAD_S after the load
     plan_bytes: int = 0  # the agent's memory plan for the model
     error: str = ""
+    cpu: dict[int, AgentCpu] = field(default_factory=dict)  # the agent's CPU per point
 
 
 def _over_plan(rss: int, run: AgentRun) -> str:
@@ -130,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "--quick", action="store_true", help="short windows and budgets: a ~2 minute smoke run"
+        "--quick", action="store_true", help="short windows and budgets: a ~5 minute smoke run"
     )
     parser.add_argument(
         "--models",
@@ -199,6 +217,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
         perf_analyzer=find_perf_analyzer(args.perf_analyzer),
         quick=quick,
         shared_memory=bool(args.shared_memory),
+        mlp_cpu_requests=1500 if quick else 10_000,
+        raw_cpu_seconds=0.3 if quick else 1.5,
+        cnn_floor_requests=300 if quick else 1500,
     )
 
 
@@ -217,6 +238,10 @@ def estimate_seconds(s: Settings) -> float:
         point = 1.2 * WINDOWS * interval_for(model, s) / 1000 + 0.5
         runs = len(MODES) + 1 + int(s.shared_memory)
         agent += runs * (len(s.concurrency) * point + AGENT_START_S)
+        if model.key in CNN_CPU_MODELS:  # raw ORT at up to ~8 batch sizes, the floor server
+            agent += 8 * (s.raw_cpu_seconds + 0.5) + s.cnn_floor_requests / 1000 + 3
+        if model.key == "mlp":  # three servers at ~2,500 requests/s, plus start and warm-up
+            agent += len(MLP_CPU_SERVERS) * (s.mlp_cpu_requests / 2500 + AGENT_START_S + 1)
     return raw + agent
 
 
@@ -236,6 +261,11 @@ def run_raw(model: BenchModel, path: Path, s: Settings) -> dict[int, RawResult]:
     return results
 
 
+def _threads(model: BenchModel, mode: str, s: Settings) -> int:
+    """Intra-op threads per instance: the cores shared between a repository's instances."""
+    return max(1, s.threads // instances(model, mode))
+
+
 def run_agent(
     model: BenchModel,
     mode: str,
@@ -248,7 +278,7 @@ def run_agent(
     assert s.perf_analyzer is not None
     run = AgentRun()
     tag = f"[{model.key}/{mode}/{protocol}{'+shm' if shared_memory else ''}]"
-    threads = max(1, s.threads // instances(model, mode))  # the cores shared between instances
+    threads = _threads(model, mode, s)
     try:
         with AgentProcess(repo, threads) as agent:
             log(f"{tag} agent pid {agent.pid} listening on {agent.url}")
@@ -261,16 +291,21 @@ def run_agent(
                         run.results[c] = "the agent exited"
                         continue
                     point_start = time.monotonic()
+                    load = functools.partial(
+                        run_perf_analyzer,
+                        s.perf_analyzer,
+                        model.served_name,
+                        agent.grpc_url if protocol == "grpc" else agent.url,
+                        c,
+                        interval_for(model, s),
+                        workdir,
+                        protocol,
+                        shared_memory,
+                    )
                     try:
-                        r = run_perf_analyzer(
-                            s.perf_analyzer,
-                            model.served_name,
-                            agent.grpc_url if protocol == "grpc" else agent.url,
-                            c,
-                            interval_for(model, s),
-                            workdir,
-                            protocol,
-                            shared_memory,
+                        # The agent's CPU and executions (statistics endpoint) around the run.
+                        r, run.cpu[c] = measure_agent(
+                            agent.pid, agent.url, model.served_name, instances(model, mode), load
                         )
                     except BenchError as exc:
                         agent_error = agent.last_error()
@@ -304,18 +339,39 @@ def run_suite(root: Path, s: Settings) -> str:
     paths = write_model_files(root, list(s.models))
     raw: dict[str, dict[int, RawResult]] = {}
     agents: dict[tuple[str, str], AgentRun] = {}
+    extra = Targets()
     for model in s.models:
         raw[model.key] = run_raw(model, paths[model.key], s)
         if s.perf_analyzer is None:
             continue
+        repos = {}
         for mode in MODES:
-            repo = write_repository(root, model, mode, paths[model.key])
-            agents[model.key, mode] = run_agent(model, mode, repo, root, s)
+            repos[mode] = write_repository(root, model, mode, paths[model.key])
+            agents[model.key, mode] = run_agent(model, mode, repos[mode], root, s)
         # The same dynamic-batching repository over gRPC, next to the HTTP run.
+        repo = repos["dynbatch"]
         agents[model.key, "grpc"] = run_agent(model, "dynbatch", repo, root, s, "grpc")
         if s.shared_memory:
             agents[model.key, "shm"] = run_agent(model, "dynbatch", repo, root, s, "http", True)
-    return render_suite(s, raw, agents, load_at_start)
+        if model.key in CNN_CPU_MODELS:
+            extra.cnn_cpu[model.key] = cnn_cpu_points(
+                {"http": agents[model.key, "dynbatch"].cpu, "grpc": agents[model.key, "grpc"].cpu},
+                paths[model.key],
+                model,
+                instances(model, "dynbatch"),
+                _threads(model, "dynbatch", s),
+                s.raw_cpu_seconds,
+                s.raw_min_calls,
+                log,
+            )
+            extra.cnn_floor[model.key] = run_cnn_floor(
+                s.perf_analyzer, model, s.cnn_floor_requests, root, log
+            )
+        if model.key == "mlp":
+            extra.mlp_cpu = run_mlp_cpu(
+                s.perf_analyzer, repos["nobatch"], s.mlp_cpu_requests, root, log
+            )
+    return render_suite(s, raw, agents, load_at_start, extra)
 
 
 # --- rendering --------------------------------------------------------------------------------
@@ -339,6 +395,7 @@ def render_suite(
     raw: dict[str, dict[int, RawResult]],
     agents: dict[tuple[str, str], AgentRun],
     load_at_start: float,
+    extra: Targets | None = None,
 ) -> str:
     pa = perf_analyzer_version(s.perf_analyzer) if s.perf_analyzer else "perf_analyzer missing"
     headers = [
@@ -474,14 +531,23 @@ def render_suite(
                     "after load",
                     f"{SETTLE_AFTER_LOAD_S:.0f} s after",
                     "plan",
-                    "peak-idle / plan",
-                    f"{SETTLE_AFTER_LOAD_S:.0f} s after-idle / plan",
+                    "peak-idle / plan (target <= 1.1)",
+                    f"{SETTLE_AFTER_LOAD_S:.0f} s after-idle / plan (target <= 0.5)",
                 ],
                 mem_rows,
                 [False, False] + [True] * 7,
             ),
             "",
         ]
+        parts += render_targets(
+            s.models,
+            s.concurrency,
+            {key: run.results for (key, mode), run in agents.items() if mode == "dynbatch"},
+            {key: run.results for (key, mode), run in agents.items() if mode == "grpc"},
+            extra or Targets(),
+            s.mlp_cpu_requests,
+            lambda model: _threads(model, "dynbatch", s),
+        )
         errors = [
             f"- {key}/{mode}: {run.error or ''}".rstrip()
             + "".join(f"\n  c={c}: {err}" for c, err in run.results.items() if isinstance(err, str))

@@ -1,9 +1,10 @@
 """`python -m bench.floor_server --port P`: the cheapest aiohttp server perf_analyzer can drive.
 
-It answers the KServe routes perf_analyzer needs for the benchmark MLP (metadata, config, infer)
-with fixed, precomputed bodies: an infer request is read in full and answered with the same
-binary-tensor response every time. Its CPU per request is the floor for any aiohttp handler on
-this machine, which `bench.cpu_per_request` puts next to the agent's.
+It answers the KServe routes perf_analyzer needs for a benchmark model (metadata, config, infer;
+`--model mlp`, the default, or `cnn`) with fixed, precomputed bodies: an infer request is read
+in full and answered with the same binary-tensor response every time. Its CPU per request is
+the floor for any aiohttp handler on this machine, which `bench.cpu_per_request` puts next to
+the agent's (and `python -m bench` next to the agent's per CNN inference).
 """
 
 from __future__ import annotations
@@ -11,87 +12,100 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import sys
 
 from aiohttp import web
 
-MODEL = "mlp"
-_OUTPUT_BYTES = bytes(4 * 10)  # FP32 [1, 10] zeros
-_METADATA = json.dumps(
-    {
-        "name": MODEL,
-        "versions": ["1"],
-        "platform": "onnxruntime_onnx",
-        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1, 64]}],
-        "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1, 10]}],
-    }
-).encode()
+from bench.models import MODELS, BenchModel
+
 _SERVER = json.dumps(
     {"name": "floor", "version": "0", "extensions": ["binary_tensor_data"]}
 ).encode()
-_CONFIG = json.dumps(
-    {
-        "name": MODEL,
-        "platform": "onnxruntime_onnx",
-        "backend": "onnxruntime",
-        "max_batch_size": 32,
-        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [64]}],
-        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [10]}],
-        "instance_group": [{"count": 1, "kind": "KIND_CPU"}],
-    }
-).encode()
-_HEADER = json.dumps(
-    {
-        "model_name": MODEL,
-        "model_version": "1",
-        "outputs": [
+
+
+def _json(value: object) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+class _Bodies:
+    """The fixed answers for one benchmark model (bench.models): metadata, config, infer."""
+
+    def __init__(self, model: BenchModel) -> None:
+        self.name = model.served_name
+        inputs, outputs = list(model.input_dims), list(model.output_dims)
+        self.metadata = _json(
             {
-                "name": "OUTPUT0",
-                "datatype": "FP32",
-                "shape": [1, 10],
-                "parameters": {"binary_data_size": len(_OUTPUT_BYTES)},
+                "name": self.name,
+                "versions": ["1"],
+                "platform": "onnxruntime_onnx",
+                "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1, *inputs]}],
+                "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1, *outputs]}],
             }
-        ],
-    },
-    separators=(",", ":"),
-).encode()
-_INFER = _HEADER + _OUTPUT_BYTES
-_INFER_HEADERS = {"Inference-Header-Content-Length": str(len(_HEADER))}
-
-
-async def _metadata(request: web.Request) -> web.Response:
-    return web.Response(body=_METADATA, content_type="application/json")
+        )
+        self.config = _json(
+            {
+                "name": self.name,
+                "platform": "onnxruntime_onnx",
+                "backend": "onnxruntime",
+                "max_batch_size": 32,
+                "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": inputs}],
+                "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": outputs}],
+                "instance_group": [{"count": 1, "kind": "KIND_CPU"}],
+            }
+        )
+        output = bytes(4 * math.prod(outputs))  # FP32 zeros, batch 1
+        header = _json(
+            {
+                "model_name": self.name,
+                "model_version": "1",
+                "outputs": [
+                    {
+                        "name": "OUTPUT0",
+                        "datatype": "FP32",
+                        "shape": [1, *outputs],
+                        "parameters": {"binary_data_size": len(output)},
+                    }
+                ],
+            }
+        )
+        self.infer = header + output
+        self.infer_headers = {"Inference-Header-Content-Length": str(len(header))}
 
 
 async def _server(request: web.Request) -> web.Response:
     return web.Response(body=_SERVER, content_type="application/json")
 
 
-async def _config(request: web.Request) -> web.Response:
-    return web.Response(body=_CONFIG, content_type="application/json")
-
-
-async def _infer(request: web.Request) -> web.Response:
-    await request.read()
-    return web.Response(
-        body=_INFER, content_type="application/octet-stream", headers=_INFER_HEADERS
-    )
-
-
 async def _ready(request: web.Request) -> web.Response:
     return web.Response()
 
 
-def create_app() -> web.Application:
-    app = web.Application()
+def create_app(model: BenchModel = MODELS["mlp"]) -> web.Application:
+    bodies = _Bodies(model)
+
+    async def metadata(request: web.Request) -> web.Response:
+        return web.Response(body=bodies.metadata, content_type="application/json")
+
+    async def config(request: web.Request) -> web.Response:
+        return web.Response(body=bodies.config, content_type="application/json")
+
+    async def infer(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(
+            body=bodies.infer, content_type="application/octet-stream", headers=bodies.infer_headers
+        )
+
+    name = bodies.name
+    app = web.Application(client_max_size=64 * 1024 * 1024)  # a batch-32 CNN request: 19 MB
     app.add_routes(
         [
-            web.post(f"/v2/models/{MODEL}/infer", _infer),
-            web.post(f"/v2/models/{MODEL}/versions/{{version}}/infer", _infer),
-            web.get(f"/v2/models/{MODEL}", _metadata),
-            web.get(f"/v2/models/{MODEL}/versions/{{version}}", _metadata),
-            web.get(f"/v2/models/{MODEL}/config", _config),
-            web.get(f"/v2/models/{MODEL}/ready", _ready),
+            web.post(f"/v2/models/{name}/infer", infer),
+            web.post(f"/v2/models/{name}/versions/{{version}}/infer", infer),
+            web.get(f"/v2/models/{name}", metadata),
+            web.get(f"/v2/models/{name}/versions/{{version}}", metadata),
+            web.get(f"/v2/models/{name}/config", config),
+            web.get(f"/v2/models/{name}/ready", _ready),
             web.get("/v2", _server),
             web.get("/v2/health/ready", _ready),
             web.get("/v2/health/live", _ready),
@@ -100,8 +114,8 @@ def create_app() -> web.Application:
     return app
 
 
-async def _serve(port: int) -> None:
-    runner = web.AppRunner(create_app(), access_log=None)
+async def _serve(port: int, model: BenchModel) -> None:
+    runner = web.AppRunner(create_app(model), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", port)
     await site.start()
@@ -116,14 +130,16 @@ async def _serve(port: int) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--model", choices=sorted(MODELS), default="mlp")
     args = parser.parse_args()
+    model = MODELS[args.model]
     try:
         import uvloop  # noqa: PLC0415 - the agent runs on uvloop too when it is installed
     except ImportError:
-        asyncio.run(_serve(args.port))
+        asyncio.run(_serve(args.port, model))
         return 0
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(_serve(args.port))
+        runner.run(_serve(args.port, model))
     return 0
 
 

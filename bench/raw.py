@@ -32,12 +32,15 @@ class RawResult:
     p99_us: float
 
 
-def make_session(path: Path, intra_op_threads: int) -> Any:
+def make_session(path: Path, intra_op_threads: int, *, allow_spinning: bool = True) -> Any:
+    """`allow_spinning=False`: idle intra-op threads sleep, as in the agent's sessions."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = intra_op_threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if not allow_spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 

@@ -202,6 +202,9 @@ class _Level(Generic[T]):
     policy: QueuePolicy
     queue: deque[_Entry[T]] = field(default_factory=deque)
     delayed: deque[_Entry[T]] = field(default_factory=deque)
+    # Entries of `queue` with a timeout. Without queue policies it stays 0, and the per-arrival
+    # sweeps and deadline scans skip the level instead of walking every queued request.
+    timed: int = 0
 
     def __len__(self) -> int:
         return len(self.queue) + len(self.delayed)
@@ -285,6 +288,8 @@ class BatchFormer(Generic[T]):
             timeout = timeout_us
         expires = now + timeout * _US if timeout else None
         level.queue.append(_Entry(item, rows, now, expires))
+        if expires is not None:
+            level.timed += 1
 
     def expire(self, now: float) -> list[T]:
         """Apply queue timeouts: move DELAY requests back, remove REJECT ones.
@@ -309,8 +314,10 @@ class BatchFormer(Generic[T]):
         """
         entries = self._rejected + list(self._ordered())
         self._rejected = []
-        for queue in self._deques():
-            queue.clear()
+        for level in self._levels.values():
+            level.queue.clear()
+            level.delayed.clear()
+            level.timed = 0
         return [entry.item for entry in entries]
 
     def take(self, now: float, max_rows: int | None = None) -> Batch[T] | None:
@@ -338,7 +345,7 @@ class BatchFormer(Generic[T]):
         self._sweep(now)
         policy = self._policy
         cap = policy.max_batch_size if max_rows is None else min(max_rows, policy.max_batch_size)
-        rows = [entry.rows for entry in self._ordered()]
+        rows = self._leading_rows(cap)
         if not rows or rows[0] > cap:
             return None
         if not policy.dynamic_batching:
@@ -380,7 +387,8 @@ class BatchFormer(Generic[T]):
         """
         times = [entry.expires for entry in self._rejected if entry.expires is not None]
         for level in self._levels.values():
-            times.extend(entry.expires for entry in level.queue if entry.expires is not None)
+            if level.timed:
+                times.extend(entry.expires for entry in level.queue if entry.expires is not None)
         return min(times, default=None)
 
     def _level_of(self, priority: int | None) -> int:
@@ -395,7 +403,7 @@ class BatchFormer(Generic[T]):
 
     def _sweep(self, now: float) -> None:
         for level in self._levels.values():
-            if all(e.expires is None or now < e.expires for e in level.queue):
+            if not level.timed or all(e.expires is None or now < e.expires for e in level.queue):
                 continue
             kept: deque[_Entry[T]] = deque()
             for entry in level.queue:
@@ -407,6 +415,7 @@ class BatchFormer(Generic[T]):
                 else:
                     self._rejected.append(entry)
             level.queue = kept
+            level.timed = sum(1 for entry in kept if entry.expires is not None)
 
     def _deques(self) -> Iterator[deque[_Entry[T]]]:
         """The queues in batch order: levels ascending, each its unexpired then delayed requests."""
@@ -418,14 +427,36 @@ class BatchFormer(Generic[T]):
         for queue in self._deques():
             yield from queue
 
+    def _leading_rows(self, cap: int) -> list[int]:
+        """The rows of the requests in queue order, up to and including the first that brings
+        the total over `cap`: `take()` never looks past that one, however long the queue."""
+        rows: list[int] = []
+        total = 0
+        for entry in self._ordered():
+            rows.append(entry.rows)
+            total += entry.rows
+            if total > cap:
+                break
+        return rows
+
     def _oldest(self) -> float | None:
-        return min((entry.enqueued for entry in self._ordered()), default=None)
+        # A level's queue is in arrival order, so its head is its oldest; delayed requests are
+        # in expiry order and are all looked at.
+        times = [level.queue[0].enqueued for level in self._levels.values() if level.queue]
+        for level in self._levels.values():
+            times.extend(entry.enqueued for entry in level.delayed)
+        return min(times, default=None)
 
     def _pop(self, count: int) -> list[_Entry[T]]:
         taken: list[_Entry[T]] = []
-        for queue in self._deques():
-            while queue and len(taken) < count:
-                taken.append(queue.popleft())
+        for level in self._levels.values():
+            while level.queue and len(taken) < count:
+                entry = level.queue.popleft()
+                if entry.expires is not None:
+                    level.timed -= 1
+                taken.append(entry)
+            while level.delayed and len(taken) < count:
+                taken.append(level.delayed.popleft())
         return taken
 
 

@@ -223,6 +223,41 @@ def test_timeout_override_without_default_timeout() -> None:
         f.add("c", 1, 1000 * US, timeout_us=-1)
 
 
+def test_timeouts_still_apply_once_timed_requests_left_in_batches() -> None:
+    # Sweeps and deadline scans skip a level holding no request with a timeout: the count of
+    # those must follow every way a request leaves the queue.
+    queue = QueuePolicy(allow_timeout_override=True)
+    f = former(max_batch_size=2, default_queue_policy=queue)
+    f.add("a", 1, 0.0, timeout_us=100)
+    f.add("b", 1, 0.0)
+    f.add("c", 1, 0.0, timeout_us=50)
+    assert f.expiry_deadline() == pytest.approx(50 * US)
+    assert items(f.take(0.0)) == "ab"  # a (timed) leaves in a batch
+    assert f.expiry_deadline() == pytest.approx(50 * US)
+    assert f.expire(60 * US) == ["c"]
+    assert f.expiry_deadline() is None
+    f.add("d", 1, 70 * US)
+    assert f.expire(1.0) == []
+    assert items(f.take(1.0)) == "d"
+    f.add("e", 1, 2.0, timeout_us=10)
+    f.add("g", 1, 2.0)
+    assert f.expire(2.0 + 20 * US) == ["e"]
+    assert f.drain() == ["g"]
+    f.add("h", 1, 3.0, timeout_us=10)
+    assert f.expiry_deadline() == pytest.approx(3.0 + 10 * US)
+
+
+def test_queue_longer_than_max_batch_forms_the_same_batches() -> None:
+    # take() stops reading the queue at the first request past max_batch_size.
+    f = former(max_batch_size=32, max_queue_delay_us=100)
+    names = "".join(chr(ord("0") + i) for i in range(40))
+    fill(f, names)
+    assert items(f.take(0.0)) == names[:32]
+    assert f.take(0.0) is None  # 8 left: below max_batch_size, waits for the delay
+    assert f.deadline() == pytest.approx(100 * US)
+    assert items(f.take(100 * US)) == names[32:]
+
+
 def test_level_one_runs_first_and_default_level_applies() -> None:
     f = former(max_batch_size=1, priority_levels=3, default_priority_level=2)
     f.add("low", 1, 0.0, priority=3)
