@@ -238,11 +238,16 @@ class Connection:
             parsed = self._parse_block(block)
         stream = self.streams.get(sid)
         if stream is not None:  # trailers from the client: only END_STREAM matters
-            if flags & f.END_STREAM:
+            if stream.remote_closed:  # §5.1: no second end (it would start the call again)
+                self._reset(stream, f.STREAM_CLOSED, events)
+            elif flags & f.END_STREAM:
                 self._remote_end(stream, events)
             return
-        if sid % 2 == 0 or sid <= self.last_stream:
+        if sid % 2 == 0:
             raise f.FrameError(f.PROTOCOL_ERROR, f"stream {sid} cannot be opened")
+        if sid <= self.last_stream:  # a closed stream (§5.1): that stream's error, not ours
+            self._out.append(f.rst_stream_frame(sid, f.STREAM_CLOSED))
+            return
         self.last_stream = sid
         if not parsed[3]:  # not gRPC (a browser, curl): HTTP's answer, as grpc servers give
             self._out.append(f.frame(f.HEADERS, f.END_STREAM | f.END_HEADERS, sid, f.STATUS_415))
@@ -334,6 +339,8 @@ class Connection:
                 self._peer_window = value
                 for stream in self.streams.values():
                     stream.send_window += delta
+                    if stream.send_window > f.MAX_WINDOW:  # §6.9.2
+                        raise f.FrameError(f.FLOW_CONTROL_ERROR, "a stream window over 2^31-1")
                 if delta > 0:
                     self._flush_blocked(events)
             elif key == f.MAX_FRAME_SIZE:
@@ -347,12 +354,24 @@ class Connection:
             raise f.FrameError(f.PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
         if sid == 0:
             self._send_window += increment
+            if self._send_window > f.MAX_WINDOW:
+                raise f.FrameError(f.FLOW_CONTROL_ERROR, "connection window over 2^31-1")
         elif (stream := self.streams.get(sid)) is not None:
             stream.send_window += increment
+            if stream.send_window > f.MAX_WINDOW:  # §6.9.1: that stream ends, not the connection
+                self._reset(stream, f.FLOW_CONTROL_ERROR, events)
+                return
         else:
             return
         if self._blocked:
             self._flush_blocked(events)
+
+    def _reset(self, stream: _Stream, code: int, events: list[Event]) -> None:
+        """A stream error (§5.4.2): RST_STREAM, the call is over, the connection goes on."""
+        del self.streams[stream.id]
+        self._blocked.pop(stream.id, None)
+        self._out.append(f.rst_stream_frame(stream.id, code))
+        events.append(StreamReset(stream.id))
 
     def _connection_error(self, code: int, message: str, events: list[Event]) -> None:
         self._out.append(f.goaway_frame(self.last_stream, code, message.encode()[:256]))

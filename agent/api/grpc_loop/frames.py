@@ -265,6 +265,8 @@ def parse_grpc_prefix(prefix: bytes) -> tuple[bool, int]:
 def parse_timeout(value: str) -> float | None:
     """A grpc-timeout header ("100m", "5S", ...) in seconds; None when malformed."""
     units = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
-    if len(value) < 2 or value[-1] not in units or not value[:-1].isdigit() or len(value) > 9:
+    digits = value[:-1]  # ASCII: str.isdigit also takes "²", which int() refuses
+    if not 1 <= len(digits) <= 8 or not digits.isascii() or not digits.isdigit():
         return None
-    return int(value[:-1]) * units[value[-1]]
+    unit = units.get(value[-1])
+    return None if unit is None else int(digits) * unit

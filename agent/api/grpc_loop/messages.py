@@ -95,4 +95,6 @@ class MessageReader:
                 _RESOURCE_EXHAUSTED,
                 f"Received message larger than max (over {self.max_message} once inflated)",
             )
+        if not inflater.eof:  # zlib returns what a cut stream holds without an error
+            raise CallRefusedError(_INTERNAL, "Failed to decompress the message: truncated")
         return inflated
