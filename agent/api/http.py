@@ -12,6 +12,7 @@ logged with its traceback and answered as a JSON 500, never as aiohttp's plain-t
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -39,6 +40,7 @@ from agent.api.http_context import (
 )
 from agent.api.http_generate import REFUSAL, generate_routes
 from agent.api.http_limits import (
+    STOPPING,
     ClientTimeoutError,
     must_close,
     read_body,
@@ -213,6 +215,7 @@ def create_app(
         client_max_size=max_request_bytes,
     )
     app[DATAPLANE] = dataplane
+    app[STOPPING] = asyncio.Event()
     app[TENSOR_LIMITS] = TensorLimits(max_request_bytes, max_bytes_elements)
     app[STATUS_SOURCE] = status if status is not None else BasicStatus(dataplane)
     model = "/v2/models/{model}"

@@ -15,6 +15,10 @@ A request "runs" from the moment its handler is entered (headers complete) until
 Content-Length over the limit is refused (413) before a byte of it is read, and a body that does
 not arrive within `body_timeout_s` gets 408; both close the connection, since the rest of the
 body is never read.
+
+When the agent stops, aiohttp drops whatever a connection sends after that moment, so a request
+whose body had not all arrived can never complete: `STOPPING` is set as the stop begins, and such
+a request is answered 503 at once instead of holding the stop until its body timeout.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from typing import Any, cast
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from agent.errors import AgentError, InvalidInputError, PayloadTooLargeError
+from agent.errors import AgentError, InvalidInputError, OverloadedError, PayloadTooLargeError
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +43,14 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 class ClientTimeoutError(AgentError):
     """The client sent its request body too slowly (HTTP 408)."""
+
+
+class StoppingError(OverloadedError):
+    """The agent began to stop while a request's body was still arriving (HTTP 503)."""
+
+
+# Set when the listener starts to stop (see the module doc); absent from apps that read no bodies.
+STOPPING = web.AppKey("stopping", asyncio.Event)
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +226,7 @@ async def read_body_up_front(request: web.Request, max_bytes: int, body_timeout_
     Raises (to the error middleware):
         PayloadTooLargeError: the declared Content-Length is over `max_bytes` (nothing read).
         ClientTimeoutError: the body did not arrive in time.
+        StoppingError: the agent began to stop before the body arrived.
         InvalidInputError: the body cannot be read as sent (see `read_body`).
     """
     declared = request.content_length
@@ -226,13 +239,30 @@ async def read_body_up_front(request: web.Request, max_bytes: int, body_timeout_
         await read_body(request)
         return
     started = time.monotonic()
+    stopping = request.app.get(STOPPING)
+    if stopping is None:
+        waiting: set[asyncio.Future[Any]] = set()
+    else:
+        waiting = {asyncio.ensure_future(stopping.wait())}
+    reading = asyncio.ensure_future(read_body(request))
     try:
-        await asyncio.wait_for(read_body(request), body_timeout_s)
-    except asyncio.TimeoutError:  # TimeoutError from 3.11 on
-        raise ClientTimeoutError(
-            f"request body not received within {time.monotonic() - started:.1f} s "
-            f"(server.body_timeout_ms)"
-        ) from None
+        await asyncio.wait(
+            {reading, *waiting}, timeout=body_timeout_s, return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        for task in waiting:
+            task.cancel()
+        if not reading.done():
+            reading.cancel()
+    if reading.done() and not reading.cancelled():
+        reading.result()  # its error, if any
+        return
+    if stopping is not None and stopping.is_set():
+        raise StoppingError("the server is stopping: the request body did not arrive before")
+    raise ClientTimeoutError(
+        f"request body not received within {time.monotonic() - started:.1f} s "
+        f"(server.body_timeout_ms)"
+    )
 
 
 async def read_body(request: web.Request) -> bytes:
@@ -251,4 +281,4 @@ async def read_body(request: web.Request) -> bytes:
 
 def must_close(error: BaseException) -> bool:
     """Whether an answer to this error must close the connection: the body was not read whole."""
-    return isinstance(error, PayloadTooLargeError | ClientTimeoutError)
+    return isinstance(error, PayloadTooLargeError | ClientTimeoutError | StoppingError)

@@ -17,7 +17,7 @@ from aiohttp import web
 from agent.api.access import ApiAccess
 from agent.api.grpc_loop import start_loop_grpc_server
 from agent.api.grpc_server import start_grpc_server
-from agent.api.http_limits import ConnectionGuard, ConnectionLimits
+from agent.api.http_limits import STOPPING, ConnectionGuard, ConnectionLimits
 from agent.api.metrics import build_registry, create_metrics_app
 from agent.api.tls import ServerTls
 from agent.canary.control import CanaryManager
@@ -96,6 +96,8 @@ async def serve_http(
     )
     await runner.setup()
     stack.push_async_callback(runner.cleanup)
+    if STOPPING in app:  # unwound before the cleanup: bodies still on their way are refused
+        stack.callback(app[STOPPING].set)
     assert runner.server is not None  # set up
     guard.bind(runner.server)
     listener = await asyncio.get_running_loop().create_server(
