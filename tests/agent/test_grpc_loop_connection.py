@@ -317,3 +317,31 @@ def test_a_request_that_is_not_grpc_is_answered_415(content_type: str | None) ->
         f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, 3, request_headers(hpack.Encoder()))
     )
     assert events[0] == c.RequestStarted(3, PATH, (), None)
+
+
+def test_unfinished_messages_a_connection_holds_are_capped() -> None:
+    conn = c.Connection(max_message=1000)
+    conn.held_limit = 2500  # the default is max_message + the window: too large to fill here
+    handshake(conn)
+    conn.data_to_send()
+    encoder = hpack.Encoder()
+    part = f.grpc_prefix(900) + b"p" * 595  # 600 bytes of a 905-byte message
+    for sid in (1, 3, 5, 7, 9):
+        events = conn.receive(
+            f.frame(f.HEADERS, f.END_HEADERS, sid, request_headers(encoder))
+            + f.frame(f.DATA, 0, sid, part)
+        )
+    assert conn.held == 2400  # four calls of 600 bytes; the fifth went over
+    assert events[-1] == c.StreamReset(9)
+    trailers = [
+        decoded_headers(block)
+        for kind, _, stream, block in parse_all(conn.data_to_send())
+        if kind == f.HEADERS and stream == 9
+    ]
+    assert trailers[-1]["grpc-status"] == "8"
+    assert "unfinished messages" in trailers[-1]["grpc-message"]
+    conn.receive(f.rst_stream_frame(1, f.CANCEL))  # the client gives one up
+    assert conn.held == 1800
+    events = conn.receive(f.frame(f.DATA, f.END_STREAM, 3, b"q" * 305))  # one completes
+    assert c.MessageReceived(3, b"p" * 595 + b"q" * 305) in events
+    assert conn.held == 1200

@@ -31,7 +31,7 @@ from agent.api.grpc_loop.messages import CallRefusedError, MessageReader
 OUR_WINDOW = 16 * 1024 * 1024
 OUR_MAX_FRAME = 1024 * 1024
 MAX_HEADER_BLOCK = 64 * 1024
-_INTERNAL = 13
+_RESOURCE_EXHAUSTED, _INTERNAL = 8, 13
 _HIGH_BYTES = bytes(range(0x80, 0x100))
 _CACHED_BLOCKS = 64
 # A request's header block read: path, metadata, grpc-timeout (s), whether it is a gRPC call.
@@ -132,6 +132,12 @@ class Connection:
         self._peer_max_frame = f.DEFAULT_MAX_FRAME
         self._recv_unacked = 0
         self._blocked: dict[int, _Stream] = {}
+        # Bytes held in unfinished messages over all streams. Credit is returned as DATA
+        # arrives (holding it back would stall a message larger than the window), so this cap
+        # bounds what one connection can make the server hold: one whole message of the
+        # largest size plus a window's worth spread over the other calls.
+        self.held = 0
+        self.held_limit = max_message + OUR_WINDOW
         settings = {
             f.MAX_CONCURRENT_STREAMS: max_streams,
             f.INITIAL_WINDOW_SIZE: OUR_WINDOW,
@@ -219,7 +225,8 @@ class Connection:
                 self._out.append(f.ping_ack_frame(payload))
         elif kind == f.RST_STREAM:
             f.parse_u32(payload)
-            if self.streams.pop(sid, None) is not None:
+            if (dropped := self.streams.pop(sid, None)) is not None:
+                self.held -= dropped.reader.buffered
                 self._blocked.pop(sid, None)
                 events.append(StreamReset(sid))
         elif kind == f.GOAWAY:
@@ -312,11 +319,23 @@ class Connection:
             if stream.recv_unacked >= OUR_WINDOW // 2:
                 self._out.append(f.window_update_frame(sid, stream.recv_unacked))
                 stream.recv_unacked = 0
+        held_before = stream.reader.buffered
         try:
             for message in stream.reader.feed(payload):
                 events.append(MessageReceived(sid, message))
         except CallRefusedError as refused:
+            self.held -= held_before
+            stream.reader.discard()
             self._refuse(stream, refused.status, refused.message)
+            events.append(StreamReset(sid))
+            return
+        self.held += stream.reader.buffered - held_before
+        if self.held > self.held_limit:
+            self._refuse(
+                stream,
+                _RESOURCE_EXHAUSTED,
+                f"the connection holds more than {self.held_limit} bytes of unfinished messages",
+            )
             events.append(StreamReset(sid))
             return
         if flags & f.END_STREAM:
@@ -369,6 +388,7 @@ class Connection:
     def _reset(self, stream: _Stream, code: int, events: list[Event]) -> None:
         """A stream error (§5.4.2): RST_STREAM, the call is over, the connection goes on."""
         del self.streams[stream.id]
+        self.held -= stream.reader.buffered
         self._blocked.pop(stream.id, None)
         self._out.append(f.rst_stream_frame(stream.id, code))
         events.append(StreamReset(stream.id))
@@ -447,6 +467,7 @@ class Connection:
         if not stream.remote_closed:  # the client may stop sending (as grpc core does)
             self._out.append(f.rst_stream_frame(stream.id, f.NO_ERROR))
         del self.streams[stream.id]
+        self.held -= stream.reader.buffered
         self._blocked.pop(stream.id, None)
 
     def _send_data(self, stream: _Stream, data: memoryview) -> None:

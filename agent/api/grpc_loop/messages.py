@@ -40,6 +40,16 @@ class MessageReader:
         self._compressed = False
 
     @property
+    def buffered(self) -> int:
+        """Bytes held for messages not yet complete."""
+        return len(self._body)
+
+    def discard(self) -> None:
+        """Forget a refused call's unfinished message."""
+        self._body = bytearray()
+        self._expect = -1
+
+    @property
     def inside_message(self) -> bool:
         """Whether part of a message has arrived without its end."""
         return bool(self._body)
