@@ -26,7 +26,7 @@ from agent.api.access import (
     grpc_endpoint,
     require_local_registrant,
 )
-from agent.api.http_limits import ClientTimeoutError, ConnectionLimits
+from agent.api.http_limits import ClientTimeoutError, ConnectionLimits, StoppingError
 from agent.api.model_load import ModelLoadFailedError, invalid_override, load_model
 from agent.api.tls import ServerTls, TlsError
 from agent.errors import (
@@ -80,6 +80,7 @@ STATUS_FOR_ERROR: dict[type[AgentError], grpc.StatusCode] = {
     ModelNotReadyError: grpc.StatusCode.UNAVAILABLE,
     ModelControlDisabledError: grpc.StatusCode.UNAVAILABLE,
     OverloadedError: grpc.StatusCode.UNAVAILABLE,
+    StoppingError: grpc.StatusCode.UNAVAILABLE,  # HTTP only; listed for completeness
     RequestTimeoutError: grpc.StatusCode.UNAVAILABLE,
     BackendError: grpc.StatusCode.INTERNAL,
     ModelInstanceFailedError: grpc.StatusCode.INTERNAL,

@@ -42,6 +42,7 @@ from agent.api.http_generate import REFUSAL, generate_routes
 from agent.api.http_limits import (
     STOPPING,
     ClientTimeoutError,
+    StoppingError,
     must_close,
     read_body,
     read_body_up_front,
@@ -120,6 +121,7 @@ STATUS_FOR_ERROR: dict[type[AgentError], int] = {
     ModelNotReadyError: 503,
     ModelControlDisabledError: 503,
     OverloadedError: 503,
+    StoppingError: 503,
     RequestTimeoutError: 503,
 }
 
