@@ -234,6 +234,23 @@ def perf_analyzer() -> str:
     return path
 
 
+def perf_analyzer_throughput(*args: str) -> float:
+    """Run perf_analyzer with `args` over three fixed windows; its throughput (inf/s), once it
+    is checked that the run exited cleanly and printed no error."""
+    result = subprocess.run(
+        [perf_analyzer(), *args, *PERF_ANALYZER_FIXED_WINDOWS],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    match = re.search(r"Throughput: ([\d.]+) infer/sec", output)
+    assert match is not None, output
+    assert "error" not in output.lower(), output
+    return float(match.group(1))
+
+
 class RecordingEvents:
     """An EventSink that keeps what it is told."""
 

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import re
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +19,7 @@ from tritonclient.utils import InferenceServerException
 from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.runtime.daemon import RunningAgent
 from tests.server import running_agent
-from tests.support import PERF_ANALYZER_FIXED_WINDOWS, perf_analyzer
+from tests.support import perf_analyzer_throughput
 
 Client = Any  # httpclient or grpcclient InferenceServerClient: the same shared-memory calls
 
@@ -199,37 +197,25 @@ def test_grpc_unregister_unknown_name_is_ok(agent: RunningAgent) -> None:
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_perf_analyzer_with_system_shared_memory(agent: RunningAgent, protocol: str) -> None:
     port = agent.http_port if protocol == "http" else agent.grpc_port
-    result = subprocess.run(
-        [
-            perf_analyzer(),
-            "-m",
-            "mlp_classifier",
-            "-u",
-            f"127.0.0.1:{port}",
-            "-i",
-            protocol,
-            "--shared-memory",
-            "system",
-            "--output-shared-memory-size",
-            "4096",
-            "--concurrency-range",
-            "2",
-            "--measurement-interval",
-            "1000",
-            "-b",
-            "1",
-            *PERF_ANALYZER_FIXED_WINDOWS,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
+    throughput = perf_analyzer_throughput(
+        "-m",
+        "mlp_classifier",
+        "-u",
+        f"127.0.0.1:{port}",
+        "-i",
+        protocol,
+        "--shared-memory",
+        "system",
+        "--output-shared-memory-size",
+        "4096",
+        "--concurrency-range",
+        "2",
+        "--measurement-interval",
+        "1000",
+        "-b",
+        "1",
     )
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output
-    match = re.search(r"Throughput: ([\d.]+) infer/sec", output)
-    assert match is not None, output
-    assert float(match.group(1)) > 0
-    assert "error" not in output.lower(), output
+    assert throughput > 0
 
 
 def test_shared_memory_can_be_turned_off(model_repo: Path, regions: tuple[Any, Any, str]) -> None:
