@@ -28,7 +28,7 @@ from agent.api.access import (
     RestrictedApiError,
     http_endpoint,
 )
-from agent.api.http_codec import HEADER_LENGTH, decode_infer_request, encode_infer_response
+from agent.api.http_codec import HEADER_LENGTH
 from agent.api.http_context import (
     DATAPLANE,
     TENSOR_LIMITS,
@@ -38,7 +38,8 @@ from agent.api.http_context import (
     optional_json,
     target,
 )
-from agent.api.http_generate import REFUSAL, generate_routes
+from agent.api.http_generate import generate_routes
+from agent.api.http_lane import INFER_LANE, InferLane, answer_infer
 from agent.api.http_limits import (
     STOPPING,
     ClientTimeoutError,
@@ -137,6 +138,15 @@ def error_response(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
 
+def _error_answer(dataplane: DataPlane, error: BaseException) -> tuple[int, str, bool]:
+    """The infer lane's answer to an error, as `request_middleware` gives it: the status, the
+    message with no path of the device, and whether the connection must close."""
+    if not isinstance(error, AgentError):
+        logger.error("POST /infer failed", exc_info=error)
+        error = InternalError.wrap(error)
+    return status_for(error), dataplane.scrub(error.message), must_close(error)
+
+
 def request_middleware(
     max_request_bytes: int,
     body_timeout_s: float,
@@ -220,6 +230,13 @@ def create_app(
     app[STOPPING] = asyncio.Event()
     app[TENSOR_LIMITS] = TensorLimits(max_request_bytes, max_bytes_elements)
     app[STATUS_SOURCE] = status if status is not None else BasicStatus(dataplane)
+    app[INFER_LANE] = InferLane(
+        dataplane,
+        app[TENSOR_LIMITS],
+        max_request_bytes,
+        access,
+        lambda exc: _error_answer(dataplane, exc),
+    )
     model = "/v2/models/{model}"
     version = "/v2/models/{model}/versions/{version}"
     repo = "/v2/repository/models/{model}"
@@ -330,39 +347,22 @@ async def _canary_stop(request: web.Request) -> web.Response:
 
 
 async def _infer(request: web.Request) -> web.Response:
-    app = request.app
-    dataplane = app[DATAPLANE]
-    if dataplane.tracer.active:
-        return await _infer_traced(request)
-    header_length = _header_length(request)
-    body = await read_body(request)
-    infer_request = decode_infer_request(body, header_length, limits=app[TENSOR_LIMITS])
-    response = await dataplane.infer(*target(request), infer_request, refusal=REFUSAL)
-    return _infer_response(*encode_infer_response(response, infer_request))
-
-
-async def _infer_traced(request: web.Request) -> web.Response:
-    """`_infer` with Triton's HTTP timestamps when the request is sampled for tracing."""
-    dataplane = dataplane_of(request)
+    """The aiohttp route of `/infer`: a connection the infer lane handed over (see
+    `agent.api.http_lane`), or a listener without the lane."""
     received = time.perf_counter_ns()
+    app = request.app
     header_length = _header_length(request)
     body = await read_body(request)
-    infer_request = decode_infer_request(body, header_length, limits=request.app[TENSOR_LIMITS])
-    trace = dataplane.tracer.start(request.match_info["model"], infer_request.id or "")
-    if trace is None:
-        response = await dataplane.infer(*target(request), infer_request, refusal=REFUSAL)
-        return _infer_response(*encode_infer_response(response, infer_request))
-    trace.stamp("HTTP_RECV_START", received)
-    trace.stamp("HTTP_RECV_END")
-    trace.propagate(request.headers)
-    try:
-        response = await dataplane.infer(*target(request), infer_request, trace, refusal=REFUSAL)
-        trace.stamp("HTTP_SEND_START")
-        answer = _infer_response(*encode_infer_response(response, infer_request))
-        trace.stamp("HTTP_SEND_END")
-        return answer
-    finally:
-        dataplane.tracer.finish(trace)
+    payload, json_length = await answer_infer(
+        app[DATAPLANE],
+        app[TENSOR_LIMITS],
+        target(request),
+        body,
+        header_length,
+        request.headers,
+        received,
+    )
+    return _infer_response(payload, json_length)
 
 
 def _infer_response(payload: bytes, json_length: int | None) -> web.Response:

@@ -46,7 +46,10 @@ _PLAN_CACHE_SIZE = 64
 
 
 def decode_infer_request(
-    body: bytes, header_length: int | None = None, *, limits: TensorLimits | None = None
+    body: bytes | memoryview,
+    header_length: int | None = None,
+    *,
+    limits: TensorLimits | None = None,
 ) -> InferRequest:
     """Decode a KServe v2 infer request body.
 

@@ -34,6 +34,7 @@ from typing import Any, cast
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from agent.api.http_lane import InferLane, LaneConnection
 from agent.errors import AgentError, InvalidInputError, OverloadedError, PayloadTooLargeError
 
 logger = logging.getLogger(__name__)
@@ -84,47 +85,89 @@ class _Refused(asyncio.Protocol):
 
 
 class _Tracked(asyncio.Protocol):
-    """aiohttp's request handler behind the guard's clock; every event is passed on.
+    """A connection behind the guard's clock: aiohttp's request handler, every event passed on;
+    or first the infer lane (`agent.api.http_lane`), until it hands the connection to aiohttp.
 
     Per request it only notes the loop time at a state change (a timer armed and cancelled per
     request cost ~4 µs); the guard's sweep closes the connections past their limit."""
 
-    def __init__(self, inner: asyncio.Protocol, guard: ConnectionGuard) -> None:
-        self.inner = inner
+    def __init__(self, guard: ConnectionGuard, lane: InferLane | None) -> None:
         self._guard = guard
+        # aiohttp's handler is made when needed: one that never saw a request would close the
+        # connection at its keep-alive time, however busy the lane kept it.
+        self.inner: asyncio.Protocol | None = None if lane is not None else guard.new_handler()
+        self.lane: LaneConnection | None = lane.open_to(self) if lane is not None else None
         self._transport: asyncio.BaseTransport | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._since = 0.0  # loop time of the last change: idle from, or headers awaited from
         self._running = 0  # requests whose handler is running
         self._partial = False  # bytes of a request arrived, its headers are not complete yet
+        self._paused = False
+
+    @property
+    def key(self) -> object:
+        """What the guard files this connection under: aiohttp's handler once there is one."""
+        return self.inner if self.inner is not None else self
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport
         self._loop = asyncio.get_running_loop()
         self._since = self._loop.time()
         self._guard.opened(self)
-        self.inner.connection_made(transport)
+        if self.lane is not None:
+            self.lane.attach(transport)
+        if self.inner is not None:
+            self.inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
         if not self._running and not self._partial:
             self._partial = True
             assert self._loop is not None
             self._since = self._loop.time()
-        self.inner.data_received(data)
+        if self.inner is not None:
+            self.inner.data_received(data)
+        elif self.lane is not None:
+            self.lane.feed(data)
+
+    def hand_over(self, received: bytes) -> None:
+        """The lane gives up the connection: aiohttp's handler takes it, from `received` on."""
+        assert self.inner is None
+        assert self._transport is not None
+        inner = self._guard.new_handler()
+        self._guard.refile(self, inner)
+        self.inner = inner
+        inner.connection_made(self._transport)
+        if self._paused:
+            inner.pause_writing()
+        if received:
+            inner.data_received(received)
 
     def eof_received(self) -> bool | None:
-        return self.inner.eof_received()
+        if self.inner is not None:
+            return self.inner.eof_received()
+        return None  # as aiohttp: a client that ends its side has gone; its request is cancelled
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
         self._guard.closed(self)
-        self.inner.connection_lost(exc)
+        if self.lane is not None:
+            self.lane.connection_lost()
+        if self.inner is not None:
+            self.inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
-        self.inner.pause_writing()
+        self._paused = True
+        if self.inner is not None:
+            self.inner.pause_writing()
+        elif self.lane is not None:
+            self.lane.pause_writing()
 
     def resume_writing(self) -> None:
-        self.inner.resume_writing()
+        self._paused = False
+        if self.inner is not None:
+            self.inner.resume_writing()
+        elif self.lane is not None:
+            self.lane.resume_writing()
 
     def request_started(self) -> None:
         self._running += 1
@@ -135,10 +178,17 @@ class _Tracked(asyncio.Protocol):
         if not self._running and self._loop is not None:
             self._since = self._loop.time()
 
-    def expire_if_due(self, now: float, limits: ConnectionLimits) -> None:
-        """Close the connection when its headers or its idle time are over their limit."""
+    def expire_if_due(self, now: float, limits: ConnectionLimits, tick_s: float) -> None:
+        """Close the connection when its headers or its idle time are over their limit; a body
+        the lane has waited a tick for goes to aiohttp, which times it (`body_timeout_s`)."""
         if self._running or self._transport is None:
             return
+        if self.inner is None and self.lane is not None:
+            since = self.lane.waiting_body_since()
+            if since is not None:
+                if now - since >= tick_s:
+                    self.lane.give_up()
+                return
         limit = limits.header_timeout_s if self._partial else limits.idle_timeout_s
         if now - self._since < limit:
             return
@@ -151,12 +201,14 @@ class _Tracked(asyncio.Protocol):
 
 
 class ConnectionGuard:
-    """Protocol factory for a listener in front of aiohttp's `web.Server` (see the module doc)."""
+    """Protocol factory for a listener in front of aiohttp's `web.Server` (see the module doc),
+    with the infer lane first on each connection when the app has one."""
 
-    def __init__(self, limits: ConnectionLimits) -> None:
+    def __init__(self, limits: ConnectionLimits, lane: InferLane | None = None) -> None:
         self.limits = limits
+        self.lane = lane
         self._server: web.Server | None = None
-        self._open: dict[Any, _Tracked] = {}  # aiohttp handler -> its tracker
+        self._open: dict[object, _Tracked] = {}  # aiohttp handler (or the tracker) -> tracker
         self.refused = 0
         self._sweeper: asyncio.TimerHandle | None = None
         # Timeouts are honoured within a quarter of the shorter one (at most 1 s late).
@@ -170,6 +222,10 @@ class ConnectionGuard:
     def open_connections(self) -> int:
         return len(self._open)
 
+    def new_handler(self) -> asyncio.Protocol:
+        assert self._server is not None, "bind() the aiohttp server first"
+        return self._server()
+
     def __call__(self) -> asyncio.Protocol:
         assert self._server is not None, "bind() the aiohttp server first"
         if len(self._open) >= self.limits.max_connections:
@@ -181,11 +237,15 @@ class ConnectionGuard:
                     self.limits.max_connections,
                 )
             return _Refused(self.limits.max_connections)
-        handler = self._server()
-        tracked = _Tracked(handler, self)
+        tracked = _Tracked(self, self.lane)
         # Counted at once, not at connection_made: a burst of accepts cannot overshoot.
-        self._open[handler] = tracked
+        self._open[tracked.key] = tracked
         return tracked
+
+    def refile(self, tracked: _Tracked, handler: object) -> None:
+        """A lane connection now goes through aiohttp's `handler` (which the middleware sees)."""
+        if self._open.pop(tracked, None) is not None:
+            self._open[handler] = tracked
 
     def opened(self, tracked: _Tracked) -> None:
         """`connection_made` (already counted when created): the sweep runs while any is open."""
@@ -196,11 +256,26 @@ class ConnectionGuard:
         loop = asyncio.get_running_loop()
         now = loop.time()
         for tracked in list(self._open.values()):
-            tracked.expire_if_due(now, self.limits)
+            tracked.expire_if_due(now, self.limits, self._tick_s)
         self._sweeper = loop.call_later(self._tick_s, self._sweep) if self._open else None
 
     def closed(self, tracked: _Tracked) -> None:
-        self._open.pop(tracked.inner, None)
+        self._open.pop(tracked.key, None)
+
+    async def stop_lanes(self, timeout_s: float) -> None:
+        """The agent is stopping (`STOPPING` set, no new connections): idle lane connections
+        close, bytes the lanes hold go to aiohttp, and the lanes' running requests get up to
+        `timeout_s` to be answered (aiohttp's shutdown, next, would close them unanswered)."""
+        running: list[asyncio.Task[None]] = []
+        for tracked in list(self._open.values()):
+            lane = tracked.lane
+            if lane is None or lane.done:
+                continue
+            lane.stop()
+            if lane.task is not None:
+                running.append(lane.task)
+        if running:
+            await asyncio.wait(running, timeout=timeout_s)
 
     def middleware(self) -> Middleware:
         """Marks each request as running on its connection (so the clock does not close it)."""

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from agent.api.access import ApiAccess
 from agent.api.http import create_app
+from agent.api.http_lane import INFER_LANE, InferLane
 from agent.api.tls import ServerTls
 from agent.canary.control import STATE_FILE, CanaryManager
 from agent.config.schema import AgentConfig
@@ -91,6 +92,7 @@ class RunningAgent:
     fleet: FleetLink | None = None
     tls: ServerTls | None = None  # reloaded on SIGHUP
     access: ApiAccess | None = None  # restricted API groups, swapped on SIGHUP
+    infer_lane: InferLane | None = None  # the HTTP listener's (what it served, handed over)
 
     async def stop(self) -> None:
         """Stop being ready, then stop every part in the reverse order of its start.
@@ -295,6 +297,7 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         fleet=fleet,
         tls=tls,
         access=access,
+        infer_lane=app[INFER_LANE],
     )
 
 

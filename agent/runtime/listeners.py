@@ -17,6 +17,7 @@ from aiohttp import web
 from agent.api.access import ApiAccess
 from agent.api.grpc_loop import start_loop_grpc_server
 from agent.api.grpc_server import start_grpc_server
+from agent.api.http_lane import INFER_LANE
 from agent.api.http_limits import STOPPING, ConnectionGuard, ConnectionLimits
 from agent.api.metrics import build_registry, create_metrics_app
 from agent.api.tls import ServerTls
@@ -76,10 +77,11 @@ async def serve_http(
 ) -> int:
     """Listen on host:port (0: any free port) until the stack unwinds; returns the bound port.
 
-    The listener is aiohttp's server behind a `ConnectionGuard` (connection cap and timeouts),
-    which is why it is not a `web.TCPSite`: a site cannot take another protocol factory.
+    The listener is aiohttp's server behind a `ConnectionGuard` (connection cap and timeouts,
+    and the app's infer lane first on each connection: `agent.api.http_lane`), which is why it
+    is not a `web.TCPSite`: a site cannot take another protocol factory.
     """
-    guard = ConnectionGuard(limits)
+    guard = ConnectionGuard(limits, app.get(INFER_LANE))
     app.middlewares.insert(0, guard.middleware())
     runner = web.AppRunner(
         app,
@@ -96,6 +98,8 @@ async def serve_http(
     )
     await runner.setup()
     stack.push_async_callback(runner.cleanup)
+    # Before aiohttp's shutdown, which knows nothing of the lane's requests in flight.
+    stack.push_async_callback(guard.stop_lanes, DRAIN_TIMEOUT_S if drain else 1.0)
     if STOPPING in app:  # unwound before the cleanup: bodies still on their way are refused
         stack.callback(app[STOPPING].set)
     assert runner.server is not None  # set up
