@@ -217,10 +217,12 @@ def create_app(
     access: ApiAccess | None = None,
     status: StatusSource | None = None,
     status_token: Callable[[], str | None] | None = None,
+    infer_lane: bool = True,
 ) -> web.Application:
     """Build the HTTP application around a data plane (limits: `agent.api.http_limits`;
     restricted API groups: `agent.api.access`; the status page: `agent.api.status_page`, with
-    `status_token` giving the token it needs, None: open)."""
+    `status_token` giving the token it needs, None: open; `infer_lane`: serve `/infer` in
+    its commonest shape straight from the connection, `agent.api.http_lane`)."""
     middlewares = [request_middleware(max_request_bytes, body_timeout_s, access, status_token)]
     app = web.Application(
         middlewares=middlewares,
@@ -230,13 +232,14 @@ def create_app(
     app[STOPPING] = asyncio.Event()
     app[TENSOR_LIMITS] = TensorLimits(max_request_bytes, max_bytes_elements)
     app[STATUS_SOURCE] = status if status is not None else BasicStatus(dataplane)
-    app[INFER_LANE] = InferLane(
-        dataplane,
-        app[TENSOR_LIMITS],
-        max_request_bytes,
-        access,
-        lambda exc: _error_answer(dataplane, exc),
-    )
+    if infer_lane:
+        app[INFER_LANE] = InferLane(
+            dataplane,
+            app[TENSOR_LIMITS],
+            max_request_bytes,
+            access,
+            lambda exc: _error_answer(dataplane, exc),
+        )
     model = "/v2/models/{model}"
     version = "/v2/models/{model}/versions/{version}"
     repo = "/v2/repository/models/{model}"

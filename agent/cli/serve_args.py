@@ -28,6 +28,15 @@ def add_serve_command(commands: Any) -> None:
     serve.add_argument("--host", dest="server.host", help="bind address (default 127.0.0.1)")
     serve.add_argument("--http-port", type=int, dest="server.http_port", help="default 8000")
     serve.add_argument(
+        "--http-infer-lane",
+        type=_bool_value,
+        nargs="?",
+        const=True,
+        dest="server.http_infer_lane",
+        metavar="BOOL",
+        help="false: every HTTP request through aiohttp's handler (default true)",
+    )
+    serve.add_argument(
         "--grpc-port", type=int, dest="server.grpc_port", help="default 8001; -1: off"
     )
     serve.add_argument(

@@ -1,6 +1,7 @@
 """The agent's settings: frozen dataclasses, read once at start-up by `agent.config.loader`.
 
-    [server]  name, host, http_port, grpc_port, grpc_engine, metrics_port, max_request_bytes,
+    [server]  name, host, http_port, http_infer_lane, grpc_port, grpc_engine, metrics_port,
+              max_request_bytes,
               shared_memory, max_bytes_elements, max_connections, header_timeout_ms,
               body_timeout_ms, idle_timeout_ms, tls_cert_file, tls_key_file, tls_client_ca_file,
               http_restricted_api, grpc_restricted_protocol, strict_security, status_token,
@@ -53,6 +54,7 @@ class ServerConfig:
     name: str = "edge-agent"  # server metadata's "name" (a fleet whose clients check it: "triton")
     host: str = "127.0.0.1"
     http_port: int = 8000
+    http_infer_lane: bool = True  # /infer served straight from the connection (api.md)
     grpc_port: int = 8001  # KServe v2 gRPC; -1 turns it off
     grpc_engine: str = "loop"  # "loop" (HTTP/2 on the event loop) or "grpcio" (grpc.aio)
     metrics_port: int = 8002  # Prometheus /metrics; -1 turns it off

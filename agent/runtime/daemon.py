@@ -258,6 +258,7 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         access=access if "http" in access.enforced else None,
         status=status,
         status_token=lambda: token,
+        infer_lane=server.http_infer_lane,
     )
     context = tls.ssl_context if tls is not None else None
     port = await serve_http(
@@ -297,7 +298,7 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         fleet=fleet,
         tls=tls,
         access=access,
-        infer_lane=app[INFER_LANE],
+        infer_lane=app.get(INFER_LANE),
     )
 
 

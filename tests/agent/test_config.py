@@ -257,6 +257,17 @@ def test_grpc_engine_is_checked_and_read_from_the_environment(tmp_path: Path, re
     assert load_config(path, {}, environ).server.grpc_engine == "grpcio"
 
 
+def test_the_http_infer_lane_is_on_unless_turned_off(tmp_path: Path, repo: Path) -> None:
+    path = repo_toml(tmp_path, "")
+    assert load_config(path, {}).server.http_infer_lane is True
+    environ = {"EDGE_AGENT_SERVER_HTTP_INFER_LANE": "false"}
+    assert load_config(path, {}, environ).server.http_infer_lane is False
+    path = repo_toml(tmp_path, "[server]\nhttp_infer_lane = false\n")
+    assert load_config(path, {}).server.http_infer_lane is False
+    with pytest.raises(AgentConfigError, match=r"server\.http_infer_lane"):
+        load_config(repo_toml(tmp_path, '[server]\nhttp_infer_lane = "yes"\n'), {})
+
+
 def test_log_level_is_case_insensitive(tmp_path: Path, repo: Path) -> None:
     path = repo_toml(tmp_path, '[log]\nlevel = "WARNING"\n')
 

@@ -116,6 +116,16 @@ def slow_body_agent(model_repo: Path) -> Iterator[RunningAgent]:
         yield running
 
 
+@pytest.fixture(scope="module")
+def laneless_agent(model_repo: Path) -> Iterator[RunningAgent]:
+    config = AgentConfig(
+        server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1, http_infer_lane=False),
+        models=ModelsConfig(repository=model_repo, intra_op_threads=1),
+    )
+    with running_agent(config) as running:
+        yield running
+
+
 def lane_of(agent: RunningAgent) -> InferLane:
     assert agent.infer_lane is not None
     return agent.infer_lane
@@ -275,3 +285,15 @@ def test_a_slow_body_is_handed_over_and_timed_out(slow_body_agent: RunningAgent)
     assert answer.status == 408
     assert "body_timeout_ms" in str(answer.json()["error"])
     assert lane.handed_over == handed_over + 1
+
+
+def test_with_the_lane_off_aiohttp_answers_every_request(
+    agent: RunningAgent, laneless_agent: RunningAgent
+) -> None:
+    assert laneless_agent.infer_lane is None
+    path, body, headers = CASES["binary"]
+    (without,) = run(exchange(laneless_agent.http_port, [request(path, body, headers)], 1))
+    (with_lane,) = run(exchange(agent.http_port, [request(path, body, headers)], 1))
+    assert without.status == 200
+    assert without.body == with_lane.body
+    assert "server" in without.headers  # aiohttp's own answer
