@@ -196,6 +196,10 @@ class _Transport(Protocol):
 
     def is_closing(self) -> bool: ...
 
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
 
 class LaneConnection:
     """One connection's lane: buffers what arrives, serves requests in order (pipelined ones
@@ -213,15 +217,11 @@ class LaneConnection:
         self._task: asyncio.Task[None] | None = None
         self._paused = False  # the transport's write buffer is full
         self._closing = False  # answer what runs, then close (the agent is stopping)
+        self._reading = True  # False: more than a request is buffered behind the one running
         self.done = False  # handed over or closed: the lane reads nothing more
 
     def attach(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(_Transport, transport)
-
-    @property
-    def busy(self) -> bool:
-        """A request is being served."""
-        return self._task is not None
 
     @property
     def task(self) -> asyncio.Task[None] | None:
@@ -236,6 +236,10 @@ class LaneConnection:
         self._size += len(data)
         if self._task is None:
             self._advance()
+        elif self._size > self._lane.max_request_bytes + HEAD_MAX and self._transport is not None:
+            # A client pipelining faster than it is served waits in its socket, not in our memory.
+            self._reading = False
+            self._transport.pause_reading()
 
     def pause_writing(self) -> None:
         self._paused = True
@@ -282,6 +286,9 @@ class LaneConnection:
 
     def _advance(self) -> None:
         """Start serving the next complete request in the buffer, if any."""
+        if not self._reading and self._transport is not None:
+            self._reading = True
+            self._transport.resume_reading()
         if self.done or self._paused or not self._size:
             return
         if self._closing:

@@ -297,3 +297,28 @@ def test_with_the_lane_off_aiohttp_answers_every_request(
     assert without.status == 200
     assert without.body == with_lane.body
     assert "server" in without.headers  # aiohttp's own answer
+
+
+def test_a_pipelining_client_is_paused_not_buffered_and_all_is_answered(
+    agent: RunningAgent,
+) -> None:
+    """More than `max_request_bytes` (1 MiB here) of requests pipelined behind a running one:
+    the lane stops reading until it catches up, and every request is answered in order."""
+    count = 4000
+    requests = [request(INFER, json.dumps(dict(GOOD, id=str(i))).encode()) for i in range(count)]
+    assert sum(map(len, requests)) > 1 << 20
+
+    async def scenario() -> list[Answer]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", agent.http_port)
+        writer.write(b"".join(requests))
+        sending = asyncio.ensure_future(writer.drain())
+        answers = [await read_answer(reader) for _ in range(count)]
+        await sending
+        writer.close()
+        return answers
+
+    lane = lane_of(agent)
+    served = lane.served
+    answers = asyncio.run(scenario())
+    assert [a.json()["id"] for a in answers] == [str(i) for i in range(count)]
+    assert lane.served == served + count
