@@ -10,8 +10,11 @@ listening socket and adds both:
   first byte (slow-loris), or that stays idle `idle_timeout_s` without a request (a fresh
   connection that sends nothing, or keep-alive after a response), is closed.
 
+Each connection starts in the app's infer lane, when it has one (`agent.api.http_lane`), and
+goes to aiohttp's handler when the lane hands it over; the guard's limits hold for both.
+
 A request "runs" from the moment its handler is entered (headers complete) until it returns:
-`guard_middleware` tells the guard. `read_body_up_front` then bounds the body: a declared
+`guard_middleware` tells the guard (the lane tells it itself). `read_body_up_front` then bounds the body: a declared
 Content-Length over the limit is refused (413) before a byte of it is read, and a body that does
 not arrive within `body_timeout_s` gets 408; both close the connection, since the rest of the
 body is never read.
