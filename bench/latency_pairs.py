@@ -7,7 +7,7 @@ sleeping thread, and one pair of runs gave anything from 0.38 to 1.73 against th
 (BENCHMARKS.md). So ONE agent serves both protocols, and each round runs perf_analyzer over HTTP
 (binary tensors) and over gRPC, c=1, batch 1, a fixed `--request-count`, the order swapped every
 round so neither protocol always runs on a warmer or colder machine. The target is judged on the
-median of the rounds' gRPC / HTTP p50 ratios, which held still where single pairs did not.
+median of the rounds' gRPC / HTTP p50 ratios, which moves far less than single pairs do.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def caption(rounds: int, requests: int) -> str:
         f"gRPC vs HTTP p50 at c=1, MLP with dynamic batching (bench.latency_pairs): one agent "
         f"serving both, {rounds} rounds of {requests:,} requests per protocol, the order swapped "
         "every round; target: the median gRPC / HTTP ratio <= 1.00 (a single pair swings "
-        "0.4-1.7 on a shared machine, the median of alternating pairs holds still):"
+        "0.4-1.7 on a shared machine, the median of alternating pairs moves far less):"
     )
 
 
