@@ -6,9 +6,11 @@ Steps, all in a temporary folder that is removed afterwards:
   3. for each model and each repository ("nobatch", "dynbatch"): start the agent as a child
      process, run perf_analyzer at each concurrency, sample the agent's RSS;
   4. print one table (and a memory table); --out also writes them as markdown;
-  5. issue 18's targets as same-run ratios (bench.targets): gRPC / HTTP, the agent's CPU per MLP
-     request against the aiohttp floor (bench.cpu_per_request), and its CPU per CNN inference
-     against raw ORT at the batch sizes the batcher formed (bench.cpu_per_inference).
+  5. issue 18's targets as same-run ratios (bench.targets): gRPC / HTTP throughput, gRPC / HTTP
+     p50 at c=1 as the median of alternating pairs against one agent (bench.latency_pairs), the
+     agent's CPU per MLP request against the aiohttp floor (bench.cpu_per_request), and its CPU
+     per CNN inference against raw ORT at the batch sizes the batcher formed
+     (bench.cpu_per_inference).
 `--shared-memory` adds a column: the dynamic-batching agent driven over HTTP with
 `--shared-memory system` (tensors in POSIX shared memory, as local clients on a device send them).
 `--soak SECONDS` instead runs the MLP at concurrency 16 for that long and tracks RSS.
@@ -64,6 +66,7 @@ from bench.targets import (
     cnn_cpu_points,
     render_targets,
     run_cnn_floor,
+    run_latency_pairs,
     run_mlp_cpu,
 )
 
@@ -92,6 +95,8 @@ class Settings:
     mlp_cpu_requests: int = 10_000  # per server in the MLP CPU table
     raw_cpu_seconds: float = 1.5  # raw ORT time per batch size in the CNN CPU table
     cnn_floor_requests: int = 1500  # aiohttp floor with the CNN's requests
+    latency_rounds: int = 9  # alternating HTTP/gRPC pairs at c=1 (MLP, dynbatch)
+    latency_requests: int = 1500  # per run in those pairs
 
 
 @dataclass(slots=True)
@@ -220,6 +225,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         mlp_cpu_requests=1500 if quick else 10_000,
         raw_cpu_seconds=0.3 if quick else 1.5,
         cnn_floor_requests=300 if quick else 1500,
+        latency_rounds=5 if quick else 9,
     )
 
 
@@ -242,6 +248,8 @@ def estimate_seconds(s: Settings) -> float:
             agent += 8 * (s.raw_cpu_seconds + 0.5) + s.cnn_floor_requests / 1000 + 3
         if model.key == "mlp":  # three servers at ~2,500 requests/s, plus start and warm-up
             agent += len(MLP_CPU_SERVERS) * (s.mlp_cpu_requests / 2500 + AGENT_START_S + 1)
+            # Alternating pairs at c=1, ~1,000 requests/s, plus start and two warm-ups.
+            agent += 2 * s.latency_rounds * (s.latency_requests / 1000 + 0.5) + AGENT_START_S + 1
     return raw + agent
 
 
@@ -371,6 +379,11 @@ def run_suite(root: Path, s: Settings) -> str:
             extra.mlp_cpu = run_mlp_cpu(
                 s.perf_analyzer, repos["nobatch"], s.mlp_cpu_requests, root, log
             )
+            extra.latency_pairs = run_latency_pairs(
+                s.perf_analyzer, repos["dynbatch"], s.latency_rounds, s.latency_requests,
+                _threads(model, "dynbatch", s), root, log,
+            )  # fmt: skip
+            extra.latency_pair_requests = s.latency_requests
     return render_suite(s, raw, agents, load_at_start, extra)
 
 

@@ -51,7 +51,7 @@ SERVERS = (
 _LISTENING = re.compile(r"listening on http://([^\s:]+):(\d+)")
 _GRPC = re.compile(r"gRPC on ([^\s:]+):(\d+)")
 TICK_US = 1_000_000 / os.sysconf("SC_CLK_TCK")
-_WARMUP_REQUESTS = 500
+WARMUP_REQUESTS = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +210,19 @@ def _hung(attempt: int) -> None:
     print(f"perf_analyzer hung (try {attempt} of {_ATTEMPTS}); cut off", file=sys.stderr)
 
 
+def run_counted_retrying(command: list[str], requests: int) -> subprocess.CompletedProcess[str]:
+    """A --request-count perf_analyzer run, made again (up to _ATTEMPTS tries) when it hangs;
+    TimeoutExpired when every try hung."""
+    for attempt in range(1, _ATTEMPTS + 1):
+        try:
+            return _run_counted(command, requests)
+        except subprocess.TimeoutExpired:
+            _hung(attempt)
+            if attempt == _ATTEMPTS:
+                raise
+    raise AssertionError("unreachable")
+
+
 def run_point(
     binary: str,
     server: Server,
@@ -224,15 +237,8 @@ def run_point(
     port = server.grpc_port if protocol == "grpc" else server.port
     # Warm-up: connections, first-call allocations and ONNX Runtime's first runs.
     warm_csv = workdir / "warmup.csv"
-    warm = drive(binary, port, concurrency, _WARMUP_REQUESTS, warm_csv, protocol, model)
-    for attempt in range(1, _ATTEMPTS + 1):
-        try:
-            _run_counted(warm, _WARMUP_REQUESTS).check_returncode()
-            break
-        except subprocess.TimeoutExpired:
-            _hung(attempt)
-            if attempt == _ATTEMPTS:
-                raise
+    warm = drive(binary, port, concurrency, WARMUP_REQUESTS, warm_csv, protocol, model)
+    run_counted_retrying(warm, WARMUP_REQUESTS).check_returncode()
     command = drive(binary, port, concurrency, requests, csv_path, protocol, model)
     for attempt in range(1, _ATTEMPTS + 1):
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
