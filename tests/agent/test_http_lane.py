@@ -44,7 +44,8 @@ def test_a_tritonclient_head_is_the_lanes() -> None:
 
 def test_connection_close_and_no_version_are_read() -> None:
     head = parse_infer_head(
-        b"POST /v2/models/m.x-1/infer HTTP/1.1\r\nCONTENT-LENGTH:  7 \r\nConnection: Close"
+        b"POST /v2/models/m.x-1/infer HTTP/1.1\r\nhost: x\r\nCONTENT-LENGTH:  7 \r\n"
+        b"Connection: Close"
     )
     assert head is not None
     assert (head.model, head.version, head.content_length) == ("m.x-1", None, 7)
@@ -52,30 +53,41 @@ def test_connection_close_and_no_version_are_read() -> None:
     assert head.header_length is None
 
 
+SHAPED = b"POST /v2/models/m/infer HTTP/1.1\r\nHost: h\r\nContent-Length: 1"
+
+
+def test_the_shape_itself_is_the_lanes() -> None:
+    assert parse_infer_head(SHAPED) is not None
+
+
 @pytest.mark.parametrize(
     "head",
     [
-        b"GET /v2/models/m/infer HTTP/1.1\r\nContent-Length: 1",
-        b"POST /v2/models/m/infer HTTP/1.0\r\nContent-Length: 1",
-        b"POST /v2/models/m/ready HTTP/1.1\r\nContent-Length: 1",
-        b"POST /v2/models/m%2Fx/infer HTTP/1.1\r\nContent-Length: 1",
-        b"POST /v2/models/m/infer?x=1 HTTP/1.1\r\nContent-Length: 1",
-        b"POST /v2/models/m/versions/one/infer HTTP/1.1\r\nContent-Length: 1",
-        b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x",  # no Content-Length
-        b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 1",
-        b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: +1",
-        b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked",
-        b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 1\r\nContent-Encoding: gzip",
-        b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 1\r\nExpect: 100-continue",
-        b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 1\r\nConnection: Upgrade",
-        b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 1\r\nX-A: b\r\n folded",
-        b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 1\r\nBad Name: b",
-        b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 1\r\nX-A: b\x00c",
-        b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 1\r\nno colon",
-        b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 1\r\n"
+        b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 1",
+        b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 1\r\nHost: a\r\nHost: b",
+        b"GET /v2/models/m/infer HTTP/1.1\r\nHost: h\r\nContent-Length: 1",
+        b"POST /v2/models/m/infer HTTP/1.0\r\nHost: h\r\nContent-Length: 1",
+        b"POST /v2/models/m/ready HTTP/1.1\r\nHost: h\r\nContent-Length: 1",
+        b"POST /v2/models/m%2Fx/infer HTTP/1.1\r\nHost: h\r\nContent-Length: 1",
+        b"POST /v2/models/m/infer?x=1 HTTP/1.1\r\nHost: h\r\nContent-Length: 1",
+        b"POST /v2/models/m/versions/one/infer HTTP/1.1\r\nHost: h\r\nContent-Length: 1",
+        b"POST /v2/models/m/infer HTTP/1.1\r\nHost: h\r\nX: y",  # no Content-Length
+        b"POST /v2/models/m/infer HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\nContent-Length: 1",
+        b"POST /v2/models/m/infer HTTP/1.1\r\nHost: h\r\nContent-Length: +1",
+        SHAPED + b"\r\nTransfer-Encoding: chunked",
+        SHAPED + b"\r\nContent-Encoding: gzip",
+        b"POST /v2/models/m/infer HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\nExpect: 100-continue",
+        b"POST /v2/models/m/infer HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\nConnection: Upgrade",
+        b"POST /v2/models/m/infer HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\nX-A: b\r\n folded",
+        b"POST /v2/models/m/infer HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\nBad Name: b",
+        b"POST /v2/models/m/infer HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\nX-A: b\x00c",
+        b"POST /v2/models/m/infer HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\nno colon",
+        b"POST /v2/models/m/infer HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\n"
         b"Inference-Header-Content-Length: 1_0",
     ],
     ids=[
+        "no Host",
+        "two Hosts",
         "GET",
         "HTTP/1.0",
         "another route",

@@ -3,17 +3,23 @@
 Properties:
 * the head parser takes any bytes without raising, and what it accepts is an infer request
   line with a Content-Length it read as digits;
+* whatever it accepts, aiohttp's own parser accepts too and reads the same way (path, body
+  length, header length, keep-alive): the lane never takes a request aiohttp would refuse;
 * on a running agent, a valid request cut into reads anywhere gets the same answer as sent
   whole; a damaged request is answered or the connection closes, and the agent serves on.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import re
 import socket
 
+from aiohttp.base_protocol import BaseProtocol
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.http_parser import HttpRequestParser
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -38,6 +44,71 @@ def test_any_head_parses_or_is_left_to_aiohttp(head: bytes) -> None:
     if parsed is not None:
         assert re.match(rb"POST /v2/models/[^ ]+/infer HTTP/1\.1", head)
         assert parsed.content_length >= 0
+
+
+_NAMES = st.sampled_from(
+    [
+        b"Content-Length",
+        b"content-length",
+        b"Inference-Header-Content-Length",
+        b"Connection",
+        b"Host",
+        b"host",
+        b"traceparent",
+        b"X-Any",
+        b"Transfer-Encoding",
+    ]
+) | st.binary(min_size=1, max_size=12)
+_VALUES = st.sampled_from([b"12", b" 7 ", b"close", b"keep-alive", b"chunked", b"0"]) | st.binary(
+    max_size=16
+)
+
+
+def _aiohttp_reading(head: bytes) -> tuple[str, str, int, str | None, bool] | None:
+    """How aiohttp's parser reads `head` (then its blank line), None: it refuses it."""
+    loop = asyncio.new_event_loop()
+    try:
+        parser = HttpRequestParser(BaseProtocol(loop), loop, 2**16)
+        messages, _, _ = parser.feed_data(head + b"\r\n\r\n")
+    except HttpProcessingError:
+        return None
+    finally:
+        loop.close()
+    if not messages:
+        return None
+    message = messages[0][0]
+    length = message.headers.get("Content-Length")
+    return (
+        message.method,
+        message.path,
+        int(length) if length is not None else -1,
+        message.headers.get("Inference-Header-Content-Length"),
+        not message.should_close,
+    )
+
+
+@FUZZ
+@given(
+    version=st.sampled_from([b"", b"/versions/3"]),
+    host=st.booleans(),
+    fields=st.lists(st.tuples(_NAMES, _VALUES), max_size=6),
+)
+def test_what_the_lane_accepts_aiohttp_reads_the_same_way(
+    version: bytes, host: bool, fields: list[tuple[bytes, bytes]]
+) -> None:
+    head = b"POST /v2/models/m" + version + b"/infer HTTP/1.1" + (b"\r\nHost: h" if host else b"")
+    head += b"".join(b"\r\n" + name + b":" + value for name, value in fields)
+    parsed = parse_infer_head(head)
+    if parsed is None:
+        return
+    reading = _aiohttp_reading(head)
+    assert reading is not None, head
+    method, path, length, header_length, keep_alive = reading
+    assert (method, path) == ("POST", f"/v2/models/m{version.decode()}/infer")
+    assert length == parsed.content_length
+    expected = None if parsed.header_length is None else str(parsed.header_length)
+    assert (header_length.strip() if header_length else header_length) == expected
+    assert keep_alive == parsed.keep_alive
 
 
 def _exchange(port: int, pieces: list[bytes]) -> bytes:
