@@ -14,10 +14,10 @@ Each connection starts in the app's infer lane, when it has one (`agent.api.http
 goes to aiohttp's handler when the lane hands it over; the guard's limits hold for both.
 
 A request "runs" from the moment its handler is entered (headers complete) until it returns:
-`guard_middleware` tells the guard (the lane tells it itself). `read_body_up_front` then bounds the body: a declared
-Content-Length over the limit is refused (413) before a byte of it is read, and a body that does
-not arrive within `body_timeout_s` gets 408; both close the connection, since the rest of the
-body is never read.
+`guard_middleware` tells the guard (the lane tells it itself). `read_body_up_front` then bounds
+the body: a declared Content-Length over the limit is refused (413) before a byte of it is read,
+and a body that does not arrive within `body_timeout_s` gets 408; both close the connection,
+since the rest of the body is never read.
 
 When the agent stops, aiohttp drops whatever a connection sends after that moment, so a request
 whose body had not all arrived can never complete: `STOPPING` is set as the stop begins, and such
