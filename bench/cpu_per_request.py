@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.models import MODELS, write_model_files, write_repository
+from bench.models import write_mlp_repositories
 from bench.perf import find_perf_analyzer, mean_latency_us, single_run_row
 from bench.procs import REPO_ROOT, BenchError, stop_process
 from bench.report import load_average, markdown_table
@@ -328,9 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     load_before = load_average()
     with tempfile.TemporaryDirectory(prefix="cpu-per-request-") as tmp:
         root = Path(tmp)
-        model = MODELS["mlp"]
-        onnx_path = write_model_files(root, [model])["mlp"]
-        repos = {mode: write_repository(root, model, mode, onnx_path) for mode in SERVERS[1:3]}
+        repos = write_mlp_repositories(root, *SERVERS[1:3])
         for name in servers:
             server = Server(server_command(name, repos, args.agent_arg))
             try:

@@ -30,7 +30,7 @@ import aiohttp
 import numpy as np
 
 from agent.runtime.fd_limit import raise_open_file_limit
-from bench.models import MODELS, write_model_files, write_repository
+from bench.models import write_mlp_repositories
 from bench.procs import AgentProcess, BenchError
 from bench.report import load_average, markdown_table
 
@@ -151,9 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     load_before = load_average()
     with tempfile.TemporaryDirectory(prefix="idle-connections-") as tmp:
         root = Path(tmp)
-        model = MODELS["mlp"]
-        onnx_path = write_model_files(root, [model])["mlp"]
-        repo = write_repository(root, model, "nobatch", onnx_path)
+        repo = write_mlp_repositories(root, "nobatch")["nobatch"]
         with AgentProcess(repo, intra_op_threads=1) as agent:
             runs = asyncio.run(measure(agent.port, args.requests, args.clients, args.idle))
     print(render(runs))

@@ -29,7 +29,7 @@ from bench.cpu_per_request import (
     run_counted_retrying,
     server_command,
 )
-from bench.models import MODELS, write_model_files, write_repository
+from bench.models import write_mlp_repositories
 from bench.perf import find_perf_analyzer, single_run_row
 from bench.procs import BenchError
 from bench.report import load_average, markdown_table
@@ -175,9 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     load_before = load_average()
     with tempfile.TemporaryDirectory(prefix="latency-pairs-") as tmp:
         root = Path(tmp)
-        model = MODELS["mlp"]
-        onnx_path = write_model_files(root, [model])["mlp"]
-        repo = write_repository(root, model, "dynbatch", onnx_path)
+        repo = write_mlp_repositories(root, "dynbatch")["dynbatch"]
         try:
             pairs = run_pairs(binary, repo, args.rounds, args.requests, root, _log, args.agent_arg)
         except (BenchError, OSError, subprocess.SubprocessError) as exc:

@@ -264,3 +264,10 @@ def write_repository(root: Path, model: BenchModel, mode: str, onnx_path: Path) 
         config_pbtxt(model, mode), encoding="utf-8"
     )
     return repo
+
+
+def write_mlp_repositories(root: Path, *modes: str) -> dict[str, Path]:
+    """The benchmark MLP written once under `root`, served as each of `modes` (mode -> path)."""
+    model = MODELS["mlp"]
+    onnx_path = write_model_files(root, [model])["mlp"]
+    return {mode: write_repository(root, model, mode, onnx_path) for mode in modes}

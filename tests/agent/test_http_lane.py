@@ -267,16 +267,8 @@ def test_connection_close_is_honoured(agent: RunningAgent) -> None:
 
 
 def test_a_body_over_the_limit_is_aiohttps_413(agent: RunningAgent) -> None:
-    async def scenario() -> Answer:
-        reader, writer = await asyncio.open_connection("127.0.0.1", agent.http_port)
-        writer.write(
-            b"POST " + INFER.encode() + b" HTTP/1.1\r\nHost: t\r\nContent-Length: 9999999\r\n\r\n"
-        )
-        answer = await read_answer(reader)
-        writer.close()
-        return answer
-
-    answer = asyncio.run(scenario())
+    head = b"POST " + INFER.encode() + b" HTTP/1.1\r\nHost: t\r\nContent-Length: 9999999\r\n\r\n"
+    (answer,) = run(exchange(agent.http_port, [head], 1))  # the body is never sent
     assert answer.status == 413
     assert "over the limit" in str(answer.json()["error"])
 
@@ -286,14 +278,8 @@ def test_a_slow_body_is_handed_over_and_timed_out(slow_body_agent: RunningAgent)
     lane = lane_of(slow_body_agent)
     handed_over = lane.handed_over
 
-    async def scenario() -> Answer:
-        reader, writer = await asyncio.open_connection("127.0.0.1", slow_body_agent.http_port)
-        writer.write(request(INFER, body)[:-10])  # the last 10 bytes never come
-        answer = await read_answer(reader)
-        writer.close()
-        return answer
-
-    answer = asyncio.run(scenario())
+    cut = request(INFER, body)[:-10]  # the last 10 bytes never come
+    (answer,) = run(exchange(slow_body_agent.http_port, [cut], 1))
     assert answer.status == 408
     assert "body_timeout_ms" in str(answer.json()["error"])
     assert lane.handed_over == handed_over + 1
