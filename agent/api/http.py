@@ -138,13 +138,17 @@ def error_response(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
 
-def _error_answer(dataplane: DataPlane, error: BaseException) -> tuple[int, str, bool]:
-    """The infer lane's answer to an error, as `request_middleware` gives it: the status, the
-    message with no path of the device, and whether the connection must close."""
+def error_answer(
+    dataplane: DataPlane, error: BaseException, where: str = "POST /infer"
+) -> tuple[int, str, bool]:
+    """The answer to an error from a request (`where`: its method and path, for the log): the
+    status, the message with no path of the device, and whether the connection must close (the
+    rest of the body is never read). Anything but an `AgentError` is a bug: logged with its
+    traceback and answered 500. `request_middleware` and the infer lane both answer with it."""
     if not isinstance(error, AgentError):
-        logger.error("POST /infer failed", exc_info=error)
-        error = InternalError.wrap(error)
-    return status_for(error), dataplane.scrub(error.message), must_close(error)
+        logger.error("%s failed", where, exc_info=error)
+    message = dataplane.scrub(InternalError.wrap(error).message)
+    return status_for(error), message, must_close(error)
 
 
 def request_middleware(
@@ -185,12 +189,6 @@ def request_middleware(
             if request.body_exists:
                 await read_body_up_front(request, max_request_bytes, body_timeout_s)
             return await handler(request)
-        except AgentError as exc:
-            # no path of the device in what the client reads
-            answer = error_response(status_for(exc), request.app[DATAPLANE].scrub(exc.message))
-            if must_close(exc):  # the rest of the body is never read
-                answer.force_close()
-            return answer
         except web.HTTPRequestEntityTooLarge:
             message = f"request body over the limit of {max_request_bytes} bytes"
             answer = error_response(413, message)
@@ -200,10 +198,13 @@ def request_middleware(
             if exc.status < 400:
                 raise
             return error_response(exc.status, exc.reason)
-        except Exception as exc:  # a bug: answered in JSON, logged with its traceback
-            logger.exception("%s %s failed", request.method, request.path)
-            message = request.app[DATAPLANE].scrub(InternalError.wrap(exc).message)
-            return error_response(status_for(exc), message)
+        except Exception as exc:  # noqa: BLE001 - by the table; a bug logged by error_answer
+            where = f"{request.method} {request.path}"
+            status, message, close = error_answer(request.app[DATAPLANE], exc, where)
+            answer = error_response(status, message)
+            if close:
+                answer.force_close()
+            return answer
 
     return middleware
 
@@ -238,7 +239,7 @@ def create_app(
             app[TENSOR_LIMITS],
             max_request_bytes,
             access,
-            lambda exc: _error_answer(dataplane, exc),
+            lambda exc: error_answer(dataplane, exc),
         )
     model = "/v2/models/{model}"
     version = "/v2/models/{model}/versions/{version}"

@@ -7,11 +7,13 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import onnx
 import pytest
 
+from agent.backends.base import Backend
 from agent.backends.cancellation import CancelSignal
 from agent.backends.onnx import OnnxBackend
 from agent.errors import AgentError, BackendError
@@ -77,6 +79,29 @@ async def submit_each(scheduler: ModelScheduler, seeds: Sequence[int]) -> list[n
     return [(await scheduler.submit(request(s))).outputs[0] for s in seeds]
 
 
+UNBATCHED = BatchingPolicy(max_batch_size=8, dynamic_batching=False)
+
+
+def mlp_scheduler(
+    backend: Backend,
+    executor: ThreadPoolExecutor,
+    inline_below_ns: int,
+    policy: BatchingPolicy = UNBATCHED,
+    **options: Any,
+) -> ModelScheduler:
+    """The MLP on one instance (without dynamic batching unless `policy` says otherwise)."""
+    return ModelScheduler(
+        model="mlp",
+        version=1,
+        backend=backend,
+        policy=policy,
+        instances=1,
+        executor=executor,
+        inline_below_ns=inline_below_ns,
+        **options,
+    )
+
+
 def run_scheduler(
     backend: RecordingBackend, inline_below_ns: int, seeds: Sequence[int]
 ) -> tuple[list[np.ndarray], int, bool]:
@@ -84,15 +109,7 @@ def run_scheduler(
     with ThreadPoolExecutor(1) as executor:
 
         async def main() -> tuple[list[np.ndarray], int, bool]:
-            scheduler = ModelScheduler(
-                model="mlp",
-                version=1,
-                backend=backend,
-                policy=BatchingPolicy(max_batch_size=8, dynamic_batching=False),
-                instances=1,
-                executor=executor,
-                inline_below_ns=inline_below_ns,
-            )
+            scheduler = mlp_scheduler(backend, executor, inline_below_ns)
             outputs = await submit_each(scheduler, seeds)
             return outputs, threading.get_ident(), scheduler.inline
 
@@ -128,15 +145,8 @@ def test_a_slow_execution_moves_the_model_back_to_the_executor(
     with ThreadPoolExecutor(1) as executor:
 
         async def main() -> None:
-            scheduler = ModelScheduler(
-                model="mlp",
-                version=1,
-                backend=backend,
-                policy=BatchingPolicy(max_batch_size=8, dynamic_batching=False),
-                instances=1,
-                executor=executor,
-                inline_below_ns=5_000_000,  # 5 ms of CPU: the MLP is far below, burning 40 ms not
-            )
+            # 5 ms of CPU: the MLP is far below, burning 40 ms not
+            scheduler = mlp_scheduler(backend, executor, 5_000_000)
             await submit_each(scheduler, range(4))
             assert scheduler.inline
             backend.burn_ns = 40_000_000
@@ -155,15 +165,7 @@ def test_an_inline_runtime_failure_fails_only_its_request(onnx_backend: OnnxBack
     with ThreadPoolExecutor(1) as executor:
 
         async def main() -> None:
-            scheduler = ModelScheduler(
-                model="mlp",
-                version=1,
-                backend=backend,
-                policy=BatchingPolicy(max_batch_size=8, dynamic_batching=False),
-                instances=1,
-                executor=executor,
-                inline_below_ns=10**12,
-            )
+            scheduler = mlp_scheduler(backend, executor, 10**12)
             await submit_each(scheduler, range(4))
             assert scheduler.inline
             with pytest.raises(BackendError, match="onnxruntime failed"):
@@ -180,17 +182,10 @@ def test_inline_batches_still_form_from_concurrent_requests(onnx_backend: OnnxBa
     with ThreadPoolExecutor(1) as executor:
 
         async def main() -> None:
-            scheduler = ModelScheduler(
-                model="mlp",
-                version=1,
-                backend=backend,
-                policy=BatchingPolicy(
-                    max_batch_size=8, preferred_batch_sizes=(4,), max_queue_delay_us=60_000_000
-                ),
-                instances=1,
-                executor=executor,
-                inline_below_ns=10**12,
+            batching = BatchingPolicy(
+                max_batch_size=8, preferred_batch_sizes=(4,), max_queue_delay_us=60_000_000
             )
+            scheduler = mlp_scheduler(backend, executor, 10**12, batching)
             for _ in range(4):  # probe runs: four batches of four
                 await asyncio.gather(*(scheduler.submit(request(s)) for s in range(4)))
             assert scheduler.inline
@@ -207,16 +202,7 @@ def test_executions_count_the_same_inline_and_on_the_executor(onnx_backend: Onnx
     with ThreadPoolExecutor(1) as executor:
 
         async def main() -> None:
-            scheduler = ModelScheduler(
-                model="mlp",
-                version=1,
-                backend=backend,
-                policy=BatchingPolicy(max_batch_size=8, dynamic_batching=False),
-                instances=1,
-                executor=executor,
-                stats=stats,
-                inline_below_ns=10**12,
-            )
+            scheduler = mlp_scheduler(backend, executor, 10**12, stats=stats)
             results = [await scheduler.submit(request(s, rows=2)) for s in range(8)]
             assert scheduler.inline
             assert [r.batch_size for r in results] == [2] * 8
@@ -267,15 +253,7 @@ def test_cancelled_requests_are_skipped_in_the_queue_and_signalled_while_running
     with ThreadPoolExecutor(1) as executor:
 
         async def main() -> None:
-            scheduler = ModelScheduler(
-                model="mlp",
-                version=1,
-                backend=backend,
-                policy=BatchingPolicy(max_batch_size=8, dynamic_batching=False),
-                instances=1,
-                executor=executor,
-                inline_below_ns=0,
-            )
+            scheduler = mlp_scheduler(backend, executor, 0)
             running = asyncio.ensure_future(scheduler.submit(request(1)))
             await asyncio.to_thread(backend.started.wait, 30)
             queued = asyncio.ensure_future(scheduler.submit(request(2)))
@@ -300,15 +278,8 @@ def test_stalls_on_the_loop_move_a_model_back_only_when_they_repeat(
     with ThreadPoolExecutor(1) as executor:
 
         async def main() -> None:
-            scheduler = ModelScheduler(
-                model="mlp",
-                version=1,
-                backend=backend,
-                policy=BatchingPolicy(max_batch_size=8, dynamic_batching=False),
-                instances=1,
-                executor=executor,
-                inline_below_ns=1_000_000,  # 1 ms of CPU, 10 ms of wall; leaves at 20 ms twice
-            )
+            # 1 ms of CPU, 10 ms of wall; leaves at 20 ms twice
+            scheduler = mlp_scheduler(backend, executor, 1_000_000)
             loop_thread = threading.get_ident()
             await submit_each(scheduler, range(4))
             assert scheduler.inline
