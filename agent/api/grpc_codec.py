@@ -84,15 +84,7 @@ def decode_infer_request(
     index = 0
     for tensor, ref in zip(tensors, refs, strict=True):
         name, datatype = tensor.name, tensor.datatype
-        if datatypes.from_kserve(datatype) is None:
-            raise InvalidInputError(f"input '{name}' has unsupported datatype {datatype!r}")
-        shape = tuple(tensor.shape)  # int64 in the message: Python ints
-        if any(d < 0 for d in shape):
-            raise InvalidInputError(f"input '{name}' has a negative dimension")
-        try:
-            check_shape(shape, datatype)
-        except InvalidInputError as exc:
-            raise InvalidInputError(f"input '{name}': {exc.message}") from None
+        shape = input_shape(tensor)
         if limits is not None:  # resource limits: before the tensor is split, copied or mapped
             check_declared(name, datatype, shape, limits)
         if ref is not None:
@@ -112,26 +104,56 @@ def decode_infer_request(
         else:
             data = _from_contents(tensor, shape)
         inputs.append(InferInput(name, datatype, shape, data))
-    outputs = (
-        tuple(
-            RequestedOutput(
-                o.name,
-                None,
-                shared_memory_ref(_parameters(o.parameters), f"output '{o.name}'")
-                if o.parameters
-                else None,
-            )
-            for o in request.outputs
-        )
-        or None
-    )
-    params = request.parameters
     return InferRequest(
         inputs=tuple(inputs),
         id=request.id or None,
-        outputs=outputs,
-        parameters=_parameters(params) if params else {},
+        outputs=requested_outputs(request),
+        parameters=request_parameters(request),
     )
+
+
+def input_shape(tensor: pb.ModelInferRequest.InferInputTensor) -> tuple[int, ...]:
+    """An input's shape, after the checks that need no data (datatype, sign, size).
+
+    Raises:
+        InvalidInputError: unknown datatype, a negative dimension, a shape no array can have.
+    """
+    name, datatype = tensor.name, tensor.datatype
+    if datatypes.from_kserve(datatype) is None:
+        raise InvalidInputError(f"input '{name}' has unsupported datatype {datatype!r}")
+    shape = tuple(tensor.shape)  # int64 in the message: Python ints
+    if any(d < 0 for d in shape):
+        raise InvalidInputError(f"input '{name}' has a negative dimension")
+    try:
+        check_shape(shape, datatype)
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"input '{name}': {exc.message}") from None
+    return shape
+
+
+def requested_outputs(request: pb.ModelInferRequest) -> tuple[RequestedOutput, ...] | None:
+    """The outputs the request names (None: all of them).
+
+    Raises:
+        InvalidInputError: an output's shared-memory parameters are incomplete or of wrong type.
+    """
+    outputs = tuple(
+        RequestedOutput(
+            o.name,
+            None,
+            shared_memory_ref(_parameters(o.parameters), f"output '{o.name}'")
+            if o.parameters
+            else None,
+        )
+        for o in request.outputs
+    )
+    return outputs or None
+
+
+def request_parameters(request: pb.ModelInferRequest) -> dict[str, Any]:
+    """The request's parameters as plain values."""
+    params = request.parameters
+    return _parameters(params) if params else {}
 
 
 def encode_infer_response(

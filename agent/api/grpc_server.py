@@ -18,8 +18,9 @@ from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import json_format
+from google.protobuf.message import DecodeError
 
-from agent.api import grpc_codec
+from agent.api import grpc_codec, grpc_wire
 from agent.api.access import (
     ApiAccess,
     RestrictedApiError,
@@ -122,14 +123,19 @@ def _mapped(
         try:
             return await handler(self, request)
         except Exception as exc:
-            if not isinstance(exc, AgentError):
-                logger.exception("gRPC %s failed", handler.__name__)
-            error = InternalError.wrap(exc)
-            # no path of the device in what the client reads
-            await context.abort(status_for(error), self._dp.scrub(error.message))
+            await _abort(context, exc, self._dp, handler.__name__)
             raise  # abort raises; this keeps type checkers satisfied
 
     return wrapper
+
+
+async def _abort(context: Any, exc: Exception, dataplane: DataPlane, name: str) -> None:
+    """End the call with the error's status (logged with its traceback when it is a bug)."""
+    if not isinstance(exc, AgentError):
+        logger.exception("gRPC %s failed", name)
+    error = InternalError.wrap(exc)
+    # no path of the device in what the client reads
+    await context.abort(status_for(error), dataplane.scrub(error.message))
 
 
 def _require_local_caller() -> None:
@@ -412,6 +418,34 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def LogSettings(self, request: pb.LogSettingsRequest) -> pb.LogSettingsResponse:
         settings = self._dp.log_settings.update(grpc_codec.decode_log_settings(request))
         return grpc_codec.encode_log_settings(settings)
+
+    async def infer_serialized(self, data: bytes, context: Any) -> bytes:
+        """ModelInfer from the request's bytes to the response's (the loop engine calls this).
+
+        A request in the shape clients repeat skips the protobuf objects (`grpc_wire`); any
+        other, and every request while tracing is on, is parsed whole and served by ModelInfer.
+        """
+        _call.set(context)
+        decoded = None
+        try:
+            if not self._dp.tracer.active:
+                decoded = grpc_wire.decode_serialized(data, limits=self._limits)
+            if decoded is not None:
+                plan, request = decoded
+                response = await self._dp.infer(
+                    plan.model_name, plan.model_version, request, refusal=_REFUSAL
+                )
+                return grpc_wire.encode_serialized(response, request)
+        except Exception as exc:
+            await _abort(context, exc, self._dp, "ModelInfer")
+            raise
+        try:
+            message = pb.ModelInferRequest.FromString(data)
+        except DecodeError:
+            await context.abort(grpc.StatusCode.INTERNAL, "Exception deserializing request!")
+            raise
+        reply: pb.ModelInferResponse = await self.ModelInfer(message, context)
+        return reply.SerializeToString()
 
     async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
         if self._dp.tracer.active:

@@ -20,6 +20,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from agent.api import grpc_wire
 from agent.api.grpc_loop import frames
 from agent.api.grpc_loop.server import LoopGrpcServer, Method
 from agent.api.http_limits import ConnectionLimits
@@ -77,6 +78,32 @@ def test_a_message_over_the_limit_is_resource_exhausted(
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "Received message larger than max" in str(info.value.details())
     assert stub.ModelInfer(mlp_request(), timeout=30).model_name == "mlp_classifier"
+
+
+def test_repeated_infer_calls_take_the_planned_path_and_answer_each_its_own(
+    stub: pb_grpc.GRPCInferenceServiceStub,
+) -> None:
+    """ModelInfer reaches the servicer as bytes; a repeated description is decoded once."""
+    plans = grpc_wire.plan_cache_info()
+    answers = []
+    for value in (0.0, 1.0, 2.0):
+        message = mlp_request()
+        message.raw_input_contents[0] = np.full((1, 64), value, np.float32).tobytes()
+        reply = stub.ModelInfer(message, timeout=30)
+        assert [o.name for o in reply.outputs] == ["OUTPUT0"]
+        answers.append(np.frombuffer(reply.raw_output_contents[0], np.float32))
+    assert not np.array_equal(answers[0], answers[2])  # each call's own data was served
+    after = grpc_wire.plan_cache_info()
+    assert after.planned >= plans.planned + 3
+    assert after.described <= plans.described + 1  # the description was read once at most
+    wrong = mlp_request()
+    wrong.raw_input_contents[0] = b"\0" * 12
+    with pytest.raises(grpc.RpcError) as info:
+        stub.ModelInfer(wrong, timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "input 'INPUT0': binary data is 12 bytes but shape [1, 64] of FP32 needs 256" in str(
+        info.value.details()
+    )
 
 
 @pytest.mark.parametrize("algorithm", ["gzip", "deflate"])

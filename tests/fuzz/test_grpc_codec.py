@@ -18,21 +18,7 @@ from agent.proto import grpc_service_pb2 as pb
 from agent.tensors.limits import TensorLimits
 from agent.tensors.request import InferRequest
 from tests.fuzz.budget import FUZZ
-from tests.fuzz.strategies import DATATYPES, assert_reason
-
-_INT64 = st.integers(-(2**63), 2**63 - 1)
-_SHAPE_DIMS = st.integers(0, 4) | st.sampled_from([-1, -(2**63), 2**31, 2**62, 2**63 - 1])
-
-_CONTENTS = {
-    "bool_contents": st.booleans(),
-    "int_contents": st.integers(-(2**31), 2**31 - 1),
-    "int64_contents": _INT64,
-    "uint_contents": st.integers(0, 2**32 - 1),
-    "uint64_contents": st.integers(0, 2**64 - 1),
-    "fp32_contents": st.floats(width=32),
-    "fp64_contents": st.floats(),
-    "bytes_contents": st.binary(max_size=6),
-}
+from tests.fuzz.strategies import assert_reason, infer_request_messages
 
 
 def _decoded_or_refused(
@@ -49,36 +35,6 @@ def _decoded_or_refused(
     return request
 
 
-@st.composite
-def _request(draw: st.DrawFn) -> pb.ModelInferRequest:
-    message = pb.ModelInferRequest(model_name="m", id=draw(st.text(max_size=4)))
-    for _ in range(draw(st.integers(0, 3))):
-        tensor = message.inputs.add(
-            name=draw(st.sampled_from(["INPUT0", "INPUT1", ""])),
-            datatype=draw(st.sampled_from([*DATATYPES, "", "FP8"])),
-            shape=draw(st.lists(_SHAPE_DIMS, max_size=3)),
-        )
-        if draw(st.booleans()):
-            field = draw(st.sampled_from(sorted(_CONTENTS)))
-            getattr(tensor.contents, field).extend(draw(st.lists(_CONTENTS[field], max_size=6)))
-        if draw(st.integers(0, 3)) == 0:
-            params = tensor.parameters
-            params["shared_memory_region"].string_param = draw(st.text(max_size=3))
-            params["shared_memory_byte_size"].int64_param = draw(_INT64)
-            if draw(st.booleans()):
-                params["shared_memory_offset"].uint64_param = draw(st.integers(0, 2**64 - 1))
-            if draw(st.booleans()):
-                del params[draw(st.sampled_from(sorted(params)))]
-    for raw in draw(st.lists(st.binary(max_size=24), max_size=3)):
-        message.raw_input_contents.append(raw)
-    for _ in range(draw(st.integers(0, 2))):
-        output = message.outputs.add(name=draw(st.text(max_size=3)))
-        if draw(st.booleans()):
-            output.parameters["shared_memory_region"].bool_param = draw(st.booleans())
-            output.parameters["shared_memory_byte_size"].string_param = "x"
-    return message
-
-
 def _zero_sized_huge() -> pb.ModelInferRequest:
     message = pb.ModelInferRequest(model_name="m")
     message.inputs.add(name="a", datatype="FP32", shape=[0, 2**62])
@@ -87,7 +43,7 @@ def _zero_sized_huge() -> pb.ModelInferRequest:
 
 
 @FUZZ
-@given(_request())
+@given(infer_request_messages())
 @example(_zero_sized_huge())  # found: numpy refused the shape with a ValueError (INTERNAL)
 def test_infer_requests_decode_or_are_refused(message: pb.ModelInferRequest) -> None:
     _decoded_or_refused(message)

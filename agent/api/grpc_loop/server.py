@@ -41,11 +41,16 @@ class AbortError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Method:
-    """One RPC: the servicer's bound method, its request type and whether it streams."""
+    """One RPC: the servicer's bound method, its request type and whether it streams.
+
+    A `serialized` method takes the request's bytes and returns the response's: the call
+    skips parsing and serializing here (the method does both, or avoids them).
+    """
 
     handler: Callable[..., Any]
     request_type: type[Message]
     streaming: bool
+    serialized: bool = False
 
 
 class CallContext:
@@ -203,12 +208,14 @@ class GrpcProtocol(asyncio.Protocol):
 
     async def _unary(self, sid: int, call: _Call) -> None:
         assert call.message is not None
-        try:
-            request = call.method.request_type.FromString(call.message)
-        except DecodeError:
-            self._complete(sid, _INTERNAL, "Exception deserializing request!")
-            return
-        call.message = None
+        data, call.message = call.message, None
+        request: Message | bytes = data
+        if not call.method.serialized:
+            try:
+                request = call.method.request_type.FromString(data)
+            except DecodeError:
+                self._complete(sid, _INTERNAL, "Exception deserializing request!")
+                return
         try:
             reply = await call.method.handler(request, call.context)
         except AbortError as exc:
@@ -256,9 +263,9 @@ class GrpcProtocol(asyncio.Protocol):
             await responses.aclose()  # its requests are cancelled now, not when collected
         self._complete(sid, 0)
 
-    def _reply(self, sid: int, reply: Message) -> bool:
+    def _reply(self, sid: int, reply: Message | bytes) -> bool:
         """Send one response; False when it is over the size limit (the call then ends)."""
-        payload = reply.SerializeToString()
+        payload = reply if type(reply) is bytes else cast(Message, reply).SerializeToString()
         if len(payload) > self._server.max_message_bytes:
             self._complete(
                 sid,

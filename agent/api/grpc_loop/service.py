@@ -17,7 +17,7 @@ __all__ = ["method_table", "start_loop_grpc_server"]
 def method_table(servicer: InferenceService) -> dict[str, Method]:
     """Every RPC of the service by its path ("/inference.GRPCInferenceService/ModelInfer")."""
     service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
-    return {
+    table = {
         f"/{service.full_name}/{method.name}": Method(
             getattr(servicer, method.name),
             getattr(pb, method.input_type.name),
@@ -25,6 +25,10 @@ def method_table(servicer: InferenceService) -> dict[str, Method]:
         )
         for method in service.methods
     }
+    # ModelInfer goes from bytes to bytes: its common requests never become protobuf objects.
+    infer = f"/{service.full_name}/ModelInfer"
+    table[infer] = Method(servicer.infer_serialized, pb.ModelInferRequest, False, serialized=True)
+    return table
 
 
 async def start_loop_grpc_server(
