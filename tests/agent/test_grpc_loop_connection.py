@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import zlib
 
 import hpack
@@ -325,13 +326,13 @@ def test_unfinished_messages_a_connection_holds_are_capped() -> None:
     handshake(conn)
     conn.data_to_send()
     encoder = hpack.Encoder()
-    part = f.grpc_prefix(900) + b"p" * 595  # 600 bytes of a 905-byte message
+    part = f.grpc_prefix(900) + b"p" * 595  # 595 of a message's 900 bytes (its prefix is read)
     for sid in (1, 3, 5, 7, 9):
         events = conn.receive(
             f.frame(f.HEADERS, f.END_HEADERS, sid, request_headers(encoder))
             + f.frame(f.DATA, 0, sid, part)
         )
-    assert conn.held == 2400  # four calls of 600 bytes; the fifth went over
+    assert conn.held == 4 * 595  # four calls; the fifth went over
     assert events[-1] == c.StreamReset(9)
     trailers = [
         decoded_headers(block)
@@ -341,7 +342,59 @@ def test_unfinished_messages_a_connection_holds_are_capped() -> None:
     assert trailers[-1]["grpc-status"] == "8"
     assert "unfinished messages" in trailers[-1]["grpc-message"]
     conn.receive(f.rst_stream_frame(1, f.CANCEL))  # the client gives one up
-    assert conn.held == 1800
+    assert conn.held == 3 * 595
     events = conn.receive(f.frame(f.DATA, f.END_STREAM, 3, b"q" * 305))  # one completes
     assert c.MessageReceived(3, b"p" * 595 + b"q" * 305) in events
-    assert conn.held == 1200
+    assert conn.held == 2 * 595
+
+
+def _data_frames(sid: int, payload: bytes, size: int = 16_384, end: bool = True) -> bytes:
+    """`payload` as DATA frames of `size` bytes (as grpc clients cut a large message)."""
+    cuts = range(0, len(payload), size)
+    return b"".join(
+        f.frame(
+            f.DATA,
+            f.END_STREAM if end and i + size >= len(payload) else 0,
+            sid,
+            payload[i : i + size],
+        )
+        for i in cuts
+    )
+
+
+def test_a_large_message_in_many_frames_and_reads_arrives_whole() -> None:
+    conn = c.Connection(max_message=1 << 21)
+    handshake(conn)
+    body = bytes(range(256)) * 2352  # 602,112 bytes: a 224x224x3 FP32 image and its framing
+    wire = f.frame(f.HEADERS, f.END_HEADERS, 1, request_headers(hpack.Encoder()))
+    wire += _data_frames(1, message(body))
+    events: list[c.Event] = []
+    for start in range(0, len(wire), 262_144):  # the event loop's reads
+        events += conn.receive(wire[start : start + 262_144])
+    assert [e for e in events if isinstance(e, c.MessageReceived)] == [c.MessageReceived(1, body)]
+    assert c.InputEnded(1) in events
+    assert conn.held == 0
+
+
+def test_a_few_bytes_held_for_a_call_do_not_keep_the_whole_read() -> None:
+    """Views of a read are kept only for a call that holds at least half of it; less is
+    copied out, so a client cannot pin a large read with one byte of an unfinished message."""
+    conn = c.Connection(max_message=1 << 21)
+    handshake(conn)
+    encoder = hpack.Encoder()
+    read = (
+        f.frame(f.HEADERS, f.END_HEADERS, 1, request_headers(encoder))
+        + _data_frames(1, message(b"a" * 100_000))
+        + f.frame(f.HEADERS, f.END_HEADERS, 3, request_headers(encoder))
+        + f.frame(f.DATA, 0, 3, message(b"b" * 50)[:20])  # the prefix and 15 bytes of 50
+    )
+    unheld = sys.getrefcount(read)
+    conn.receive(read)
+    assert conn.held == 15
+    assert sys.getrefcount(read) == unheld  # nothing points into the read any more
+    rest = f.frame(f.DATA, 0, 3, b"b" * 30)  # most of this read waits: kept as a view
+    conn.receive(rest)
+    assert conn.held == 45
+    events = conn.receive(f.frame(f.DATA, f.END_STREAM, 3, b"b" * 5))
+    assert c.MessageReceived(3, b"b" * 50) in events
+    assert conn.held == 0

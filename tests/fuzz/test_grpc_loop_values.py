@@ -64,7 +64,7 @@ def _read_all(
         for chunk in chunks:
             received += reader.feed(chunk)
             # never buffered past the limit: at most one partial message waits (a white-box look)
-            assert len(reader._body) <= f.GRPC_PREFIX_SIZE + reader.max_message
+            assert reader.buffered <= f.GRPC_PREFIX_SIZE + reader.max_message
     except CallRefusedError as exc:
         return received, exc
     return received, None

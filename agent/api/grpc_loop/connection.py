@@ -12,7 +12,8 @@ Invariants:
 * a response never exceeds the peer's windows: what does not fit waits in the stream's backlog
   and goes out on WINDOW_UPDATE, its trailers after it;
 * a call's messages are cut out of its DATA by `messages.MessageReader` (the size limit at each
-  prefix, gzip/deflate); one it refuses ends the call with its status (`StreamReset`);
+  prefix, gzip/deflate); one it refuses ends the call with its status (`StreamReset`); DATA is
+  handed over as views of the read, so a message is copied once, when it is complete;
 * a broken frame, preface or header block ends the connection with GOAWAY (`ConnectionEnded`);
   a stream-level refusal (too many streams) is an RST_STREAM, the connection goes on.
 """
@@ -120,6 +121,7 @@ class Connection:
         self.last_stream = 0
         self.opened = 0  # streams ever started (the edge's idle clock reads it)
         self._buffer = bytearray()
+        self._unsettled: list[MessageReader] = []  # readers holding views of the current read
         self._preface = False
         self._out: list[bytes | memoryview] = []
         self._decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_BLOCK)
@@ -158,34 +160,47 @@ class Connection:
         try:
             if not self._preface:
                 buffer += data
-                data = b""
                 if len(buffer) < len(f.PREFACE):
                     if not f.PREFACE.startswith(bytes(buffer)):
                         raise f.FrameError(f.PROTOCOL_ERROR, "not an HTTP/2 client preface")
                     return events
                 if bytes(buffer[: len(f.PREFACE)]) != f.PREFACE:
                     raise f.FrameError(f.PROTOCOL_ERROR, "not an HTTP/2 client preface")
-                del buffer[: len(f.PREFACE)]
+                data = bytes(buffer[len(f.PREFACE) :])
+                buffer.clear()
                 self._preface = True
-            # Whole frames are cut straight out of `data` when nothing was left over before;
-            # only an incomplete tail waits in the buffer.
+            # A frame cut by the previous read is completed from the start of this one; the
+            # rest is split where it lies. Only an incomplete tail waits in the buffer.
+            start = 0
             if buffer:
-                buffer += data
-                parsed, used = f.split_frames(buffer, OUR_MAX_FRAME)
-                del buffer[:used]
-            else:
-                parsed, used = f.split_frames(data, OUR_MAX_FRAME)
-                if used < len(data):
-                    buffer += data[used:]
+                while start < len(data) and (need := f.missing(buffer, OUR_MAX_FRAME)):
+                    buffer += memoryview(data)[start : start + need]
+                    start = min(start + need, len(data))
+                first = f.take_frame(buffer, OUR_MAX_FRAME)
+                if first is None:
+                    return events
+                self._frame(*first, events)
+                if self.ended:
+                    return events
+            parsed, used = f.split_frames(data, OUR_MAX_FRAME, start)
+            if used < len(data):
+                buffer += memoryview(data)[used:]
             for frame in parsed:
                 self._frame(*frame, events)
                 if self.ended:
                     break
         except f.FrameError as exc:
             self._connection_error(exc.code, exc.message, events)
+        finally:
+            if self._unsettled:  # what waits for the next read: views of this one, or copies
+                for reader in self._unsettled:
+                    reader.settle(len(data))
+                self._unsettled.clear()
         return events
 
-    def _frame(self, kind: int, flags: int, sid: int, payload: bytes, events: list[Event]) -> None:
+    def _frame(
+        self, kind: int, flags: int, sid: int, payload: bytes | memoryview, events: list[Event]
+    ) -> None:
         if not self.handshaken:
             if kind != f.SETTINGS or flags & f.ACK:
                 raise f.FrameError(f.PROTOCOL_ERROR, "the first frame must be SETTINGS")
@@ -197,7 +212,7 @@ class Connection:
         elif kind == f.HEADERS:
             if sid == 0:
                 raise f.FrameError(f.PROTOCOL_ERROR, "HEADERS on stream 0")
-            block = f.strip_padding(flags, payload, priority=True)
+            block = bytes(f.strip_padding(flags, payload, priority=True))  # bytes already
             if flags & f.END_HEADERS:
                 self._headers(sid, flags, block, events)
             else:
@@ -299,7 +314,7 @@ class Connection:
             self._parsed[block] = parsed
         return parsed
 
-    def _data(self, flags: int, sid: int, payload: bytes, events: list[Event]) -> None:
+    def _data(self, flags: int, sid: int, payload: bytes | memoryview, events: list[Event]) -> None:
         if sid == 0:
             raise f.FrameError(f.PROTOCOL_ERROR, "DATA on stream 0")
         size = len(payload)
@@ -319,17 +334,21 @@ class Connection:
             if stream.recv_unacked >= OUR_WINDOW // 2:
                 self._out.append(f.window_update_frame(sid, stream.recv_unacked))
                 stream.recv_unacked = 0
-        held_before = stream.reader.buffered
+        reader = stream.reader
+        held_before = reader.buffered
+        settled = not reader.unsettled
         try:
-            for message in stream.reader.feed(payload):
+            for message in reader.feed(payload):
                 events.append(MessageReceived(sid, message))
+            if settled and reader.unsettled:
+                self._unsettled.append(reader)
         except CallRefusedError as refused:
             self.held -= held_before
-            stream.reader.discard()
+            reader.discard()
             self._refuse(stream, refused.status, refused.message)
             events.append(StreamReset(sid))
             return
-        self.held += stream.reader.buffered - held_before
+        self.held += reader.buffered - held_before
         if self.held > self.held_limit:
             self._refuse(
                 stream,

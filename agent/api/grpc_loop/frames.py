@@ -1,7 +1,8 @@
 """HTTP/2 frames (RFC 9113 §4, §6) and gRPC's length-prefixed messages: pure bytes in, bytes out.
 
 A frame is a 9-byte header (24-bit length, type, flags, 31-bit stream id) and its payload.
-`take_frame` cuts one complete frame off the front of a receive buffer (or None: wait for more);
+`split_frames` cuts the complete frames out of received bytes, `take_frame` one off the front of a
+buffer (or None: wait for more);
 the `*_frame` functions build the frames this server sends. Header blocks are HPACK: requests are
 decoded with `hpack.Decoder` (in `connection`); responses are written here by hand as static-table
 references and literals *without indexing*, so a response block never touches the peer's
@@ -75,10 +76,10 @@ class FrameError(Exception):
         self.message = message
 
 
-Frame = tuple[int, int, int, bytes]  # type, flags, stream id, payload
+Frame = tuple[int, int, int, bytes | memoryview]  # type, flags, stream id, payload
 
 
-def take_frame(buffer: bytearray, max_size: int) -> Frame | None:
+def take_frame(buffer: bytearray, max_size: int) -> tuple[int, int, int, bytes] | None:
     """The first complete frame of `buffer` as (type, flags, stream id, payload), removed from it.
 
     Returns None while the frame is incomplete.
@@ -101,29 +102,50 @@ def take_frame(buffer: bytearray, max_size: int) -> Frame | None:
     return kind, flags, stream & 0x7FFF_FFFF, payload
 
 
-def split_frames(data: bytes | bytearray, max_size: int) -> tuple[list[Frame], int]:
-    """The complete frames at the start of `data`, and how many bytes they take.
+def split_frames(data: bytes, max_size: int, start: int = 0) -> tuple[list[Frame], int]:
+    """The complete frames of `data` from `start`, and where they end.
+
+    DATA payloads are views of `data` (a call's messages are copied once, out of them); the
+    other frames' payloads are bytes.
 
     Raises:
         FrameError: a frame longer than `max_size` (our SETTINGS_MAX_FRAME_SIZE).
     """
     frames: list[Frame] = []
-    size, start = len(data), 0
-    with memoryview(data) as view:
-        while size - start >= 9:
-            high, low, kind, flags, stream = _HEADER.unpack_from(view, start)
-            length = (high << 16) | low
-            if length > max_size:
-                raise FrameError(FRAME_SIZE_ERROR, f"frame of {length} bytes over {max_size}")
-            end = start + 9 + length
-            if end > size:
-                break
-            frames.append((kind, flags, stream & 0x7FFF_FFFF, bytes(view[start + 9 : end])))
-            start = end
+    size = len(data)
+    view = memoryview(data)
+    while size - start >= 9:
+        high, low, kind, flags, stream = _HEADER.unpack_from(view, start)
+        length = (high << 16) | low
+        if length > max_size:
+            raise FrameError(FRAME_SIZE_ERROR, f"frame of {length} bytes over {max_size}")
+        end = start + 9 + length
+        if end > size:
+            break
+        payload = view[start + 9 : end]
+        frames.append(
+            (kind, flags, stream & 0x7FFF_FFFF, payload if kind == DATA else bytes(payload))
+        )
+        start = end
     return frames, start
 
 
-def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+def missing(buffer: bytearray, max_size: int) -> int:
+    """How many bytes the first frame in `buffer` still lacks (its header first); 0: complete.
+
+    Raises:
+        FrameError: a frame longer than `max_size`.
+    """
+    if len(buffer) < 9:
+        return 9 - len(buffer)
+    high, low, _, _, _ = _HEADER.unpack_from(buffer)
+    length = (high << 16) | low
+    if length > max_size:
+        raise FrameError(FRAME_SIZE_ERROR, f"frame of {length} bytes over {max_size}")
+    return max(9 + int(length) - len(buffer), 0)
+
+
+def frame(kind: int, flags: int, stream: int, payload: bytes | memoryview = b"") -> bytes:
     """One frame's bytes."""
     length = len(payload)
     return _HEADER.pack(length >> 16, length & 0xFFFF, kind, flags, stream) + payload
@@ -134,7 +156,9 @@ def frame_header(kind: int, flags: int, stream: int, length: int) -> bytes:
     return _HEADER.pack(length >> 16, length & 0xFFFF, kind, flags, stream)
 
 
-def strip_padding(flags: int, payload: bytes, *, priority: bool = False) -> bytes:
+def strip_padding(
+    flags: int, payload: bytes | memoryview, *, priority: bool = False
+) -> bytes | memoryview:
     """A DATA or HEADERS payload without its padding (and HEADERS' priority fields).
 
     Raises:
@@ -159,7 +183,7 @@ def settings_frame(settings: dict[int, int]) -> bytes:
 SETTINGS_ACK: Final = frame(SETTINGS, ACK, 0)
 
 
-def parse_settings(payload: bytes) -> list[tuple[int, int]]:
+def parse_settings(payload: bytes | memoryview) -> list[tuple[int, int]]:
     """Raises: FrameError: a payload that is not a whole number of 6-byte settings."""
     if len(payload) % 6:
         raise FrameError(FRAME_SIZE_ERROR, "SETTINGS payload not a multiple of 6")
@@ -170,7 +194,7 @@ def window_update_frame(stream: int, increment: int) -> bytes:
     return frame(WINDOW_UPDATE, 0, stream, _U32.pack(increment))
 
 
-def parse_u32(payload: bytes) -> int:
+def parse_u32(payload: bytes | memoryview) -> int:
     """WINDOW_UPDATE's increment, RST_STREAM's code (the reserved bit cleared).
 
     Raises:
@@ -189,7 +213,7 @@ def goaway_frame(last_stream: int, code: int, debug: bytes = b"") -> bytes:
     return frame(GOAWAY, 0, 0, _GOAWAY.pack(last_stream, code) + debug)
 
 
-def ping_ack_frame(payload: bytes) -> bytes:
+def ping_ack_frame(payload: bytes | memoryview) -> bytes:
     return frame(PING, ACK, 0, payload)
 
 
@@ -256,7 +280,7 @@ def grpc_prefix(length: int) -> bytes:
     return _GRPC_PREFIX.pack(0, length)
 
 
-def parse_grpc_prefix(prefix: bytes) -> tuple[bool, int]:
+def parse_grpc_prefix(prefix: bytes | memoryview) -> tuple[bool, int]:
     """(compressed, length) of a gRPC message prefix."""
     compressed, length = _GRPC_PREFIX.unpack(prefix)
     return bool(compressed), int(length)

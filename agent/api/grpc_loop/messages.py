@@ -9,6 +9,7 @@ most `max_message` bytes (a small message that inflates past it is refused the s
 from __future__ import annotations
 
 import zlib
+from collections import deque
 
 from agent.api.grpc_loop import frames as f
 
@@ -28,66 +29,112 @@ class CallRefusedError(Exception):
 
 
 class MessageReader:
-    """The messages of one call's request stream."""
+    """The messages of one call's request stream.
 
-    __slots__ = ("_body", "_compressed", "_expect", "encoding", "max_message")
+    DATA arrives as views of the read it came in, and a message is copied once, out of the
+    views, when it is complete. What waits past the read is kept as views only when it is at
+    least half of that read; less is copied out (`settle`), so a few bytes held for a call never
+    keep a whole read alive: the memory behind what a connection holds stays within twice it.
+    """
+
+    __slots__ = ("_compressed", "_expect", "_held", "_owned", "_pieces", "encoding", "max_message")
 
     def __init__(self, max_message: int) -> None:
         self.max_message = max_message
         self.encoding = "identity"  # the call's grpc-encoding
-        self._body = bytearray()
+        self._pieces: deque[bytes | memoryview] = deque()
+        self._owned = 0  # leading pieces that are ours (copies), not views of a read
+        self._held = 0  # bytes in the pieces
         self._expect = -1  # length of the message being read; -1: at a prefix
         self._compressed = False
 
     @property
     def buffered(self) -> int:
         """Bytes held for messages not yet complete."""
-        return len(self._body)
+        return self._held
 
     def discard(self) -> None:
         """Forget a refused call's unfinished message."""
-        self._body = bytearray()
+        self._pieces.clear()
+        self._owned = self._held = 0
         self._expect = -1
 
     @property
     def inside_message(self) -> bool:
         """Whether part of a message has arrived without its end."""
-        return bool(self._body)
+        return self._held > 0 or self._expect >= 0
 
-    def feed(self, data: bytes) -> list[bytes]:
+    @property
+    def unsettled(self) -> bool:
+        """Whether views of the current read are held (`settle` copies them)."""
+        return len(self._pieces) > self._owned
+
+    def feed(self, data: bytes | memoryview) -> list[bytes]:
         """The messages that `data` completes.
 
         Raises:
             CallRefusedError: a message over the limit, compressed unreadably or with an
                 encoding other than gzip and deflate.
         """
-        if not self._body and len(data) >= f.GRPC_PREFIX_SIZE:
-            # The usual case: one whole message in one frame, taken without a copy.
+        if not self._held and self._expect < 0 and len(data) >= f.GRPC_PREFIX_SIZE:
+            # The usual case: one whole message in one frame, copied once.
             compressed, length = f.parse_grpc_prefix(data[:5])
             if not compressed and length == len(data) - 5 and length <= self.max_message:
-                return [data[5:]]
-        body = self._body
-        body += data
+                return [bytes(data[5:])]
+        if data:
+            self._pieces.append(data)
+            self._held += len(data)
         messages: list[bytes] = []
         while True:
             if self._expect < 0:
-                if len(body) < f.GRPC_PREFIX_SIZE:
+                if self._held < f.GRPC_PREFIX_SIZE:
                     return messages
-                compressed, length = f.parse_grpc_prefix(bytes(body[:5]))
+                compressed, length = f.parse_grpc_prefix(self._take(f.GRPC_PREFIX_SIZE))
                 if length > self.max_message:
                     raise CallRefusedError(
                         _RESOURCE_EXHAUSTED,
                         f"Received message larger than max ({length} vs. {self.max_message})",
                     )
                 self._expect, self._compressed = length, compressed
-            end = 5 + self._expect
-            if len(body) < end:
+            if self._held < self._expect:
                 return messages
-            with memoryview(body) as view:
-                message = bytes(view[5:end])  # one copy (a bytearray slice would be a second)
-            del body[:end]
+            message = self._take(self._expect)
             self._expect = -1
             messages.append(self._inflate(message) if self._compressed else message)
+
+    def settle(self, read_size: int) -> None:
+        """At the end of a read of `read_size` bytes: keep the views of it held for an unfinished
+        message if they are at least half of it, else copy them out."""
+        pieces = self._pieces
+        count = len(pieces) - self._owned
+        if count <= 0:
+            return
+        tail = [pieces.pop() for _ in range(count)]
+        tail.reverse()
+        if 2 * sum(len(piece) for piece in tail) >= read_size:
+            pieces.extend(tail)
+        else:
+            pieces.append(b"".join(tail))
+        self._owned = len(pieces)
+
+    def _take(self, size: int) -> bytes:
+        """The next `size` bytes held (there are at least that many), copied once."""
+        pieces = self._pieces
+        parts: list[bytes | memoryview] = []
+        wanted = size
+        while wanted:
+            piece = pieces[0]
+            if len(piece) <= wanted:
+                parts.append(pieces.popleft())
+                self._owned = max(self._owned - 1, 0)
+                wanted -= len(piece)
+            else:
+                view = piece if type(piece) is memoryview else memoryview(piece)
+                parts.append(view[:wanted])
+                pieces[0] = view[wanted:]  # still ours if it was (a view of our copy)
+                wanted = 0
+        self._held -= size
+        return bytes(parts[0]) if len(parts) == 1 else b"".join(parts)
 
     def _inflate(self, message: bytes) -> bytes:
         wbits = _WBITS.get(self.encoding)
