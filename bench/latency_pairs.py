@@ -125,9 +125,10 @@ def render(pairs: Sequence[Pair]) -> str:
     rows.append(
         [
             *("median", "", f"{summary.median_http_us:,.0f}", f"{summary.median_grpc_us:,.0f}"),
-            f"{summary.median_ratio:.2f}",
+            _median_text(summary.median_ratio, TARGET),
             fmt_target(summary.median_ratio, "<=", TARGET),
-            *_rate_cells(summary.median_http_inf_s, summary.median_grpc_inf_s, throughput),
+            *_rate_cells(summary.median_http_inf_s, summary.median_grpc_inf_s, throughput)[:2],
+            "n/a" if throughput is None else _median_text(throughput, THROUGHPUT_TARGET),
             "" if throughput is None else fmt_target(throughput, ">=", THROUGHPUT_TARGET),
         ]
     )
@@ -137,6 +138,12 @@ def render(pairs: Sequence[Pair]) -> str:
         "target",
     ]  # fmt: skip
     return markdown_table(headers, rows, [False, False] + [True] * 8)
+
+
+def _median_text(ratio: float, target: float) -> str:
+    """Two decimals; three when two would show the target itself for a ratio that is not."""
+    text = f"{ratio:.2f}"
+    return f"{ratio:.3f}" if text == f"{target:.2f}" and ratio != target else text
 
 
 def _rate_ratio(pair: Pair) -> float | None:

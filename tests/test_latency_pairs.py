@@ -85,6 +85,10 @@ def test_table_has_a_row_per_round_and_the_medians_with_their_targets() -> None:
         *("median", "", "1,100", "1,150", "1.07", "<= 1.00 (missed)"),
         *("3,500", "3,650", "1.05", ">= 1.00 (met)"),
     ]
+    # A median that two decimals would show as the target itself gets a third.
+    close = _cells(render([Pair("http", 1000.0, 1004.0, 1000.0, 996.0)]))
+    assert [close[3][4], close[3][5]] == ["1.004", "<= 1.00 (missed)"]
+    assert [close[3][8], close[3][9]] == ["0.996", ">= 1.00 (missed)"]
     unrated = _cells(render([Pair("http", 1000.0, 900.0)]))
     assert unrated[2][6:] == ["n/a", "n/a", "n/a", ""]
 
