@@ -103,21 +103,23 @@ def decode_serialized(
         InvalidInputError: a raw buffer does not match its input's shape and datatype.
         PayloadTooLargeError: an input's declared shape is over `limits`.
     """
+    # Every step is bounded by the plan, not by the message: a request of many tiny fields
+    # costs no more here than a short one (the full parse then decides about it).
     found = _recent_plan(data)
     if found is None:
         prefix_end = _description_end(data)
-        if prefix_end < 0 or prefix_end > _PLAN_PREFIX_MAX:
+        if prefix_end < 0:
             return None
-        raws = _raw_buffers(data, prefix_end)
-        plan = _cached_plan(data[:prefix_end]) if raws is not None else None
-        if plan is None or raws is None:
+        plan = _cached_plan(data[:prefix_end])
+        if plan is None:
+            return None
+        raws = _raw_buffers(data, prefix_end, len(plan.inputs))
+        if raws is None:
             return None
         _recent.insert(0, (data[:prefix_end], plan))
         del _recent[_RECENT:]
     else:
         plan, raws = found
-    if len(raws) != len(plan.inputs):
-        return None
     inputs = []
     for spec, raw in zip(plan.inputs, raws, strict=True):
         name, datatype, shape = spec.name, spec.datatype, spec.shape
@@ -146,7 +148,7 @@ def _recent_plan(data: bytes) -> tuple[RequestPlan, list[memoryview]] | None:
     """
     for prefix, plan in _recent:
         if data.startswith(prefix):
-            raws = _raw_buffers(data, len(prefix))
+            raws = _raw_buffers(data, len(prefix), len(plan.inputs))
             if raws is not None:
                 return plan, raws
     return None
@@ -154,10 +156,13 @@ def _recent_plan(data: bytes) -> tuple[RequestPlan, list[memoryview]] | None:
 
 def _description_end(data: bytes) -> int:
     """Where the fields before the first raw buffer end; -1 unless each is a length-delimited
-    field with a one-byte tag (fields 1-15), as ModelInferRequest's fields 1-6 are."""
+    field with a one-byte tag (fields 1-15), as ModelInferRequest's fields 1-6 are, and they
+    end within `_PLAN_PREFIX_MAX` bytes."""
     size = len(data)
     pos = 0
     while pos < size:
+        if pos > _PLAN_PREFIX_MAX:
+            return -1
         tag = data[pos]
         if tag == _RAW_INPUT_TAG:
             break
@@ -166,23 +171,23 @@ def _description_end(data: bytes) -> int:
         pos = _field_end(data, pos + 1, size)
         if pos < 0:
             return -1
-    return pos
+    return pos if pos <= _PLAN_PREFIX_MAX else -1
 
 
-def _raw_buffers(data: bytes, pos: int) -> list[memoryview] | None:
-    """The raw buffers from `pos` to the end; None when anything else is there."""
+def _raw_buffers(data: bytes, pos: int, count: int) -> list[memoryview] | None:
+    """The `count` raw buffers from `pos` to the end; None when anything else is there."""
     size = len(data)
     view = memoryview(data)
     raws: list[memoryview] = []
     while pos < size:
-        if data[pos] != _RAW_INPUT_TAG:
+        if data[pos] != _RAW_INPUT_TAG or len(raws) == count:
             return None
         end = _field_end(data, pos + 1, size)
         if end < 0:
             return None
         raws.append(view[end - _length(data, pos + 1) : end])
         pos = end
-    return raws
+    return raws if len(raws) == count else None
 
 
 def _field_end(data: bytes, pos: int, size: int) -> int:

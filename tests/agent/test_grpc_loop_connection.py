@@ -398,3 +398,42 @@ def test_a_few_bytes_held_for_a_call_do_not_keep_the_whole_read() -> None:
     events = conn.receive(f.frame(f.DATA, f.END_STREAM, 3, b"b" * 5))
     assert c.MessageReceived(3, b"b" * 50) in events
     assert conn.held == 0
+
+
+def test_a_frame_completed_from_the_last_read_does_not_count_as_this_read_s() -> None:
+    """Found in review: the copy of a frame that straddled two reads counted toward "half of
+    this read", so one byte of a view kept a whole read alive beside it."""
+    conn = c.Connection(max_message=1 << 21)
+    handshake(conn)
+    encoder = hpack.Encoder()
+    first = message(b"a" * 200_000)[:100_000]  # a frame of 100 KB, cut after 40 KB
+    wire = f.frame(f.HEADERS, f.END_HEADERS, 1, request_headers(encoder))
+    wire += f.frame(f.DATA, 0, 1, first)
+    cut = len(wire) - 60_000
+    conn.receive(wire[:cut])
+    read = (
+        wire[cut:]  # the rest of that frame: completed into a copy of its own
+        + f.frame(f.DATA, 0, 1, b"a")  # one byte of this read for the same call
+        + f.frame(f.HEADERS, f.END_HEADERS, 3, request_headers(encoder))
+        + _data_frames(3, message(b"c" * 100_000))  # another call, whole
+    )
+    unheld = sys.getrefcount(read)
+    events = conn.receive(read)
+    assert c.MessageReceived(3, b"c" * 100_000) in events
+    assert conn.held == 100_001 - 5
+    assert sys.getrefcount(read) == unheld
+
+
+def test_a_broken_frame_in_a_read_ends_the_connection_before_the_read_s_frames_act() -> None:
+    """A read that completes a cut frame and then holds a frame over the size limit: GOAWAY,
+    and the completed frame is not acted on (as when the whole frame came in that read)."""
+    conn = c.Connection(max_message=1000)
+    handshake(conn)
+    call = f.frame(f.HEADERS, f.END_HEADERS, 1, request_headers(hpack.Encoder()))
+    data = f.frame(f.DATA, f.END_STREAM, 1, message(b"x" * 10))
+    conn.receive(call + data[:5])
+    too_long = (
+        (c.OUR_MAX_FRAME + 1).to_bytes(3, "big") + bytes([f.DATA, 0]) + (1).to_bytes(4, "big")
+    )
+    events = conn.receive(data[5:] + too_long)
+    assert [type(e) for e in events] == [c.ConnectionEnded]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from agent.api import grpc_wire
 from agent.api.grpc_codec import decode_infer_request
 from agent.api.grpc_wire import decode_serialized, plan_cache_info
 from agent.errors import InvalidInputError, PayloadTooLargeError
@@ -120,3 +121,35 @@ def test_an_input_over_the_limits_is_refused_before_it_is_read() -> None:
     with pytest.raises(PayloadTooLargeError) as full:
         decode_infer_request(triton_request(), limits=limits)
     assert planned.value.message == full.value.message
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param(b"\x3a\x00" * (1 << 20), id="a million empty raw buffers"),
+        pytest.param(b"\x0a\x00" * (1 << 20), id="a million empty model names"),
+        pytest.param(
+            triton_request().SerializeToString() + b"\x3a\x00" * (1 << 20),
+            id="a planned description and a million raw buffers",
+        ),
+    ],
+)
+def test_a_message_of_many_tiny_fields_is_declined_after_bounded_work(
+    data: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found in review: the scan walked every field of a 2 MiB message on the event loop (8 s
+    and 800 MiB for 8 MiB of empty raw buffers). Now the work stops at the description's cap
+    (4 KiB) or the plan's count of inputs; the full parse decides about the rest."""
+    fields = 0
+    field_end = grpc_wire._field_end
+
+    def counted(data: bytes, pos: int, size: int) -> int:
+        nonlocal fields
+        fields += 1
+        return field_end(data, pos, size)
+
+    monkeypatch.setattr(grpc_wire, "_field_end", counted)
+    decode_serialized(triton_request().SerializeToString())  # the plan is known and recent
+    fields = 0
+    assert decode_serialized(data) is None
+    assert fields <= 4096

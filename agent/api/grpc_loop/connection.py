@@ -172,6 +172,7 @@ class Connection:
             # A frame cut by the previous read is completed from the start of this one; the
             # rest is split where it lies. Only an incomplete tail waits in the buffer.
             start = 0
+            first: tuple[int, int, int, bytes] | None = None
             if buffer:
                 while start < len(data) and (need := f.missing(buffer, OUR_MAX_FRAME)):
                     buffer += memoryview(data)[start : start + need]
@@ -179,12 +180,13 @@ class Connection:
                 first = f.take_frame(buffer, OUR_MAX_FRAME)
                 if first is None:
                     return events
-                self._frame(*first, events)
-                if self.ended:
-                    return events
+            # The rest is split before anything is handled: a broken frame in this read ends
+            # the connection before any of the read's frames takes effect.
             parsed, used = f.split_frames(data, OUR_MAX_FRAME, start)
             if used < len(data):
                 buffer += memoryview(data)[used:]
+            if first is not None:
+                parsed.insert(0, first)
             for frame in parsed:
                 self._frame(*frame, events)
                 if self.ended:
@@ -194,7 +196,7 @@ class Connection:
         finally:
             if self._unsettled:  # what waits for the next read: views of this one, or copies
                 for reader in self._unsettled:
-                    reader.settle(len(data))
+                    reader.settle(data)
                 self._unsettled.clear()
         return events
 

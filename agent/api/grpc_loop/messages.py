@@ -102,16 +102,17 @@ class MessageReader:
             self._expect = -1
             messages.append(self._inflate(message) if self._compressed else message)
 
-    def settle(self, read_size: int) -> None:
-        """At the end of a read of `read_size` bytes: keep the views of it held for an unfinished
-        message if they are at least half of it, else copy them out."""
+    def settle(self, read: bytes) -> None:
+        """At the end of `read`: keep the views of it held for an unfinished message if they
+        are at least half of it, else copy them out."""
         pieces = self._pieces
         count = len(pieces) - self._owned
         if count <= 0:
             return
         tail = [pieces.pop() for _ in range(count)]
         tail.reverse()
-        if 2 * sum(len(piece) for piece in tail) >= read_size:
+        # Only views of this read count: a frame completed from the previous read is a copy.
+        if 2 * sum(len(p) for p in tail if type(p) is memoryview and p.obj is read) >= len(read):
             pieces.extend(tail)
         else:
             pieces.append(b"".join(tail))
