@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from email.utils import formatdate
 from http import HTTPStatus
+from types import MappingProxyType
 from typing import Protocol, cast
 
 from aiohttp import web
@@ -117,8 +118,26 @@ def parse_infer_head(head: bytes) -> InferHead | None:
         content_length=content_length,
         header_length=header_length,
         keep_alive=keep_alive,
-        trace_headers=trace,
+        trace_headers=MappingProxyType(trace),  # a head is shared by the requests that repeat it
     )
+
+
+_heads: dict[bytes, InferHead | None] = {}
+_HEADS_KEPT = 64  # distinct heads remembered; a client sends one per tensor shape
+
+
+def cached_infer_head(head: bytes) -> InferHead | None:
+    """`parse_infer_head`, remembered: tritonclient and perf_analyzer send the same head bytes
+    for every request of one shape, so most requests cost a dict lookup. Heads that differ
+    every time (a fresh `traceparent` per request) only churn the small cache."""
+    try:
+        return _heads[head]
+    except KeyError:
+        parsed = parse_infer_head(head)
+    if len(_heads) >= _HEADS_KEPT:
+        _heads.clear()
+    _heads[head] = parsed
+    return parsed
 
 
 async def answer_infer(
@@ -302,7 +321,7 @@ class LaneConnection:
                 if self._size > HEAD_MAX:
                     self._hand_over()
                 return
-            head = parse_infer_head(buffered[:end])
+            head = cached_infer_head(buffered[:end])
             lane = self._lane
             if (
                 head is None

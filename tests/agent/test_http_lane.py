@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.api.http_lane import InferLane, parse_infer_head
+from agent.api import http_lane
+from agent.api.http_lane import InferLane, cached_infer_head, parse_infer_head
 from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.runtime.daemon import RunningAgent
 from tests.agent.test_http_errors import GOOD, binary_request
@@ -51,6 +52,19 @@ def test_connection_close_and_no_version_are_read() -> None:
     assert (head.model, head.version, head.content_length) == ("m.x-1", None, 7)
     assert not head.keep_alive
     assert head.header_length is None
+
+
+def test_a_repeated_head_is_parsed_once_and_the_cache_stays_small() -> None:
+    first = cached_infer_head(TRITONCLIENT_HEAD)
+    assert first == parse_infer_head(TRITONCLIENT_HEAD)
+    assert cached_infer_head(bytes(TRITONCLIENT_HEAD)) is first  # the same bytes: no parse
+    refused = TRITONCLIENT_HEAD.replace(b"Host", b"Expect: 100-continue\r\nHost")
+    assert cached_infer_head(refused) is None  # refusals are remembered too, as refusals
+    for length in range(1, 500):  # a client whose every head differs
+        head = cached_infer_head(SHAPED[:-1] + str(length).encode())
+        assert head is not None
+        assert head.content_length == length
+    assert len(http_lane._heads) <= 64
 
 
 SHAPED = b"POST /v2/models/m/infer HTTP/1.1\r\nHost: h\r\nContent-Length: 1"
