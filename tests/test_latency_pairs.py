@@ -113,9 +113,11 @@ def test_a_short_real_run_gives_a_pair_per_round(tmp_path: Path) -> None:
     onnx_path = write_model_files(tmp_path, [model])["mlp"]
     repo = write_repository(tmp_path, model, "dynbatch", onnx_path)
     log: list[str] = []
-    pairs = run_pairs(binary, repo, rounds=2, requests=200, workdir=tmp_path, log=log.append)
-    assert [p.first for p in pairs] == ["http", "grpc"]
+    # One round: each perf_analyzer run is a chance of its rare never-exiting hang (cut off and
+    # run again, at a cost of seconds); the order of later rounds is tested above.
+    pairs = run_pairs(binary, repo, rounds=1, requests=200, workdir=tmp_path, log=log.append)
+    assert [p.first for p in pairs] == ["http"]
     assert all(p.http_p50_us > 0 and p.grpc_p50_us > 0 for p in pairs)
     assert all(p.http_inf_s > 0 and p.grpc_inf_s > 0 for p in pairs)
-    assert len(log) == 2
+    assert len(log) == 1
     assert "| median |" in render(pairs)
