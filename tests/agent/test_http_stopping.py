@@ -40,7 +40,7 @@ async def _serve_one_partial_body(stop_first: bool) -> BaseException | None:
     if stop_first:
         app[STOPPING].set()
     app.router.add_post("/infer", handler)
-    runner = web.AppRunner(app)
+    runner = web.AppRunner(app, shutdown_timeout=1.0)  # what is left to close: not under test
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
