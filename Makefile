@@ -39,7 +39,7 @@ unit: $(BIN)/.installed mosquitto chromium rabbitmq
 # than the 10 examples per operation of `make test`.
 EDGE_AGENT_FUZZ_EXAMPLES ?= 200
 fuzz: $(BIN)/.installed
-	EDGE_AGENT_FUZZ_EXAMPLES=$(EDGE_AGENT_FUZZ_EXAMPLES) $(BIN)/pytest tests/agent/test_http_fuzz.py -p no:logging
+	EDGE_AGENT_FUZZ_EXAMPLES=$(EDGE_AGENT_FUZZ_EXAMPLES) $(BIN)/pytest tests/agent/api/test_http_fuzz.py -p no:logging
 
 # Triton's load generator (Debian 12). Best effort: without it the perf_analyzer test skips
 # and says why.
@@ -47,13 +47,13 @@ perf-analyzer:
 	@[ -x $(PERF_VENV)/bin/perf_analyzer ] || bash bench/install-perf-analyzer.sh $(PERF_VENV) \
 	  || echo "perf_analyzer could not be installed; tests that need it will skip"
 
-# KServe's Python SDK (the Open Inference Protocol's reference client) for tests/test_kserve_sdk.py,
+# KServe's Python SDK (the Open Inference Protocol's reference client) for tests/agent/api/test_kserve_sdk.py,
 # in a venv of its own: its pins (psutil<6 ...) conflict with the agent's. Best effort: without it
 # that test skips and says why.
 kserve-sdk:
 	@$(KSERVE_VENV)/bin/python -c 'import kserve' 2>/dev/null || { \
 	  $(PYTHON) -m venv $(KSERVE_VENV) && $(KSERVE_VENV)/bin/pip install -q 'kserve==$(KSERVE_VERSION)'; } \
-	  || echo "KServe's SDK could not be installed; tests/test_kserve_sdk.py will skip"
+	  || echo "KServe's SDK could not be installed; tests/agent/api/test_kserve_sdk.py will skip"
 
 # systemd-analyze / systemd-sysusers for tests/deploy (Debian's "systemd" package; no running
 # systemd needed).
@@ -64,14 +64,14 @@ systemd-tools:
 	      --no-install-recommends systemd >/dev/null; \
 	  else echo "systemd-analyze missing (sudo apt-get install systemd); tests/deploy unit checks will skip"; fi; }
 
-# tests/mqtt runs a real broker (Debian's mosquitto); without it those tests skip and say why.
+# tests/agent/fleet, manager and wire run a real broker (Debian's mosquitto); without it those tests skip and say why.
 mosquitto:
 	@command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto >/dev/null; \
 	  else echo "mosquitto missing: sudo apt-get install mosquitto (MQTT tests will skip)"; fi; }
 
-# tests/pages and the dashboard test drive Debian's headless chromium through selenium; without
+# tests/agent/pages and the dashboard test drive Debian's headless chromium through selenium; without
 # it they skip and say why.
 chromium:
 	@{ command -v chromium >/dev/null && command -v chromedriver >/dev/null; } || { \

@@ -1,11 +1,12 @@
 """What the two read-only pages share: the device status page (`agent.api.status_page`) and the
-fleet dashboard (`agent.fleet.dashboard`).
+fleet dashboard (`agent.manager.dashboard`).
 
 * The token check: a page with a token answers only requests carrying it (`Authorization:
   Bearer <token>` or `?token=<token>`), compared in constant time; any other request gets 401
   with a body that says nothing about the page, the token or the device.
 * The static assets (`agent/static/`, package data), inlined into each page so that one
   response paints it: no CDN, no second request, nothing to build.
+* Whether a bind address stays on this machine (a page served beyond it needs a token).
 * Small HTML helpers: escaping, byte and number formats, the SVG sparkline, tables.
 
 Pure apart from reading the packaged assets once.
@@ -17,6 +18,7 @@ import functools
 import hmac
 import html
 import importlib.resources
+import ipaddress
 import math
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 
@@ -29,6 +31,7 @@ __all__ = [
     "esc",
     "fmt_bytes",
     "fmt_num",
+    "is_loopback_host",
     "page",
     "request_token",
     "sparkline",
@@ -55,6 +58,16 @@ def request_token(request: web.Request) -> str | None:
     if scheme.lower() == "bearer" and value.strip():
         return value.strip()
     return request.query.get("token")
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether a bind address stays on this machine (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name other than localhost, or "" (every address)
 
 
 def token_matches(given: str | None, expected: str) -> bool:

@@ -52,7 +52,7 @@ def _time(session: ort.InferenceSession, x: np.ndarray, seconds: float) -> dict[
 
 def _digits_model(work: Path) -> tuple[Path, Path, np.ndarray]:
     # sklearn (dev dependency) is only needed for the default model.
-    from tests.quantize.digits import train_digits, write_calibration  # noqa: PLC0415
+    from tests.agent.quantize.digits import train_digits, write_calibration  # noqa: PLC0415
 
     digits = train_digits()
     onnx.save(digits.model, str(work / "fp32.onnx"))

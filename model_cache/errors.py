@@ -1,8 +1,8 @@
 """The model cache's error tree.
 
 Every failure the cache reports to its callers is a `CacheError`. The leaves say what went wrong,
-not how a transport should answer it: `agent/api/http.py` (and the MQTT command replies) map them to
-status codes in one table each.
+not how a transport should answer it: `agent/api/http/app.py` (and the MQTT command replies)
+map them to status codes in one table each.
 
     CacheError
     ├── CorruptBlobError        stored bytes do not match their SHA-256 digest

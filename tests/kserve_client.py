@@ -38,7 +38,7 @@ try:  # all from the SDK's venv
     )
 except ImportError as exc:  # the venv is not there or broken: the test skips with this reason
     print(f"kserve cannot be imported: {exc}", flush=True)
-    sys.exit(3)  # tests/test_kserve_sdk.py reads this status as "skip"
+    sys.exit(3)  # tests/agent/api/test_kserve_sdk.py reads this status as "skip"
 
 
 def check(what: str, ok: bool, detail: object = "") -> None:

@@ -1,5 +1,5 @@
 """Clients written to the checks of Triton's Python client examples, shared by the HTTP and gRPC
-example tests (tests/agent/test_triton_client_examples_*.py): the protocol-neutral parts, each
+example tests (tests/agent/api/test_triton_client_examples_*.py): the protocol-neutral parts, each
 taking the client and its module (`tritonclient.http` or `tritonclient.grpc`)."""
 
 from __future__ import annotations

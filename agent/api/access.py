@@ -34,7 +34,6 @@ __all__ = [
     "Restrictions",
     "grpc_endpoint",
     "http_endpoint",
-    "is_loopback_host",
     "is_loopback_peer",
     "require_local_registrant",
     "parse_restrictions",
@@ -292,16 +291,6 @@ def _hide(spec: str) -> str:
     """A spec with its value masked (error messages and logs never show a credential)."""
     head, sep, _ = spec.partition("=")
     return head + sep + ("********" if sep else "")
-
-
-def is_loopback_host(host: str) -> bool:
-    """Whether a bind address stays on this machine (127.0.0.0/8, ::1, localhost)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a name other than localhost, or "" (every address)
 
 
 def is_loopback_peer(peer: str | None) -> bool:

@@ -18,8 +18,9 @@ Emitted, per model version (labels `model`, `version`):
     nv_inference_{request,queue,compute_input,compute_infer,compute_output}_summary_us (summary),
     nv_cache_num_hits_per_model, nv_cache_num_misses_per_model,
     nv_cache_hit_duration_per_model, nv_cache_miss_duration_per_model (µs).
-Python models' custom metrics (`pb_utils.MetricFamily`, `agent.backends.custom_metrics`): each
-family under its own name and description, counters untyped like the ones above.
+Python models' custom metrics (`pb_utils.MetricFamily`,
+`agent.backends.python.custom_metrics`): each family under its own name and description,
+counters untyped like the ones above.
 Host-wide: nv_cpu_utilization, nv_cpu_memory_total_bytes, nv_cpu_memory_used_bytes, and, with a
 `MemorySource`, edge_agent_memory_budget_bytes and edge_agent_memory_used_bytes. With a
 `GpuReader` (NVML, or tegrastats on Jetson; `agent.device.gpu`), per GPU (label
@@ -43,7 +44,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric, UnknownMetricFamily
 
-from agent.backends.custom_metrics import FamilySnapshot
+from agent.backends.python.custom_metrics import FamilySnapshot
 from agent.device.gpu import GpuReader, GpuReading
 from agent.scheduling.statistics import (
     FIRST_RESPONSE_BUCKETS_MS,

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from agent.backends.tensorrt_build import ort_tensorrt_options
+from agent.backends.tensorrt.build import ort_tensorrt_options
 from agent.errors import BackendError, ModelLoadError
 from agent.proto import model_config_pb2 as mc
 from agent.tensors import datatypes

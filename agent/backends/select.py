@@ -6,7 +6,7 @@
   engine cache inside the model cache.
 * `platform: "tensorrt_plan"` / `backend: "tensorrt"` → `TensorRTBackend`. The version folder
   holds `model.plan`, or only `model.onnx`: then the engine is built on the device on first load and
-  cached (`agent.backends.tensorrt_build.cached_engine`), so later loads, restarts and swaps reuse
+  cached (`agent.backends.tensorrt.build.cached_engine`), so later loads, restarts and swaps reuse
   it.
 * `backend: "python"` → `PythonBackend`: `model.py` run in one worker process per instance. A
   config naming no platform and no backend whose version folder holds `model.py` (and no
@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agent.backends.base import Backend
-from agent.backends.custom_metrics import CustomMetricStore
-from agent.backends.tensorrt_build import cached_engine, spec_from_config
+from agent.backends.python.custom_metrics import CustomMetricStore
+from agent.backends.tensorrt.build import cached_engine, spec_from_config
 from agent.errors import ModelLoadError
 from agent.proto import model_config_pb2 as mc
 from agent.repository.layout import holds_python_model
 
 if TYPE_CHECKING:
-    from agent.backends.python_bls import BlsRunner
+    from agent.backends.python.bls import BlsRunner
 
 TENSORRT_PLATFORM = "tensorrt_plan"
 TENSORRT_BACKEND = "tensorrt"
@@ -103,7 +103,7 @@ def create_backend(
     # Each runtime is imported when a model first needs it (not to dodge a cycle): a device that
     # serves only Python models never loads onnxruntime, and TensorRT exists on GPU hosts only.
     if kind is BackendKind.PYTHON:
-        from agent.backends.python import PythonBackend  # noqa: PLC0415
+        from agent.backends.python.backend import PythonBackend  # noqa: PLC0415
 
         return PythonBackend(
             version_dir,
@@ -115,7 +115,7 @@ def create_backend(
             bls=bls,
         )
     if kind is BackendKind.TENSORRT:
-        from agent.backends.tensorrt import TensorRTBackend  # noqa: PLC0415 - GPU hosts only
+        from agent.backends.tensorrt.backend import TensorRTBackend  # noqa: PLC0415 - GPU hosts only
 
         return TensorRTBackend(
             engine_path(version_dir, config, cache_root),

@@ -1,7 +1,8 @@
 """The `edge-agent` command line: one front door per sub-command.
 
-`doctor` runs before anything imports ONNX Runtime, so it can say what is missing; every other
-command needs an importable ONNX Runtime and stops with the fix when there is none.
+`doctor` runs before anything imports ONNX Runtime, so it can say what is missing, and `fleet`
+(the fleet manager, `agent.manager`) never loads the device's serving stack; every other command
+needs an importable ONNX Runtime and stops with the fix when there is none.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from agent.cli import doctor  # noqa: PLC0415 - the serving stack stays unloaded
 
         return doctor.main(args[1:])
+    if args[:1] == ["fleet"]:
+        from agent.manager.cli import main as fleet_main  # noqa: PLC0415 - the manager alone
+
+        return fleet_main(args[1:])
     from agent.device.checks import ORT_FIX  # noqa: PLC0415 - cheap, and only here
     from agent.device.facts import onnxruntime_import_error  # noqa: PLC0415
 

@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from agent import __version__
-from agent.backends import tensorrt_build as engine_build
+from agent.backends.tensorrt import build as engine_build
 from agent.cli import cache as cache_cli
 from agent.cli import doctor as doctor_cli
-from agent.cli import fleet as fleet_cli
 from agent.cli import sign_model, swap
 from agent.cli.exit_codes import EXIT_CONFIG, EXIT_LOAD
 from agent.cli.serve_args import add_serve_command, config_flags
@@ -28,6 +27,7 @@ from agent.config.loader import load_config
 from agent.config.schema import AgentConfig
 from agent.config.tools import check_command, show_command
 from agent.errors import AgentConfigError, AgentError
+from agent.manager import cli as fleet_cli
 from agent.quantize import args as quantize_args
 from agent.runtime.daemon import run_agent
 from agent.runtime.journal import setup_logging

@@ -60,7 +60,7 @@ class ServerConfig:
     metrics_port: int = 8002  # Prometheus /metrics; -1 turns it off
     max_request_bytes: int = 64 * 1024 * 1024
     shared_memory: bool = True  # Triton's system shared-memory extension for local clients
-    # Resource limits (agent/api/http_limits.py, agent/tensors/limits.py):
+    # Resource limits (agent/api/http/limits.py, agent/tensors/limits.py):
     max_bytes_elements: int = 1 << 20  # elements of one BYTES input tensor
     max_connections: int = 2048  # HTTP connections open at once (per listener); more: 503
     header_timeout_ms: int = 30_000  # request line + headers, from their first byte

@@ -16,11 +16,11 @@ from agent.api.access import (
     GRPC_HEADER_PREFIX,
     SHARED_MEMORY,
     Restrictions,
-    is_loopback_host,
     parse_restrictions,
 )
 from agent.api.tls import TlsFiles
 from agent.errors import AgentConfigError
+from agent.pages import is_loopback_host
 
 if TYPE_CHECKING:
     from agent.config.schema import ServerConfig

@@ -20,9 +20,9 @@ from typing import Any
 from agent.errors import AgentError, InternalError, OverloadedError
 from agent.fleet import commands as cmd
 from agent.fleet.health import Health, why
-from agent.fleet.mqtt import MqttError
 from agent.fleet.runner import CommandRunner, Envelope, response_doc
 from agent.fleet.state import FleetState
+from agent.wire.mqtt import MqttError
 
 __all__ = ["QUEUE", "CommandInbox", "Reply", "ReplySender"]
 

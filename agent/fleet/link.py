@@ -43,11 +43,10 @@ from typing import Any
 from agent import __version__
 from agent.device.gpu import GpuReader
 from agent.fleet.command_inbox import CommandInbox, Reply
-from agent.fleet.config import MqttConfig, Topics
+from agent.fleet.config import MqttConfig
 from agent.fleet.executor import CommandExecutor, SyncNow
 from agent.fleet.health import Health, supervise, why
 from agent.fleet.inventory import Digests, device_facts, gpu_facts, served_versions
-from agent.fleet.mqtt import Message, MqttClient, MqttError, MqttSettings, Protocol, Will
 from agent.fleet.outbox import Kind, Outbox
 from agent.fleet.runner import CommandRunner
 from agent.fleet.slo import SloEvaluator
@@ -56,6 +55,8 @@ from agent.fleet.telemetry import TelemetrySampler
 from agent.models.memory_plan import MemoryLedger
 from agent.models.registry import ModelRegistry
 from agent.serving.dataplane import DataPlane
+from agent.wire.mqtt import Message, MqttClient, MqttError, MqttSettings, Protocol, Will
+from agent.wire.topics import Topics
 
 __all__ = ["SCHEMA", "FleetLink"]
 

@@ -21,16 +21,14 @@ Invariants:
 from __future__ import annotations
 
 import json
-import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from sqlite_utils import Database
+from agent.wire.sqlite import open_database, translate_sqlite
 
 Kind = Literal["telemetry", "event"]
 KINDS: tuple[Kind, ...] = ("telemetry", "event")  # drop order: telemetry first
@@ -43,36 +41,6 @@ CREATE TABLE IF NOT EXISTS outbox (
 CREATE INDEX IF NOT EXISTS outbox_kind ON outbox(kind, seq);
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 """
-
-
-class StoreError(Exception):
-    """A fleet SQLite store (outbox, command ids, desired state) failed."""
-
-
-@contextmanager
-def translate_sqlite(what: str) -> Iterator[None]:
-    """Turn `sqlite3.Error` into `StoreError` naming the store."""
-    try:
-        yield
-    except sqlite3.Error as exc:
-        raise StoreError(f"{what}: {exc}") from exc
-
-
-def open_database(path: Path, schema: str) -> Database:
-    """Open (or create) a SQLite file in WAL mode with `schema` applied.
-
-    Raises:
-        StoreError: not a usable database.
-    """
-    with translate_sqlite(str(path)):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(str(path), check_same_thread=False, timeout=30.0)
-        db = Database(conn)
-        db.enable_wal()
-        db.execute("PRAGMA synchronous=NORMAL")
-        with db.atomic():
-            db.executescript(schema)
-        return db
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.fleet.outbox import open_database, translate_sqlite
+from agent.wire.sqlite import open_database, translate_sqlite
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS commands (

@@ -14,7 +14,7 @@ steps as Triton takes them:
   the model (a tensor with no dimension left becomes `dims: [1]`, with an empty `reshape` when
   batching). A config listing both inputs and outputs is left as written: max_batch_size 0
   stays 0 and no batcher is added. TensorRT engines are completed by their backend from the
-  engine (`agent.backends.tensorrt_config`); Python models by their `auto_complete_config`.
+  engine (`agent.backends.tensorrt.config`); Python models by their `auto_complete_config`.
   Beyond Triton, missing data types and dims of listed tensors are filled too (with
   auto-complete off they are refused, in Triton's words).
 - Normalisation, always (core `NormalizeModelConfig`, `NormalizeInstanceGroup`): the version

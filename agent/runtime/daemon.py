@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from agent.api.access import ApiAccess
-from agent.api.http import create_app
-from agent.api.http_lane import INFER_LANE, InferLane
+from agent.api.http.app import create_app
+from agent.api.http.lane import INFER_LANE, InferLane
 from agent.api.tls import ServerTls
 from agent.canary.control import STATE_FILE, CanaryManager
 from agent.config.schema import AgentConfig

@@ -18,13 +18,13 @@ from agent.device.gpu import GpuReader
 from agent.errors import AgentError
 from agent.fleet.inventory import cache_digests, targets_key_ids
 from agent.fleet.link import FleetLink
-from agent.fleet.mqtt import MqttError
-from agent.fleet.outbox import StoreError
 from agent.models.events import EventTee
 from agent.models.memory_plan import MemoryLedger
 from agent.models.registry import ModelRegistry
 from agent.runtime.signed_sync import AgentSync, desired_from_fleet, sync_now
 from agent.serving.dataplane import DataPlane
+from agent.wire.mqtt import MqttError
+from agent.wire.sqlite import StoreError
 from model_cache import ModelCache
 
 __all__ = ["start_fleet_link"]

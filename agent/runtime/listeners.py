@@ -15,10 +15,10 @@ import ssl
 from aiohttp import web
 
 from agent.api.access import ApiAccess
-from agent.api.grpc_loop import start_loop_grpc_server
-from agent.api.grpc_server import start_grpc_server
-from agent.api.http_lane import INFER_LANE
-from agent.api.http_limits import STOPPING, ConnectionGuard, ConnectionLimits
+from agent.api.grpc.loop import start_loop_grpc_server
+from agent.api.grpc.service import start_grpc_server
+from agent.api.http.lane import INFER_LANE
+from agent.api.http.limits import STOPPING, ConnectionGuard, ConnectionLimits
 from agent.api.metrics import build_registry, create_metrics_app
 from agent.api.tls import ServerTls
 from agent.canary.control import CanaryManager
@@ -78,7 +78,7 @@ async def serve_http(
     """Listen on host:port (0: any free port) until the stack unwinds; returns the bound port.
 
     The listener is aiohttp's server behind a `ConnectionGuard` (connection cap and timeouts,
-    and the app's infer lane first on each connection: `agent.api.http_lane`), which is why it
+    and the app's infer lane first on each connection: `agent.api.http.lane`), which is why it
     is not a `web.TCPSite`: a site cannot take another protocol factory.
     """
     guard = ConnectionGuard(limits, app.get(INFER_LANE))

@@ -21,10 +21,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from agent.api.access import is_loopback_host
 from agent.config.schema import ServerConfig
 from agent.errors import AgentError
 from agent.fleet.telemetry import TelemetrySampler
+from agent.pages import is_loopback_host
 from agent.serving.dataplane import DataPlane
 
 __all__ = ["EVENTS_KEPT", "DeviceStatus", "History", "RecentEvents", "status_token"]

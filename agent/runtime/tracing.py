@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 
 from agent.config.schema import AgentConfig
-from agent.serving.trace import Tracer
+from agent.tracing.tracer import Tracer
 
 __all__ = ["build_tracer"]
 
@@ -21,7 +21,7 @@ def build_tracer(config: AgentConfig) -> Tracer:
     log = config.log
     if log.trace_mode != "opentelemetry":
         return Tracer(str(log.trace_file or ""))
-    from agent.serving.trace_otlp import (  # noqa: PLC0415 - opentelemetry only when configured
+    from agent.tracing.otlp import (  # noqa: PLC0415 - opentelemetry only when configured
         DEFAULT_URL,
         OtlpExporter,
         parse_resource,

@@ -31,7 +31,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Final, Literal, get_args
 
-from agent.backends.custom_metrics import CustomMetricStore
+from agent.backends.python.custom_metrics import CustomMetricStore
 
 FailureReason = Literal["REJECTED", "CANCELED", "BACKEND", "OTHER"]  # Triton's `reason` label
 FAILURE_REASONS: Final[tuple[FailureReason, ...]] = get_args(FailureReason)

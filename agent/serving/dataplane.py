@@ -49,10 +49,10 @@ from agent.serving.response_cache import ResponseCache, cache_key
 from agent.serving.sequence_routes import SequenceRoutes
 from agent.serving.shared_memory import SharedMemoryRegistry
 from agent.serving.streamed_inference import StreamedInference
-from agent.serving.trace import Trace, Tracer
-from agent.serving.trace_tensors import BACKEND_INPUT, BACKEND_OUTPUT, QUEUE_INPUT
 from agent.tensors.request import InferRequest, InferResponse, OutputTensor, shared_memory_outputs
 from agent.tensors.signature import ModelSignature, ValidatedRequest
+from agent.tracing.tensors import BACKEND_INPUT, BACKEND_OUTPUT, QUEUE_INPUT
+from agent.tracing.tracer import Trace, Tracer
 
 logger = logging.getLogger(__name__)
 

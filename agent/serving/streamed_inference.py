@@ -21,9 +21,9 @@ from agent.serving.decoupled import stream_responses
 from agent.serving.request_parameters import now_ms, scheduling_parameters
 from agent.serving.response_stream import StreamedResponse
 from agent.serving.sequence_routes import SequenceRoutes
-from agent.serving.trace import Trace, Tracer
 from agent.tensors.request import InferRequest, InferResponse, shared_memory_outputs
 from agent.tensors.signature import ModelSignature, ValidatedRequest
+from agent.tracing.tracer import Trace, Tracer
 
 
 class _Plane(Protocol):

@@ -1,5 +1,5 @@
 "use strict";
-// The fleet dashboard: redraw from /fleet/v1/state (the cells agent/fleet/dashboard_page.py
+// The fleet dashboard: redraw from /fleet/v1/state (the cells agent/manager/dashboard_page.py
 // renders); a device's link opens its last telemetry below the table without leaving the page.
 (() => {
   const { esc, num, rows, get, poll } = Page;

@@ -1,7 +1,7 @@
 """The KServe v2 inference request and response, as every layer sees them, and raw tensors.
 
-Pure data: dataclasses and numpy arrays. The wire codecs (`agent.api.http_codec` for JSON and
-Triton's binary tensor extension, `agent.api.grpc_codec` for protobuf) build these; the model's
+Pure data: dataclasses and numpy arrays. The wire codecs (`agent.api.http.codec` for JSON and
+Triton's binary tensor extension, `agent.api.grpc.codec` for protobuf) build these; the model's
 own contract (names, types, shapes) is checked by `agent.tensors.signature`.
 
 Raw tensors (`tensor_to_bytes` / `tensor_from_bytes`) are row-major, little-endian; BYTES tensors

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.agent.device.test_tegra import JP62_ORIN_NANO, JP512_XAVIER_NX
 from tests.deploy.test_ansible import ANSIBLE_DIR, ansible_env, build_wheel, tool
-from tests.device.test_tegra import JP62_ORIN_NANO, JP512_XAVIER_NX
 
 PINNED_ORT = "1.20.0"  # edge_agent_jetson_releases["36.4"].onnxruntime_gpu in the role
 FAKE_TRT = "10.3.0"

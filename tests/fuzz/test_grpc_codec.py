@@ -12,7 +12,7 @@ from google.protobuf.message import DecodeError
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from agent.api.grpc_codec import decode_infer_request
+from agent.api.grpc.codec import decode_infer_request
 from agent.errors import InvalidInputError, PayloadTooLargeError
 from agent.proto import grpc_service_pb2 as pb
 from agent.tensors.limits import TensorLimits

@@ -23,8 +23,8 @@ import tritonclient.grpc as grpcclient
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from agent.api.grpc_loop import connection as c
-from agent.api.grpc_loop import frames as f
+from agent.api.grpc.loop import connection as c
+from agent.api.grpc.loop import frames as f
 from agent.config.schema import ServerConfig
 from agent.runtime.daemon import RunningAgent
 from tests.fuzz.budget import FUZZ, scaled

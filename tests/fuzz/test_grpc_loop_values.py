@@ -16,9 +16,9 @@ import hpack
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
-from agent.api.grpc_loop import connection as c
-from agent.api.grpc_loop import frames as f
-from agent.api.grpc_loop.messages import CallRefusedError, MessageReader
+from agent.api.grpc.loop import connection as c
+from agent.api.grpc.loop import frames as f
+from agent.api.grpc.loop.messages import CallRefusedError, MessageReader
 from tests.fuzz.budget import FUZZ
 from tests.fuzz.test_grpc_loop import _cut, _headers, _message
 

@@ -1,4 +1,4 @@
-"""ModelInfer read and written as bytes (`agent.api.grpc_wire`) against the protobuf path.
+"""ModelInfer read and written as bytes (`agent.api.grpc.wire`) against the protobuf path.
 
 Properties:
 * for any bytes (messages a hostile client makes, cut, damaged, fields reordered, and calls
@@ -16,8 +16,8 @@ from google.protobuf.message import DecodeError
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.api.grpc_codec import decode_infer_request, encode_infer_response
-from agent.api.grpc_wire import decode_serialized, encode_serialized
+from agent.api.grpc.codec import decode_infer_request, encode_infer_response
+from agent.api.grpc.wire import decode_serialized, encode_serialized
 from agent.errors import InvalidInputError, PayloadTooLargeError
 from agent.proto import grpc_service_pb2 as pb
 from agent.tensors import datatypes

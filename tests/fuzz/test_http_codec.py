@@ -15,7 +15,7 @@ import numpy as np
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from agent.api.http_codec import decode_infer_request
+from agent.api.http.codec import decode_infer_request
 from agent.errors import InvalidInputError, PayloadTooLargeError
 from agent.tensors.limits import TensorLimits
 from agent.tensors.request import InferRequest

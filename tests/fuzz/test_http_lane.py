@@ -23,9 +23,9 @@ from aiohttp.http_parser import HttpRequestParser
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from agent.api.http_lane import parse_infer_head
+from agent.api.http.lane import parse_infer_head
 from agent.runtime.daemon import RunningAgent
-from tests.agent.test_http_errors import GOOD
+from tests.agent.api.test_http_errors import GOOD
 from tests.fuzz.budget import FUZZ, scaled
 
 VALID = (

@@ -11,14 +11,14 @@ import onnxruntime as ort
 import pytest
 import tritonclient.http as httpclient
 
-from agent.backends import tensorrt_build as engine_build
-from agent.backends.tensorrt import TensorRTBackend
-from agent.backends.tensorrt_build import EngineSpec, Precision, cached_engine
+from agent.backends.tensorrt import build as engine_build
+from agent.backends.tensorrt.backend import TensorRTBackend
+from agent.backends.tensorrt.build import EngineSpec, Precision, cached_engine
 from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.proto import model_config_pb2 as mc
 from agent.quantize.command import main as quantize_main
+from tests.agent.quantize.digits import Digits, train_digits, write_calibration
 from tests.gpu.conftest import trt_module
-from tests.quantize.digits import Digits, train_digits, write_calibration
 from tests.server import running_agent
 
 pytestmark = pytest.mark.needs_tensorrt

@@ -12,7 +12,7 @@ from model_cache import ModelCache
 from sync.keys import init_keys
 from sync.s3 import S3Store
 from sync.store import FileStore, S3Settings
-from tests.mqtt.support import Broker
+from tests.mqtt_support import Broker
 from tests.sync.support import HttpFaults, World, http_server
 
 _AWS_ENV = {

@@ -1,6 +1,6 @@
 """A device for the rejection scenarios: a real agent, a real store, a real broker, a client.
 
-The agent serves its model cache on its own event loop (`tests.mqtt.support.agent_thread`),
+The agent serves its model cache on its own event loop (`tests.mqtt_support.agent_thread`),
 with the fleet link connected to a Mosquitto broker; the publisher signs versions into a bucket
 of the S3-protocol server; a client thread sends inference requests throughout. Sync cycles are
 driven by the test (`Device.cycle`), through the same `SyncLoop` the daemon's periodic task
@@ -33,7 +33,7 @@ from sync.publish import Publisher
 from sync.s3 import S3Store
 from sync.store import S3Settings
 from tests.models import write_model
-from tests.mqtt.support import AgentThread, Broker, agent_thread, mqtt_config
+from tests.mqtt_support import AgentThread, Broker, agent_thread, mqtt_config
 
 CONFIG = """
 name: "m"

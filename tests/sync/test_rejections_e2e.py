@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from agent.cli.fleet import FleetClient
 from agent.errors import ConflictError
-from tests.mqtt.support import Broker
+from agent.manager.cli import FleetClient
+from tests.mqtt_support import Broker
 from tests.support import wait_until
 from tests.sync.rejection_support import Client, Device, device, get_json, infer
 

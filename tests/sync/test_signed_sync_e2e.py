@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from agent.cli.fleet import FleetClient
+from agent.manager.cli import FleetClient
 from agent.runtime.demo import mlp_model
 from sync.model_signature import SignatureCheck, SignaturePolicy
 from tests.models import write_model
-from tests.mqtt.support import Broker
+from tests.mqtt_support import Broker
 from tests.sync.rejection_support import CONFIG, Client, Device, device, get_json, infer
 from tests.sync.signing_support import SigningKey, make_key, sign_folder
 

@@ -1,0 +1,445 @@
+"""The "loop" gRPC engine's I/O edge: an `asyncio.Protocol` per connection around `Connection`.
+
+Each call runs the same `InferenceService` method as the grpc.aio engine, with a small context
+(`abort`, `peer`, `invocation_metadata`): unary calls as one task each, started when the request
+is complete; ModelStreamInfer as one task reading a queue of requests. Connection limits are
+grpc core's: connections over the cap are closed as accepted, a client that does not finish the
+HTTP/2 handshake in time is cut, a connection without calls for the idle timeout gets GOAWAY.
+`stop(grace)` sends GOAWAY, lets open calls finish within `grace`, then cancels the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+from google.protobuf.message import DecodeError, Message
+
+from agent.api.access import ApiAccess, grpc_endpoint
+from agent.api.grpc.loop import connection as c
+from agent.api.http.limits import ConnectionLimits
+
+logger = logging.getLogger(__name__)
+
+_BACKLOG_LIMIT = 4 * 1024 * 1024  # a stream's responses waiting on the peer's window: pause
+_CANCELLED, _UNKNOWN, _DEADLINE, _UNIMPLEMENTED, _INTERNAL, _UNAVAILABLE = 1, 2, 4, 12, 13, 14
+_RESOURCE_EXHAUSTED = 8
+
+
+class AbortError(Exception):
+    """`context.abort`: the call ends with this status."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class Method:
+    """One RPC: the servicer's bound method, its request type and whether it streams.
+
+    A `serialized` method takes the request's bytes and returns the response's: the call
+    skips parsing and serializing here (the method does both, or avoids them).
+    """
+
+    handler: Callable[..., Any]
+    request_type: type[Message]
+    streaming: bool
+    serialized: bool = False
+
+
+class CallContext:
+    """What the servicer reads of its call (the subset of grpc.aio's ServicerContext it uses)."""
+
+    __slots__ = ("_metadata", "_peer")
+
+    def __init__(self, peer: str, metadata: tuple[tuple[str, str], ...]) -> None:
+        self._peer = peer
+        self._metadata = metadata
+
+    async def abort(self, code: Any, details: str = "") -> None:
+        """End the call with `code` (a grpc.StatusCode) and `details`; never returns."""
+        raise AbortError(int(code.value[0]), details)
+
+    def peer(self) -> str:
+        return self._peer
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+
+class _Call:
+    __slots__ = ("context", "deadline", "message", "method", "queue", "task")
+
+    def __init__(self, method: Method, context: CallContext) -> None:
+        self.method = method
+        self.context = context
+        self.message: bytes | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.queue: asyncio.Queue[Message | None] | None = None
+        self.deadline: asyncio.TimerHandle | None = None
+
+
+class GrpcProtocol(asyncio.Protocol):
+    """One client connection."""
+
+    def __init__(self, server: LoopGrpcServer) -> None:
+        self._server = server
+        self._core = c.Connection(max_message=server.max_message_bytes)
+        self._calls: dict[int, _Call] = {}
+        self._transport: asyncio.Transport | None = None
+        self._peer = ""
+        self._windows: asyncio.Event | None = None
+        self._idle_ticks = 0
+        self._seen = 0
+        self._flush_soon = False
+        loop = asyncio.get_running_loop()
+        self.closed = loop.create_future()
+        # Counted from the accept (a burst of accepts is capped before any connection_made);
+        # the handshake clock (TLS included) starts there too.
+        server.connections.add(self)
+        self._timer = loop.call_later(server.limits.header_timeout_s, self._handshake_due)
+
+    # Transport events -------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if self.closed.done():  # its TLS handshake ended after the server stopped
+            transport.close()
+            return
+        self._transport = cast(asyncio.Transport, transport)
+        self._peer = _peer(transport.get_extra_info("peername"))
+        self._write()
+
+    def data_received(self, data: bytes) -> None:
+        core = self._core
+        for event in core.receive(data):
+            kind = type(event)
+            if kind is c.MessageReceived:
+                self._message(cast(c.MessageReceived, event))
+            elif kind is c.InputEnded:
+                self._input_ended(cast(c.InputEnded, event).stream)
+            elif kind is c.RequestStarted:
+                self._started(cast(c.RequestStarted, event))
+            elif kind is c.StreamReset:
+                self._drop(cast(c.StreamReset, event).stream)
+            elif kind is c.WindowOpened:
+                if self._windows is not None:
+                    self._windows.set()
+            elif kind is c.ConnectionEnded:
+                self._write()
+                self._close()
+                return
+        self._write()
+        if core.closing and not core.streams:
+            self._close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for call in self._calls.values():
+            if call.task is not None:
+                call.task.cancel()  # the client went away: its requests are cancelled
+            if call.deadline is not None:
+                call.deadline.cancel()
+        self._calls.clear()
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._windows is not None:
+            self._windows.set()
+        self._server.connections.discard(self)
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    # Calls ------------------------------------------------------------------------------------
+
+    def _started(self, event: c.RequestStarted) -> None:
+        sid = event.stream
+        method = self._server.methods.get(event.path)
+        if method is None:
+            self._core.finish(sid, _UNIMPLEMENTED, "Method not found!")
+            return
+        access = self._server.access
+        if access is not None:
+            metadata = {k.lower(): v for k, v in event.metadata}
+            refusal = access.grpc.refusal(grpc_endpoint(event.path), metadata)
+            if refusal is not None:
+                self._core.finish(sid, _UNAVAILABLE, refusal)
+                return
+        call = _Call(method, CallContext(self._peer, event.metadata))
+        self._calls[sid] = call
+        if method.streaming:
+            call.queue = asyncio.Queue()
+            call.task = asyncio.get_running_loop().create_task(self._stream(sid, call))
+        if event.timeout_s is not None:
+            call.deadline = asyncio.get_running_loop().call_later(
+                event.timeout_s, self._deadline, sid
+            )
+
+    def _message(self, event: c.MessageReceived) -> None:
+        call = self._calls.get(event.stream)
+        if call is None:
+            return  # refused at its headers
+        if call.queue is None:
+            if call.message is not None:
+                self._end(event.stream, _UNIMPLEMENTED, "a unary call takes one request")
+                return
+            call.message = event.data
+            return
+        try:
+            request = call.method.request_type.FromString(event.data)
+        except DecodeError:
+            self._end(event.stream, _INTERNAL, "Exception deserializing request!")
+            return
+        call.queue.put_nowait(request)
+
+    def _input_ended(self, sid: int) -> None:
+        call = self._calls.get(sid)
+        if call is None:
+            return
+        if call.queue is not None:
+            call.queue.put_nowait(None)
+        elif call.message is None:
+            self._end(sid, _UNIMPLEMENTED, "a unary call takes one request; none was sent")
+        else:
+            call.task = asyncio.get_running_loop().create_task(self._unary(sid, call))
+
+    async def _unary(self, sid: int, call: _Call) -> None:
+        assert call.message is not None
+        data, call.message = call.message, None
+        request: Message | bytes = data
+        if not call.method.serialized:
+            try:
+                request = call.method.request_type.FromString(data)
+            except DecodeError:
+                self._complete(sid, _INTERNAL, "Exception deserializing request!")
+                return
+        try:
+            reply = await call.method.handler(request, call.context)
+        except AbortError as exc:
+            self._complete(sid, exc.code, exc.message)
+            return
+        except asyncio.CancelledError:
+            self._complete(sid, _CANCELLED, "Cancelled")  # a no-op when the call was dropped
+            raise
+        except Exception as exc:  # the servicer maps its errors; anything else is a bug
+            logger.exception("gRPC %s failed", getattr(call.method.handler, "__name__", "call"))
+            self._complete(sid, _UNKNOWN, f"Unexpected {type(exc)}: {exc}")
+            return
+        self._reply(sid, reply)
+        self._complete(sid, 0)
+
+    async def _stream(self, sid: int, call: _Call) -> None:
+        queue = call.queue
+        assert queue is not None
+
+        async def requests() -> AsyncIterator[Message]:
+            while (request := await queue.get()) is not None:
+                yield request
+
+        responses = call.method.handler(requests(), call.context)
+        try:
+            async for reply in responses:
+                if not self._reply(sid, reply):
+                    return
+                self._write_soon()
+                while self._core.backlog(sid) > _BACKLOG_LIMIT and sid in self._calls:
+                    self._windows = self._windows or asyncio.Event()
+                    self._windows.clear()
+                    await self._windows.wait()
+        except AbortError as exc:
+            self._complete(sid, exc.code, exc.message)
+            return
+        except asyncio.CancelledError:
+            self._complete(sid, _CANCELLED, "Cancelled")
+            raise
+        except Exception as exc:
+            logger.exception("gRPC stream failed")
+            self._complete(sid, _UNKNOWN, f"Unexpected {type(exc)}: {exc}")
+            return
+        finally:
+            await responses.aclose()  # its requests are cancelled now, not when collected
+        self._complete(sid, 0)
+
+    def _reply(self, sid: int, reply: Message | bytes) -> bool:
+        """Send one response; False when it is over the size limit (the call then ends)."""
+        payload = reply if type(reply) is bytes else cast(Message, reply).SerializeToString()
+        if len(payload) > self._server.max_message_bytes:
+            self._complete(
+                sid,
+                _RESOURCE_EXHAUSTED,
+                f"Sent message larger than max ({len(payload)} vs. "
+                f"{self._server.max_message_bytes})",
+            )
+            return False
+        self._core.send_message(sid, payload)
+        return True
+
+    def _complete(self, sid: int, status: int, message: str = "") -> None:
+        """The handler's end of a call: trailers, then write."""
+        call = self._calls.pop(sid, None)
+        if call is None:
+            return  # reset or timed out meanwhile
+        if call.deadline is not None:
+            call.deadline.cancel()
+        self._core.finish(sid, status, message)
+        if self._calls:
+            self._write_soon()  # others may finish in this iteration: one send for all
+        else:
+            self._flush()
+
+    def _end(self, sid: int, status: int, message: str) -> None:
+        """End a call from outside its handler (its task, if any, is cancelled)."""
+        call = self._calls.get(sid)
+        if call is not None and call.task is not None:
+            call.task.cancel()
+        self._complete(sid, status, message)
+
+    def _deadline(self, sid: int) -> None:
+        self._end(sid, _DEADLINE, "Deadline Exceeded")
+
+    def _drop(self, sid: int) -> None:
+        call = self._calls.pop(sid, None)
+        if call is not None:
+            if call.task is not None:
+                call.task.cancel()
+            if call.deadline is not None:
+                call.deadline.cancel()
+
+    # Connection -------------------------------------------------------------------------------
+
+    def _write_soon(self) -> None:
+        """Write at the end of this loop iteration: the calls that finish in the same one (the
+        model's answers come back together) go out in one send."""
+        if not self._flush_soon:
+            self._flush_soon = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_soon = False
+        self._write()
+        if self._core.closing and not self._core.streams:
+            self._close()
+
+    def _write(self) -> None:
+        data = self._core.data_to_send()
+        if data and self._transport is not None and not self._transport.is_closing():
+            self._transport.write(data)
+
+    def _close(self) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.close()
+
+    def shutdown(self) -> None:
+        """GOAWAY: no new calls; the connection closes once the open ones are done."""
+        if self._transport is None:  # still in its TLS handshake, or that failed: forget it
+            self.connection_lost(None)
+            return
+        self._core.goaway()
+        self._write()
+        if not self._core.streams:
+            self._close()
+
+    def abort(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
+
+    def _handshake_due(self) -> None:
+        if not self._core.handshaken:
+            logger.info("gRPC client %s did not finish the HTTP/2 handshake: closed", self._peer)
+            if self._transport is not None:
+                self.abort()
+            else:  # the TLS handshake failed: no connection_lost will come
+                self.connection_lost(None)
+            return
+        self._arm_idle()
+
+    def _arm_idle(self) -> None:
+        # Four quiet looks in a row (no stream open, none started) make an idle connection:
+        # nothing is done per call.
+        interval = self._server.limits.idle_timeout_s / 4
+        self._timer = asyncio.get_running_loop().call_later(interval, self._idle_tick)
+
+    def _idle_tick(self) -> None:
+        core = self._core
+        if core.streams or core.opened != self._seen:
+            self._seen, self._idle_ticks = core.opened, 0
+        else:
+            self._idle_ticks += 1
+            if self._idle_ticks >= 4:
+                core.goaway("max_idle")
+                self._write()
+                self._close()
+                return
+        self._arm_idle()
+
+
+def _peer(address: Any) -> str:
+    """grpc's peer string: "ipv4:1.2.3.4:5", "ipv6:[::1]:5", "unix:path"."""
+    if isinstance(address, tuple) and len(address) >= 2:
+        host, port = address[0], address[1]
+        return f"ipv6:[{host}]:{port}" if ":" in str(host) else f"ipv4:{host}:{port}"
+    return f"unix:{address}" if address else ""
+
+
+class _Refused(asyncio.Protocol):
+    """A connection over the cap: closed as accepted (grpc core does the same)."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
+
+
+class LoopGrpcServer:
+    """The listening socket and its connections."""
+
+    def __init__(
+        self,
+        methods: dict[str, Method],
+        *,
+        max_message_bytes: int,
+        limits: ConnectionLimits,
+        access: ApiAccess | None,
+    ) -> None:
+        self.methods = methods
+        self.max_message_bytes = max_message_bytes
+        self.limits = limits
+        self.access = access
+        self.connections: set[GrpcProtocol] = set()
+        self._listener: asyncio.Server | None = None
+
+    def _protocol(self) -> asyncio.Protocol:
+        if len(self.connections) >= self.limits.max_connections:
+            return _Refused()
+        return GrpcProtocol(self)
+
+    async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:
+        """Listen; returns the bound port. Raises: OSError: the port cannot be bound."""
+        self._listener = await asyncio.get_running_loop().create_server(
+            self._protocol,
+            host,
+            port,
+            reuse_address=True,
+            backlog=1024,
+            ssl=ssl_context,
+            ssl_handshake_timeout=self.limits.header_timeout_s if ssl_context else None,
+        )
+        return int(self._listener.sockets[0].getsockname()[1])
+
+    async def stop(self, grace: float | None) -> None:
+        """Stop accepting, GOAWAY every connection, wait up to `grace` for open calls."""
+        if self._listener is not None:
+            self._listener.close()
+        connections = list(self.connections)
+        for conn in connections:
+            conn.shutdown()
+        waiting: list[Awaitable[None]] = [conn.closed for conn in connections]
+        if waiting:
+            _, late = await asyncio.wait(
+                [asyncio.ensure_future(w) for w in waiting], timeout=grace or 0
+            )
+            if late:
+                for conn in list(self.connections):
+                    conn.abort()
+                await asyncio.wait(late, timeout=5)

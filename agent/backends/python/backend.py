@@ -1,0 +1,445 @@
+"""Python backend (`backend: "python"`): user code in one worker process per model instance.
+
+A version folder holds `model.py` (or the config's `default_model_filename`) defining
+`TritonPythonModel` (see `agent.pb_utils`). Inputs and outputs come from config.pbtxt, which must
+declare them, or from the model's `auto_complete_config`: there is no model file to read them from.
+
+Auto-complete: as Triton's auto-complete stub, one short-lived worker imports the file and runs
+`TritonPythonModel.auto_complete_config` on the config (as JSON) before any instance starts; its
+errors fail the load with the model's message (`agent.backends.python.autocomplete`). Its result
+is `declared_config`, which the loader completes and serves (`agent.models.loader`).
+
+Processes: an instance group count of N starts N workers (`python -m
+agent.backends.python.worker.main`, a fresh interpreter: never a fork of the threaded agent;
+`agent.backends.python.instances`). The
+scheduler runs at most N batches at once, one per executor thread; each batch takes a free
+worker, which passes its requests to ONE `execute` call, each its own `InferenceRequest` (as
+Triton's Python backend does: `run_requests`, which the scheduler calls instead of merging the
+batch), and waits for their responses. Tensors travel over
+a socketpair as raw buffers (`agent.backends.python.ipc` says why not shared memory).
+
+Log lines, custom metrics and metric queries a worker sends at any time are handled by
+`agent.backends.python.side_messages`; returned outputs are checked against the config by
+`agent.backends.python.outputs`.
+
+BLS: while it waits for an `execute` answer, the backend runs the model's BLS requests through
+the `bls` callable it was given (the data plane, `agent.backends.python.bls`).
+
+Cancellation: `run_requests` takes one `CancelSignal` per request from the scheduler; a request
+cancelled while `execute` runs is marked in the worker (`request.is_cancelled()`), and once all
+are, the execute's BLS calls are cancelled (`python_bls` says when else they are).
+
+Isolation:
+
+* `execute` raises, or returns a response with an error: that request fails with BackendError
+  (the exception's type and message); the worker and the model stay up.
+* `execute` gives no answer within `execute_timeout_seconds` (config parameter, default 30): the
+  worker is killed by its PID; a worker exits or is killed: ModelInstanceFailedError with the
+  reason. From then on every call fails with that reason; the data plane takes the version out
+  of service (`ModelRegistry.mark_failed`).
+* `initialize` raises, or the file has no `TritonPythonModel`: ModelLoadError naming the file.
+
+Lifetime: see `agent.backends.python.process`. `close()` calls `finalize` (bounded by
+`finalize_timeout_seconds`, default 5), then ends each worker by PID. Config parameters and
+declared tensors: `agent.backends.python.config`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import NoReturn
+
+import numpy as np
+
+from agent.backends.cancellation import CancelSignal
+from agent.backends.python import ipc
+from agent.backends.python.autocomplete import auto_complete_in_worker
+from agent.backends.python.bls import BlsCalls, BlsRunner
+from agent.backends.python.bls_relay import BlsRelay
+from agent.backends.python.config import (
+    DEFAULT_MODEL_FILENAME,
+    tensors_from_config,
+    timeouts_from_config,
+)
+from agent.backends.python.custom_metrics import CustomMetricStore
+from agent.backends.python.instances import WorkerSite, start_workers
+from agent.backends.python.outputs import checked_output
+from agent.backends.python.process import Launcher, Worker, exit_reason, kill_worker, reap_worker
+from agent.backends.python.side_messages import SideMessages
+from agent.backends.python.stream import DecoupledChannel, DecoupledRequest
+from agent.errors import AgentError, BackendError, ModelInstanceFailedError, ModelLoadError
+from agent.proto import model_config_pb2 as mc
+from agent.repository.autocomplete import complete_config
+from agent.tensors.datatypes import ModelTensor
+
+logger = logging.getLogger(__name__)
+
+
+class PythonBackend:
+    """A Python model version: its worker processes and the config's tensors."""
+
+    def __init__(
+        self,
+        version_dir: Path,
+        config: mc.ModelConfig,
+        *,
+        model_name: str = "",
+        version: int = 0,
+        auto_complete: bool = True,
+        custom_metrics: CustomMetricStore | None = None,
+        bls: BlsRunner | None = None,
+    ) -> None:
+        """Start one worker per instance and run `initialize` in each.
+
+        `bls` runs the BLS requests the model makes from `execute` (`agent.backends.python.bls`);
+        without it they fail with an error response.
+
+        Raises:
+            ModelConfigError: inputs/outputs missing from the config, or a bad timeout parameter.
+            ModelLoadError: no model file, or a worker failed to start, import it or initialize.
+        """
+        self.name = model_name or config.name or version_dir.parent.name
+        self.version = version or (int(version_dir.name) if version_dir.name.isdigit() else 0)
+        self.timeouts = timeouts_from_config(config)
+        self.model_file = version_dir / (config.default_model_filename or DEFAULT_MODEL_FILENAME)
+        if not self.model_file.is_file():
+            raise ModelLoadError(
+                f"python model '{self.name}' version {self.version}: {self.model_file} not found"
+            )
+        self._bls = bls
+        self._executes = itertools.count()  # sequence numbers of EXECUTE, which CANCEL names
+        self._failure: str | None = None
+        self._side = SideMessages(self.name, self.version, custom_metrics, self._send)
+        self._lock = threading.Lock()
+        self._closed = False
+        self._workers: list[Worker] = []
+        self._idle: queue.SimpleQueue[Worker] = queue.SimpleQueue()
+        self._channels: dict[int, DecoupledChannel] = {}  # decoupled models: per worker
+        self._request_ids = itertools.count(1)
+        self._launcher = Launcher(f"{self.name}-{self.version}")
+        site = WorkerSite(
+            self.name, self.version, self.model_file, self.timeouts, self._launcher, self._side
+        )
+        try:
+            # As Triton: the model's auto_complete_config runs before the config is final; the
+            # loader completes from `declared_config`, what it returned.
+            if auto_complete:
+                config = auto_complete_in_worker(site, config)
+            self.declared_config = config
+            self._inputs, self._outputs = tensors_from_config(config, self.name)
+            self._declared = {t.name: t for t in self._outputs}
+            self._batched = config.max_batch_size > 0
+            self.decoupled = config.model_transaction_policy.decoupled
+            completed = complete_config(
+                config, self.name, self._inputs, self._outputs, auto_complete=True
+            )
+            start_workers(site, completed, version_dir.parent, self._workers)
+        except BaseException:
+            self.close()
+            raise
+        for worker in self._workers:
+            if self.decoupled:
+                self._channels[worker.index] = self._channel(worker)
+            self._idle.put(worker)
+
+    @property
+    def inputs(self) -> Sequence[ModelTensor]:
+        return self._inputs
+
+    @property
+    def outputs(self) -> Sequence[ModelTensor]:
+        return self._outputs
+
+    @property
+    def worker_pids(self) -> tuple[int, ...]:
+        """PIDs of the worker processes, instance order."""
+        return tuple(w.process.pid for w in self._workers)
+
+    @property
+    def worker_rss_bytes(self) -> int:
+        """Resident memory of the live workers (0 where /proc is not readable)."""
+        page = os.sysconf("SC_PAGE_SIZE")
+        total = 0
+        for worker in self._workers:
+            try:
+                fields = Path(f"/proc/{worker.process.pid}/statm").read_text().split()
+            except OSError:
+                continue
+            total += int(fields[1]) * page
+        return total
+
+    def run(
+        self,
+        feeds: Mapping[str, np.ndarray],
+        output_names: Sequence[str],
+        *,
+        shrink_memory: bool = False,  # nothing to shrink in this process
+    ) -> list[np.ndarray]:
+        """Run one request (or a merged batch) on a free worker.
+
+        Raises:
+            BackendError: `execute` raised, reported an error or returned unusable outputs.
+            ModelInstanceFailedError: the worker hung (and was killed) or died, now or before.
+        """
+        answer = self.run_requests([(feeds, output_names)])[0]
+        if isinstance(answer, AgentError):
+            raise answer
+        return answer
+
+    def run_requests(
+        self,
+        requests: Sequence[tuple[Mapping[str, np.ndarray], Sequence[str]]],
+        cancelled: Sequence[CancelSignal] = (),
+        *,
+        traces: Sequence[object | None] = (),
+    ) -> list[list[np.ndarray] | AgentError]:
+        """Run the requests of one dynamic batch in ONE `execute` call, each its own
+        `InferenceRequest` (Triton's Python backend semantics); the scheduler calls this instead
+        of merging them. Each answer is that request's outputs, or its error (BackendError).
+        `traces`: each request's trace (None: untraced), the parent of the BLS requests that
+        `execute` makes with `trace=request.trace()`.
+
+        `cancelled` holds one signal per request (or none): a request cancelled while `execute`
+        runs reads `is_cancelled()` True in the model; once all are, the execute's BLS calls
+        are cancelled too.
+
+        Raises:
+            BackendError: `execute` raised or returned a wrong number of responses (every
+                request of the batch fails).
+            ModelInstanceFailedError: the worker hung (and was killed) or died, now or before.
+        """
+        if self._failure is not None:
+            raise ModelInstanceFailedError(self._failure)
+        worker = self._idle.get()
+        try:
+            return self._run_on(worker, requests, cancelled, traces)
+        finally:
+            self._idle.put(worker)
+
+    def run_decoupled(self, requests: Sequence[DecoupledRequest]) -> None:
+        """Run the requests of one batch in ONE `execute` call of a decoupled model; returns
+        when `execute` returned (the instance is free again). Each request's responses go to its
+        sink as the model sends them, until its final flag, also after this returned; every
+        failure reaches the sinks as an error response with the final flag.
+
+        Raises:
+            ModelInstanceFailedError: the worker hung (and was killed) or died, now or before.
+        """
+        if self._failure is not None:
+            raise ModelInstanceFailedError(self._failure)
+        worker = self._idle.get()
+        try:
+            self._run_decoupled_on(worker, requests)
+        finally:
+            self._idle.put(worker)
+
+    def _run_decoupled_on(
+        self,
+        worker: Worker,
+        requests: Sequence[DecoupledRequest],
+    ) -> None:
+        channel = self._channels[worker.index]
+        ids = [next(self._request_ids) for _ in requests]
+        try:
+            reply = channel.execute(list(zip(ids, requests, strict=True)), self.timeouts.execute_s)
+        except TimeoutError:
+            self._hung(worker)
+        except (EOFError, OSError, ipc.WireError):
+            self._fail(self._ended(worker))
+        if reply.kind == ipc.ERROR:
+            error = BackendError(
+                f"python model '{self.name}' execute failed: {reply.meta.get('message', '')}"
+            )
+            channel.fail_all(error, ids)
+
+    def _channel(self, worker: Worker) -> DecoupledChannel:
+        relay: list[BlsRelay] = []  # made once the channel (its sender) exists
+
+        def side_message(message: ipc.Message) -> bool:
+            if message.kind in (ipc.BLS, ipc.BLS_CANCEL) and relay:
+                relay[0].handle(message)  # at any time, as Triton allows
+                return True
+            return self._side.handle(worker, message)
+
+        def check(names: Sequence[str], returned: dict[str, np.ndarray]) -> list[np.ndarray]:
+            return [
+                checked_output(self.name, self._declared, n, returned.get(n), None) for n in names
+            ]
+
+        channel = DecoupledChannel(
+            worker.conn,
+            f"{self.name}-{worker.name}",
+            side_message,
+            check,
+            lambda: self._ended(worker),
+        )
+        relay.append(BlsRelay(self._bls, channel.send))
+        return channel
+
+    def _send(self, worker: Worker, message: ipc.Message) -> None:
+        channel = self._channels.get(worker.index)
+        if channel is not None:
+            channel.send(message)
+        else:
+            ipc.send(worker.conn, message)
+
+    def close(self) -> None:
+        """Finalize every live worker (bounded), then end each process by PID. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        for open_channel in self._channels.values():
+            open_channel.closing = True
+        asked = []
+        for worker in self._workers:
+            if worker.ready and worker.process.poll() is None:
+                try:
+                    self._send(worker, ipc.Message(ipc.FINALIZE))
+                    asked.append(worker)
+                except OSError:
+                    pass
+        deadline = time.monotonic() + self.timeouts.finalize_s
+        finalized = set()
+        for worker in asked:
+            try:
+                self._receive(worker, deadline)
+                finalized.add(worker.index)
+            except (TimeoutError, EOFError, OSError, ipc.WireError):
+                logger.warning(
+                    "python model %s instance %d: finalize did not finish within %g s",
+                    self.name,
+                    worker.index,
+                    self.timeouts.finalize_s,
+                    extra={"model": self.name, "version": self.version},
+                )
+        for worker in self._workers:
+            channel = self._channels.get(worker.index)
+            if channel is None:
+                worker.conn.close()
+            self._side.release(worker)  # its series go with it, as in Triton
+            if worker.index in finalized:
+                reap_worker(worker)  # it exits by itself after FINALIZED; SIGKILL if it lingers
+            else:
+                kill_worker(worker)  # not initialized, stuck in finalize, or already gone
+            if channel is not None:  # its reader thread sees EOF now; then the pipe closes
+                channel.join()
+                worker.conn.close()
+        self._launcher.stop()
+
+    def _receive(self, worker: Worker, deadline: float | None) -> ipc.Message:
+        """The worker's next answer; the `pb_utils.Logger` lines before it go to the agent's log.
+
+        Raises:
+            TimeoutError, EOFError, OSError, ipc.WireError: as `ipc.receive`.
+        """
+        channel = self._channels.get(worker.index)
+        if channel is not None:  # its reader thread has the pipe
+            return channel.receive(deadline)
+        return self._side.receive(worker, deadline)
+
+    def _run_on(
+        self,
+        worker: Worker,
+        requests: Sequence[tuple[Mapping[str, np.ndarray], Sequence[str]]],
+        cancelled: Sequence[CancelSignal],
+        traces: Sequence[object | None] = (),
+    ) -> list[list[np.ndarray] | AgentError]:
+        if self._failure is not None:
+            raise ModelInstanceFailedError(self._failure)
+        described: list[dict[str, object]] = [
+            {"outputs": list(names), "inputs": len(feeds)} for feeds, names in requests
+        ]
+        for index, trace in enumerate(traces):
+            if trace is not None:  # the worker's `request.trace()` names it by this index
+                described[index]["trace"] = index
+        tensors = [item for feeds, _ in requests for item in feeds.items()]
+        seq = next(self._executes)
+        message = ipc.Message(ipc.EXECUTE, {"requests": described, "seq": seq}, tensors)
+        calls = BlsCalls(self._bls, worker.conn, self.timeouts.execute_s, self.name, traces)
+        calls.watch(seq, cancelled)
+        try:
+            ipc.send(worker.conn, message)
+            # The worker's own time counts: the clock restarts when its BLS calls are answered.
+            deadline = time.monotonic() + self.timeouts.execute_s
+            while True:
+                busy = calls.busy
+                calls.wait(deadline)
+                if busy:
+                    deadline = time.monotonic() + self.timeouts.execute_s
+                calls.tell_cancelled()
+                if not worker.conn.poll(0):
+                    if not calls.busy and time.monotonic() >= deadline:
+                        raise TimeoutError
+                    continue
+                reply = self._side.receive_one(worker, deadline)
+                if reply is None:  # a log line: BLS results must keep flowing meanwhile
+                    continue
+                if reply.kind == ipc.BLS:
+                    calls.start(reply)
+                elif reply.kind == ipc.BLS_CANCEL:
+                    calls.drop(reply)
+                else:
+                    break
+        except TimeoutError:
+            self._hung(worker)
+        except (EOFError, OSError, ipc.WireError):
+            self._fail(self._ended(worker))
+        finally:
+            calls.cancel()  # calls still running (abandoned, or the worker died) are cancelled
+        if reply.kind == ipc.ERROR:
+            raise BackendError(
+                f"python model '{self.name}' execute failed: {reply.meta.get('message', '')}"
+            )
+        answers = reply.meta.get("responses")
+        if not isinstance(answers, list) or len(answers) != len(requests):
+            raise BackendError(f"python model '{self.name}': malformed answer from the worker")
+        results: list[list[np.ndarray] | AgentError] = []
+        offset = 0
+        for (feeds, names), answer in zip(requests, answers, strict=True):
+            count = int(answer.get("tensors", 0))
+            returned = dict(reply.tensors[offset : offset + count])
+            offset += count
+            if "error" in answer:
+                results.append(
+                    BackendError(f"python model '{self.name}' execute failed: {answer['error']}")
+                )
+                continue
+            rows = next(iter(feeds.values())).shape[0] if self._batched and feeds else None
+            try:
+                results.append(
+                    [
+                        checked_output(self.name, self._declared, n, returned.get(n), rows)
+                        for n in names
+                    ]
+                )
+            except BackendError as exc:
+                results.append(exc)
+        return results
+
+    def _hung(self, worker: Worker) -> NoReturn:
+        """Kill a worker that gave no answer in time; it fails the model (`_fail`)."""
+        kill_worker(worker)
+        self._fail(
+            f"python model '{self.name}' instance {worker.index} hung: no response within "
+            f"{self.timeouts.execute_s:g} s; worker killed"
+        )
+
+    def _ended(self, worker: Worker) -> str:
+        """Why the model failed, once its worker died."""
+        return f"python model '{self.name}' instance {worker.index} {exit_reason(worker)}"
+
+    def _fail(self, reason: str) -> NoReturn:
+        """Remember the first failure, then raise ModelInstanceFailedError with it."""
+        with self._lock:
+            if self._failure is None:
+                self._failure = reason
+                logger.error("%s", reason, extra={"model": self.name, "version": self.version})
+        raise ModelInstanceFailedError(reason)

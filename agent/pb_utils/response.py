@@ -1,0 +1,107 @@
+"""Triton's `pb_utils.InferenceResponse` and the response sender of decoupled models.
+
+Re-exported by `agent.pb_utils`; needs only the standard library.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+
+from agent.pb_utils.errors import ModelError, TritonModelException
+from agent.pb_utils.tensor import Tensor
+
+# Response flags (Triton's TRITONSERVER_ResponseCompleteFlag).
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+
+
+class InferenceResponseSender:
+    """Sends the responses of one request of a decoupled model (`get_response_sender()`).
+
+    The transport (set by the worker) gets each checked response with its final flag; the
+    checks and their wording are Triton's Python backend's.
+    """
+
+    def __init__(
+        self,
+        transport: Callable[[InferenceResponse | None, bool], None],
+        cancelled: Callable[[], bool],
+        *,
+        decoupled: bool = True,
+    ) -> None:
+        self._transport = transport
+        self._cancelled = cancelled
+        self._decoupled = decoupled
+        self._lock = threading.Lock()
+        self._closed = False
+        self._sent = 0
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        """Send a response, and/or with TRITONSERVER_RESPONSE_COMPLETE_FINAL end the request.
+
+        Raises:
+            TritonModelException: a bad flag, no response without the final flag, or the
+                sender was closed by an earlier final flag.
+        """
+        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+            raise TritonModelException("Unable to send response. Unsupported flag provided.")
+        if flags == 0 and response is None:
+            raise TritonModelException(
+                "Inference Response object must be provided when the response flags is set to zero."
+            )
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException(
+                f"Unable to send response. Expected an InferenceResponse, got "
+                f"{type(response).__name__}."
+            )
+        final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        with self._lock:
+            if not self._decoupled and response is not None and self._sent:
+                raise TritonModelException(
+                    "Unable to send response. Non-decoupled model cannot send more than one "
+                    "response."
+                )
+            if not self._decoupled and response is None and not self._sent:
+                raise TritonModelException(
+                    "Unable to send response. Non-decoupled model cannot send complete final "
+                    "before sending a response."
+                )
+            if self._closed:
+                raise TritonModelException(
+                    "Unable to send response. Response sender has been closed."
+                )
+            if final:
+                self._closed = True
+            self._sent += 1
+            self._transport(response, final)
+
+    def is_cancelled(self) -> bool:
+        return self._cancelled()
+
+    def is_closed(self) -> bool:
+        with self._lock:
+            return self._closed
+
+
+class InferenceResponse:
+    """The answer to one request: output tensors, or an error."""
+
+    def __init__(
+        self, output_tensors: Sequence[Tensor] | None = None, error: ModelError | None = None
+    ) -> None:
+        self._outputs = list(output_tensors or ())
+        self._error = error
+
+    def output_tensors(self) -> list[Tensor]:
+        return list(self._outputs)
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> ModelError | None:
+        return self._error
+
+
+def get_output_tensor_by_name(response: InferenceResponse, name: str) -> Tensor | None:
+    """The response's output called `name`, or None."""
+    return next((t for t in response.output_tensors() if t.name() == name), None)

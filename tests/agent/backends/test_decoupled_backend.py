@@ -1,0 +1,162 @@
+"""The Python backend's decoupled mode, driven directly (one real worker process), and the
+response sender's checks in `pb_utils`."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+
+from agent import pb_utils
+from agent.backends.python.backend import PythonBackend
+from agent.errors import AgentError, ModelInstanceFailedError
+from agent.proto import model_config_pb2 as mc
+from tests.decoupled_models import DECOUPLED_MODEL, decoupled_config
+from tests.python_models import write_python_model
+
+
+class Collector:
+    """A ResponseSink that keeps what it gets."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[int | None, str | None, bool]] = []
+        self.done = threading.Event()
+        self.cancel: list[object] = []
+
+    def put(self, outputs: list[np.ndarray] | None, error: AgentError | None, final: bool) -> None:
+        value = None if outputs is None else int(outputs[0].flat[0])
+        self.items.append((value, None if error is None else error.message, final))
+        if final:
+            self.done.set()
+
+    def on_cancel(self, cancel: object) -> None:
+        self.cancel.append(cancel)
+
+
+@pytest.fixture
+def backend(tmp_path: Path) -> Iterator[PythonBackend]:
+    model_dir = write_python_model(
+        tmp_path, "streamer", DECOUPLED_MODEL, decoupled_config("streamer", tmp_path)
+    )
+    config = text_format.Parse((model_dir / "config.pbtxt").read_text(), mc.ModelConfig())
+    backend = PythonBackend(model_dir / "1", config)
+    try:
+        yield backend
+    finally:
+        backend.close()
+
+
+def feeds(n: int, mode: int, error_at: int = -1) -> dict[str, np.ndarray]:
+    return {
+        "N": np.array([[n]], np.int32),
+        "MODE": np.array([[mode]], np.int32),
+        "ERROR_AT": np.array([[error_at]], np.int32),
+    }
+
+
+def test_one_execute_streams_to_each_request_of_a_batch(backend: PythonBackend) -> None:
+    sinks = [Collector() for _ in range(3)]
+    backend.run_decoupled([(feeds(k + 1, 0), ["OUT"], s) for k, s in enumerate(sinks)])
+    for k, sink in enumerate(sinks):
+        assert sink.done.wait(30)
+        assert sink.items == [*((i, None, False) for i in range(k + 1)), (None, None, True)]
+
+
+def test_execute_that_raises_ends_every_request_with_its_error(backend: PythonBackend) -> None:
+    sinks = [Collector(), Collector()]
+    backend.run_decoupled([(feeds(1, 4), ["OUT"], s) for s in sinks])
+    for sink in sinks:
+        assert sink.done.wait(30)
+        ((value, error, final),) = sink.items
+        assert (value, final) == (None, True)
+        assert error == "TritonModelException: execute gave up"
+
+
+def test_a_dead_worker_ends_the_open_requests(backend: PythonBackend) -> None:
+    sink = Collector()
+    backend.run_decoupled([(feeds(5, 2), ["OUT"], sink)])  # streams until cancelled
+    (pid,) = backend.worker_pids
+    os.kill(pid, signal.SIGKILL)
+    assert sink.done.wait(30)
+    assert sink.items[-1][2] is True
+    assert "killed by signal 9" in str(sink.items[-1][1])
+    with pytest.raises(ModelInstanceFailedError):
+        backend.run_decoupled([(feeds(1, 0), ["OUT"], Collector())])
+
+
+def test_the_sender_s_checks_use_triton_s_words() -> None:
+    sent: list[tuple[object, bool]] = []
+    sender = pb_utils.InferenceResponseSender(lambda r, f: sent.append((r, f)), lambda: False)
+    with pytest.raises(pb_utils.TritonModelException, match="Unsupported flag provided"):
+        sender.send(pb_utils.InferenceResponse([]), flags=2)
+    with pytest.raises(pb_utils.TritonModelException, match="must be provided when the response"):
+        sender.send()
+    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    with pytest.raises(
+        pb_utils.TritonModelException,
+        match=re.escape("Unable to send response. Response sender has been closed."),
+    ):
+        sender.send(pb_utils.InferenceResponse([]))
+    assert sent == [(None, True)]
+    assert sender.is_closed()
+
+
+def test_a_request_built_by_the_model_has_no_response_sender() -> None:
+    request = pb_utils.InferenceRequest([], ["OUT"])
+    with pytest.raises(pb_utils.TritonModelException, match="only available"):
+        request.get_response_sender()
+    assert request.is_cancelled() is False
+
+
+def test_a_sender_of_a_model_that_is_not_decoupled_sends_one_response() -> None:
+    sender = pb_utils.InferenceResponseSender(lambda r, f: None, lambda: False, decoupled=False)
+    with pytest.raises(pb_utils.TritonModelException, match="cannot send complete final before"):
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    sender.send(pb_utils.InferenceResponse([]))
+    with pytest.raises(pb_utils.TritonModelException, match="cannot send more than one response"):
+        sender.send(pb_utils.InferenceResponse([]))
+    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+
+SENDER_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            out = pb_utils.Tensor("Y", (x * 2).astype(np.float32))
+            request.get_response_sender().send(
+                pb_utils.InferenceResponse([out]),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+            )
+        return None
+"""
+
+
+def test_a_model_that_is_not_decoupled_may_answer_through_its_sender(tmp_path: Path) -> None:
+    config = text_format.Parse(
+        """
+        name: "sender" backend: "python" max_batch_size: 4
+        input [ { name: "X" data_type: TYPE_FP32 dims: [ 2 ] } ]
+        output [ { name: "Y" data_type: TYPE_FP32 dims: [ 2 ] } ]
+        """,
+        mc.ModelConfig(),
+    )
+    model_dir = write_python_model(tmp_path, "sender", SENDER_MODEL, "")
+    backend = PythonBackend(model_dir / "1", config)
+    try:
+        x = np.array([[1.0, 2.0]], np.float32)
+        answers = backend.run_requests([({"X": x}, ["Y"]), ({"X": x + 1}, ["Y"])])
+    finally:
+        backend.close()
+    assert [a[0].tolist() for a in answers if isinstance(a, list)] == [[[2.0, 4.0]], [[4.0, 6.0]]]

@@ -1,0 +1,105 @@
+"""The agent ↔ worker wire: every datatype round-trips as raw buffers, deadlines, a closed pipe."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from agent.backends.python import ipc
+from agent.backends.python.worker.mailbox import Mailbox
+from tests.models import IDENTITY_TYPES
+
+
+def sample(kind: str) -> np.ndarray:
+    if kind == "BYTES":
+        return np.array([[b"", b"abc"], [b"\x00\x01", "\u00e9".encode()]], dtype=np.object_)
+    if kind == "BOOL":
+        return np.array([[True, False], [False, True]])
+    dtype = np.dtype(kind.lower().replace("fp", "float"))
+    return (np.arange(4).reshape(2, 2) + 1).astype(dtype)
+
+
+def test_every_datatype_round_trips_and_arrives_writable() -> None:
+    ours, theirs = multiprocessing.Pipe()
+    tensors = [(f"T_{k}", sample(k)) for k in IDENTITY_TYPES]
+    tensors.append(("EMPTY", np.zeros((0, 3), dtype=np.float32)))
+    ipc.send(ours, ipc.Message(ipc.EXECUTE, {"outputs": ["A"]}, tensors))
+    got = ipc.receive(theirs, time.monotonic() + 5)
+    assert got.kind == ipc.EXECUTE
+    assert got.meta == {"outputs": ["A"]}
+    assert [n for n, _ in got.tensors] == [n for n, _ in tensors]
+    for (_, sent), (name, back) in zip(tensors, got.tensors, strict=True):
+        assert back.shape == sent.shape, name
+        assert back.dtype == sent.dtype, name
+        assert back.tolist() == sent.tolist(), name
+        assert back.flags.writeable, name
+
+
+def test_str_arrays_travel_as_bytes() -> None:
+    ours, theirs = multiprocessing.Pipe()
+    ipc.send(ours, ipc.Message(ipc.RESULT, tensors=[("S", np.array(["ab", "c"]))]))
+    (_, back), *_ = ipc.receive(theirs).tensors
+    assert back.dtype == np.object_
+    assert back.tolist() == [b"ab", b"c"]
+
+
+def test_receive_times_out_at_the_deadline() -> None:
+    _, theirs = multiprocessing.Pipe()
+    with pytest.raises(TimeoutError):
+        ipc.receive(theirs, time.monotonic() + 0.05)
+
+
+def test_receive_reports_a_closed_pipe() -> None:
+    ours, theirs = multiprocessing.Pipe()
+    ours.close()
+    with pytest.raises(EOFError):
+        ipc.receive(theirs, time.monotonic() + 5)
+
+
+def test_malformed_header_is_refused() -> None:
+    ours, theirs = multiprocessing.Pipe()
+    ours.send_bytes(b'{"kind": "result"}')
+    with pytest.raises(ipc.WireError, match="kind, meta and tensors"):
+        ipc.receive(theirs)
+
+
+def test_large_messages_cross_both_ways_at_once_without_deadlock() -> None:
+    # The agent writes a 16 MB result nobody waits for (an abandoned BLS call), then reads; the
+    # worker writes its own 16 MB answer meanwhile. Each alone overflows the socket buffer: only
+    # the worker's reader thread keeps both writes moving.
+    agent_end, worker_end = multiprocessing.Pipe(duplex=True)
+    mailbox = Mailbox(worker_end)
+    mailbox.start()
+    big = np.arange(4 * 1024 * 1024, dtype=np.float32)
+    expected = mailbox.expect(2)
+    received: list[ipc.Message] = []
+
+    def agent_side() -> None:
+        ipc.send(agent_end, ipc.Message(ipc.BLS_RESULT, {"id": 1}, [("Y", big)]))  # abandoned
+        ipc.send(agent_end, ipc.Message(ipc.BLS_RESULT, {"id": 2}, [("Y", big[:3])]))
+        received.append(ipc.receive(agent_end, time.monotonic() + 30))
+
+    def worker_side() -> None:
+        ipc.send(worker_end, ipc.Message(ipc.RESULT, {"responses": []}, [("Y", big)]))
+
+    threads = [threading.Thread(target=agent_side), threading.Thread(target=worker_side)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not any(thread.is_alive() for thread in threads), "both sides stuck writing"
+    assert received[0].kind == ipc.RESULT
+    np.testing.assert_array_equal(received[0].tensors[0][1], big)
+    assert expected.result(timeout=5).tensors[0][1].tolist() == [0.0, 1.0, 2.0]
+    # Control messages still reach the main loop, in order; a closed pipe ends it.
+    ipc.send(agent_end, ipc.Message(ipc.FINALIZE))
+    assert mailbox.receive().kind == ipc.FINALIZE
+    waiting = mailbox.expect(3)
+    agent_end.close()
+    with pytest.raises(EOFError):
+        mailbox.receive()
+    assert "the agent is gone" in str(waiting.result(timeout=5).meta["error"])
