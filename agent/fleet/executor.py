@@ -4,8 +4,9 @@
 the
 same `DataPlane` calls as HTTP, and returns the `result` object of the response. Errors are
 `AgentError`s; `error_code` maps them to the response's `error.code` through one table,
-`ERROR_CODES` (read with `agent.errors.lookup`), the MQTT counterpart of the HTTP layer's status
-table. Any other exception is a bug and answers `internal`.
+`ERROR_CODES` (read with `agent.errors.lookup`; it lives with the other wire documents in
+`agent.fleet.documents`), the MQTT counterpart of the HTTP layer's status table. Any other
+exception is a bug and answers `internal`.
 
 `set-batching` changes the live `BatchingPolicy` of each targeted loaded version (all checked
 before any is changed); a later reload of the model restores its config's values.
@@ -19,73 +20,21 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from agent.errors import (
-    AccessDeniedError,
-    AgentError,
-    BackendError,
-    CacheCommitError,
-    ConflictError,
-    InternalError,
     InvalidInputError,
-    MemoryBudgetError,
-    ModelConfigError,
-    ModelControlDisabledError,
     ModelControlError,
-    ModelInstanceFailedError,
-    ModelLoadError,
     ModelNotFoundError,
-    ModelNotReadyError,
-    NoReadyVersionError,
-    OverloadedError,
-    PayloadTooLargeError,
-    RegionExistsError,
-    RepositoryPollError,
-    RequestTimeoutError,
-    SharedMemoryNotFoundError,
-    UnsupportedError,
-    lookup,
 )
 from agent.fleet import commands as cmd
+from agent.fleet.documents import ERROR_CODES, error_code
 from agent.fleet.state import FleetState
 from agent.models.registry import ModelRegistry
 from agent.models.served import LoadedVersion
 from agent.scheduling.batching import BatchingPolicy
 from agent.serving.dataplane import DataPlane
 
+__all__ = ["ERROR_CODES", "CommandExecutor", "SyncNow", "error_code", "policy_json"]
+
 SyncNow = Callable[[], Awaitable[Mapping[str, Any]]]  # raises AgentError on failure
-
-# The one place where error types become response codes (every type listed: a test checks).
-ERROR_CODES: dict[type[AgentError], str] = {
-    PayloadTooLargeError: "too_large",
-    cmd.CommandTooLargeError: "too_large",
-    cmd.CommandError: "bad_command",
-    InvalidInputError: "invalid_argument",
-    ModelNotFoundError: "not_found",
-    SharedMemoryNotFoundError: "failed",
-    ModelNotReadyError: "not_ready",
-    NoReadyVersionError: "not_ready",
-    ModelControlError: "not_allowed",
-    AccessDeniedError: "not_allowed",
-    ModelControlDisabledError: "not_allowed",
-    ConflictError: "conflict",
-    RegionExistsError: "conflict",
-    MemoryBudgetError: "out_of_memory",
-    ModelConfigError: "bad_config",
-    CacheCommitError: "load_failed",
-    ModelLoadError: "load_failed",
-    RepositoryPollError: "load_failed",
-    OverloadedError: "busy",
-    RequestTimeoutError: "failed",
-    BackendError: "failed",
-    ModelInstanceFailedError: "failed",
-    InternalError: "internal",
-    UnsupportedError: "not_allowed",
-    AgentError: "failed",
-}
-
-
-def error_code(error: BaseException) -> str:
-    """The response code of an error (any non-`AgentError` is an `InternalError`: `internal`)."""
-    return lookup(ERROR_CODES, error)
 
 
 class CommandExecutor:

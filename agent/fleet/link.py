@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import time
 from collections import deque
@@ -42,6 +41,7 @@ from typing import Any
 
 from agent import __version__
 from agent.device.gpu import GpuReader
+from agent.fleet import documents
 from agent.fleet.command_inbox import CommandInbox, Reply
 from agent.fleet.config import MqttConfig
 from agent.fleet.executor import CommandExecutor, SyncNow
@@ -62,7 +62,7 @@ __all__ = ["SCHEMA", "FleetLink"]
 
 logger = logging.getLogger(__name__)
 
-SCHEMA = 1
+SCHEMA = documents.SCHEMA
 _PENDING = 64  # events recorded before start, kept for the outbox
 _STATUS_EVENTS = frozenset({"version_activated", "model_unloaded", "load_failed", "swap_failed"})
 
@@ -173,7 +173,7 @@ class FleetLink:
             self._send_reply,
             max_command_bytes=c.max_command_bytes,
         )
-        will = Will(self.topics.status, self._status_payload("offline", "connection lost"))
+        will = Will(self.topics.status, self._status_payload("connection lost"))
         settings = MqttSettings(
             host=c.host,
             port=c.port,
@@ -229,7 +229,7 @@ class FleetLink:
         self._tasks.clear()
         if self.client is not None:
             if self.client.connected:
-                goodbye = self._status_payload("offline", "stopped")
+                goodbye = self._status_payload("stopped")
                 done = self.client.publish(self.topics.status, goodbye, retain=True)
                 with contextlib.suppress(TimeoutError, MqttError):
                     await asyncio.wait_for(done, 2.0)
@@ -253,7 +253,7 @@ class FleetLink:
             else:
                 self._pending.append((model, version, kind, dict(detail)))
             return
-        body = {"event": kind, "model": model, "version": version, "detail": dict(detail)}
+        body = documents.event_body(model, version, kind, detail)
         if self._enqueue("event", self.topics.events, body) and kind in _STATUS_EVENTS:
             self._loop.call_soon_threadsafe(self._publish_status)
 
@@ -272,13 +272,13 @@ class FleetLink:
             {"name": s.name, "versions": sorted(s.versions), **self._signers(s.name, s.versions)}
             for s in sorted(self._registry.served_models(), key=lambda s: s.name)
         ]
-        doc = self._envelope("status")
-        faults = self.health()
-        doc.update(
-            state="degraded" if faults else "online",
+        return documents.status_document(
+            self.topics.device,
+            time.time(),
+            faults=self.health(),
             agent_version=__version__,
             mqtt=self.client.protocol if self.client else None,
-            groups=list(self.config.groups),
+            groups=self.config.groups,
             models=models,
             served=_or_none(self._served),
             inventory=self._facts,
@@ -286,10 +286,6 @@ class FleetLink:
             desired=_or_none(lambda: dict(self._state.desired()) if self._state else {}),
             outbox=_or_none(lambda: self.outbox.stats().to_json() if self.outbox else None),
         )
-        if faults:
-            doc["reason"] = "; ".join(f"{part}: {text}" for part, text in sorted(faults.items()))
-            doc["faults"] = faults
-        return doc
 
     def _read_facts(self) -> dict[str, Any]:
         """The device facts (cheap reads; run in a worker thread)."""
@@ -342,7 +338,7 @@ class FleetLink:
     # --- telemetry, events and the outbox ------------------------------------------------------
 
     def _envelope(self, kind: str) -> dict[str, Any]:
-        return {"schema": SCHEMA, "kind": kind, "device": self.topics.device, "ts": time.time()}
+        return documents.envelope(kind, self.topics.device, time.time())
 
     def _enqueue(self, kind: Kind, topic: str, body: Mapping[str, Any]) -> bool:
         outbox, loop = self.outbox, self._loop
@@ -410,15 +406,14 @@ class FleetLink:
 
     def _publish_status(self) -> None:
         if self.client is not None and self.client.connected:
-            payload = json.dumps(self.status(), separators=(",", ":")).encode()
+            payload = documents.encode(self.status())
             try:
                 _quiet(self.client.publish(self.topics.status, payload, retain=True))
             except MqttError as exc:  # paho's queue is full; the next change publishes again
                 logger.warning("status not published: %s", exc)
 
-    def _status_payload(self, state: str, reason: str) -> bytes:
-        doc = {**self._envelope("status"), "state": state, "reason": reason}
-        return json.dumps(doc, separators=(",", ":")).encode()
+    def _status_payload(self, reason: str) -> bytes:
+        return documents.offline_status(self.topics.device, time.time(), reason)
 
     # --- commands ------------------------------------------------------------------------------
 

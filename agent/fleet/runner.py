@@ -18,30 +18,15 @@ from typing import Any
 
 from agent.errors import AgentError, InternalError, ModelControlError
 from agent.fleet import commands as cmd
-from agent.fleet.executor import CommandExecutor, error_code
+from agent.fleet.documents import response_doc
+from agent.fleet.executor import CommandExecutor
 from agent.fleet.state import FleetState
 
 logger = logging.getLogger(__name__)
 
+__all__ = ["CommandRunner", "Envelope", "response_doc"]
+
 Envelope = Callable[[str], dict[str, Any]]
-
-
-def response_doc(
-    envelope: Mapping[str, Any],
-    command_id: str | None,
-    name: str | None,
-    *,
-    result: Mapping[str, Any] | None = None,
-    error: AgentError | None = None,
-) -> dict[str, Any]:
-    """A command response: `ok` with the result, or the error's code and message."""
-    doc = dict(envelope)
-    doc.update(id=command_id, command=name, ok=error is None)
-    if error is not None:
-        doc["error"] = {"code": error_code(error), "message": error.message}
-    else:
-        doc["result"] = dict(result or {})
-    return doc
 
 
 class CommandRunner:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from agent.device.gpu import GpuReader
+from agent.fleet.documents import model_telemetry
 from agent.fleet.slo import Sample
 from agent.models.memory_plan import MemoryLedger
 from agent.models.registry import ModelRegistry
@@ -107,23 +108,23 @@ def _model(
     if previous is not None:
         then, count = previous
         rate = round((snap.inference_count - count) / max(1e-9, now - then), 2)
-    return {
-        "model": name,
-        "version": version,
-        "requests": success.count + fail.count,
-        "failures": fail.count,
-        "inferences_per_s": rate,
-        "latency_us": _quantiles_us(snap.summary("request")),
-        "queue_us": {
+    return model_telemetry(
+        name,
+        version,
+        requests=success.count + fail.count,
+        failures=fail.count,
+        inferences_per_s=rate,
+        latency_us=_quantiles_us(snap.summary("request")),
+        queue_us={
             "mean": round(queue.ns / queue.count / 1000, 1) if queue.count else None,
             **_quantiles_us(snap.summary("queue")),
         },
-        "mean_batch_size": (
+        mean_batch_size=(
             round(snap.inference_count / snap.execution_count, 2) if snap.execution_count else None
         ),
-        "cache_hit_rate": round(hits / (hits + misses), 4) if hits + misses else None,
-        "pending": snap.pending,
-    }
+        cache_hit_rate=round(hits / (hits + misses), 4) if hits + misses else None,
+        pending=snap.pending,
+    )
 
 
 def _slo_sample(name: str, version: int, snap: StatsSnapshot) -> Sample:
