@@ -1,14 +1,18 @@
-"""The one module that touches paho-mqtt: connect, publish, subscribe, reconnect, last will.
+"""The one module (with its network loop, `agent.wire.mqtt_loop`) that touches paho-mqtt:
+connect, publish, subscribe, reconnect, fail over, last will.
 
 Everything else in the agent (and the fleet CLI) uses `MqttClient`. It runs paho's network loop
 in paho's own thread and hands every callback to the asyncio loop that called `start()`, so the
-rest of the code never sees a paho object, a paho thread or a paho error.
+rest of the code never sees a paho object, a paho thread or a paho error. Given a
+`LoopNetwork`, it runs paho's network side on the asyncio loop instead, so that one process can
+hold thousands of connections (the fleet simulator); everything else is the same.
 
 Invariants:
     * MQTT 5 first; with `Protocol.AUTO` a broker that answers "unsupported protocol version"
       gets a new client speaking 3.1.1 (response topic and correlation data are then dropped).
     * Reconnection is automatic, with exponential backoff between `reconnect_min_s` and
-      `reconnect_max_s`; subscriptions are renewed on every connect.
+      `reconnect_max_s`; subscriptions are renewed on every connect. With `brokers` (the other
+      nodes of a cluster), each failed attempt or lost connection moves on to the next one.
     * `publish` returns a future that completes when the broker acknowledged (QoS 1) or the
       packet was written (QoS 0). Messages in flight when the connection drops are sent again by
       paho on reconnect; the futures stay pending until then, and fail only on `stop()`.
@@ -36,7 +40,21 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
+from agent.wire.mqtt_loop import LoopNetwork
+
 logger = logging.getLogger(__name__)
+
+
+class _LoopNoise(logging.Filter):
+    """paho's threaded loop runs once more after the clean disconnect it just wrote, and logs
+    "Client is not connected" as an error each time (a race with `loop_stop`): not news."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Client is not connected")
+
+
+_paho_logger = logging.getLogger(f"{__name__}.paho")
+_paho_logger.addFilter(_LoopNoise())
 
 _CLOSED_MEANS_OLD = 2  # MQTT 5 CONNECTs closed without CONNACK before falling back (auto)
 _UNSUPPORTED_PROTOCOL = 132  # CONNACK reason code (3.1.1 brokers answer rc 1; paho maps it here)
@@ -85,6 +103,12 @@ class MqttSettings:
     persistent_session: bool = True  # the broker keeps our subscriptions and QoS 1 messages
     will: Will | None = None
     max_inflight: int = 32
+    brokers: tuple[tuple[str, int], ...] = ()  # (host, port) to fail over to, after host:port
+
+    def addresses(self) -> tuple[tuple[str, int], ...]:
+        """Every broker address, in the order tried: host:port first, then `brokers`."""
+        first = (self.host, self.port)
+        return (first, *(b for b in self.brokers if b != first))
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +139,8 @@ class MqttClient:
         on_connected: Called on the loop after each successful connect (subscriptions renewed).
         on_disconnected: Called on the loop with a reason after a lost connection or a failed
             attempt (TLS refused, broker down).
+        network: Run paho's network side on the event loop, shared with other clients (None:
+            in a thread of its own).
     """
 
     def __init__(
@@ -124,8 +150,14 @@ class MqttClient:
         on_message: Callable[[Message], None] | None = None,
         on_connected: Callable[[], None] | None = None,
         on_disconnected: Callable[[str], None] | None = None,
+        network: LoopNetwork | None = None,
     ) -> None:
         self.settings = settings
+        self._network = network
+        self._addresses = settings.addresses()
+        self._at = 0  # which of the addresses the next attempt goes to
+        self._clean_start: paho.CleanStartOption = paho.MQTT_CLEAN_START_FIRST_ONLY
+        self._connect_props: Properties | None = None
         self._on_message = on_message
         self._on_connected = on_connected
         self._on_disconnected = on_disconnected
@@ -158,13 +190,21 @@ class MqttClient:
     async def start(self) -> None:
         """Start connecting in the background; returns at once (the broker may be away)."""
         self._loop = asyncio.get_running_loop()
-        await asyncio.to_thread(self._start_client)
+        if self._network is not None:
+            self._start_client()
+        else:
+            await asyncio.to_thread(self._start_client)
+
+    @property
+    def broker(self) -> tuple[str, int]:
+        """The broker address connected to now, or tried next."""
+        return self._addresses[self._at]
 
     async def stop(self) -> None:
         """Disconnect cleanly (no last will), stop paho's thread, fail pending publishes."""
         client, self._client = self._client, None
         if client is not None:
-            await asyncio.to_thread(_stop_client, client)
+            await self._stop_client(client)
         self._connected.clear()
         for future in [*self._pending.values(), *self._suback.values(), *self._waiting.values()]:
             if not future.done():
@@ -188,6 +228,24 @@ class MqttClient:
         else:
             self._waiting[topic] = future
         return future
+
+    def unsubscribe(self, topic: str) -> None:
+        """Stop receiving `topic` (now, and it is not renewed on reconnects).
+
+        Raises:
+            MqttError: the client is not started.
+        """
+        if self._client is None:
+            raise MqttError("MQTT client not started")
+        self._subscriptions.pop(topic, None)
+        waiting = self._waiting.pop(topic, None)
+        if waiting is not None and not waiting.done():
+            waiting.set_exception(MqttError(f"unsubscribed from {topic} before it was subscribed"))
+            waiting.exception()  # retrieved: nobody may be waiting for it
+        if self.connected:
+            rc, _mid = self._client.unsubscribe(topic)
+            if rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
+                logger.warning("MQTT unsubscribe %s failed: %s", topic, paho.error_string(rc))
 
     def _send_subscribe(
         self, client: paho.Client, topic: str, qos: int, future: asyncio.Future[None] | None
@@ -232,7 +290,13 @@ class MqttClient:
         self._pending[info.mid] = future
         return future
 
-    # --- paho's thread ---------------------------------------------------------------------
+    # --- paho's thread (or, with a `LoopNetwork`, the loop) ---------------------------------
+
+    async def _stop_client(self, client: paho.Client) -> None:
+        if self._network is not None:
+            await self._network.detach(client)
+        else:
+            await asyncio.to_thread(_stop_client, client)
 
     def _start_client(self) -> None:
         s = self.settings
@@ -244,7 +308,7 @@ class MqttClient:
             clean_session=None if v5 else not s.persistent_session,
             reconnect_on_failure=True,
         )
-        client.enable_logger(logger)
+        client.enable_logger(_paho_logger)
         if s.username:
             client.username_pw_set(s.username, s.password or None)
         if s.tls_ca is not None:
@@ -274,19 +338,46 @@ class MqttClient:
             props = _properties(PacketTypes.CONNECT)
             props.SessionExpiryInterval = _SESSION_EXPIRY_S if s.persistent_session else 0
             props.MaximumPacketSize = _MAX_PACKET_BYTES
-        client.connect_async(
-            s.host,
-            s.port,
-            s.keepalive_s,
-            clean_start=not s.persistent_session if v5 else paho.MQTT_CLEAN_START_FIRST_ONLY,
-            properties=props,
-        )
+        self._clean_start = not s.persistent_session if v5 else paho.MQTT_CLEAN_START_FIRST_ONLY
+        self._connect_props = props
+        if self._network is not None:
+            client.connect_timeout = self._network.connect_timeout_s  # connects block the loop
+        self._connect_to(client)
         self._client = client  # before the network thread starts: callbacks check it
-        client.loop_start()
+        if self._network is not None:
+            self._network.attach(
+                client,
+                min_s=s.reconnect_min_s,
+                max_s=s.reconnect_max_s,
+                on_connect_fail=lambda: self._paho_connect_fail(client, None),
+            )
+        else:
+            client.loop_start()
+
+    def _connect_to(self, client: paho.Client) -> None:
+        """Aim the next attempt at the current address (paho's or the loop's thread)."""
+        host, port = self._addresses[self._at]
+        client.connect_async(
+            host,
+            port,
+            self.settings.keepalive_s,
+            clean_start=self._clean_start,
+            properties=self._connect_props,
+        )
+
+    def _fail_over(self, client: paho.Client) -> None:
+        """After a failure, the next attempt goes to the next broker (with `brokers` only)."""
+        if len(self._addresses) > 1 and client is self._client:
+            self._at = (self._at + 1) % len(self._addresses)
+            self._connect_to(client)
 
     def _call(self, fn: Callable[..., None], *args: Any) -> None:
         loop = self._loop
-        if loop is not None and not loop.is_closed():
+        if loop is None or loop.is_closed():
+            return
+        if self._network is not None:
+            loop.call_soon(fn, *args)  # already on the loop: no wake-up needed
+        else:
             loop.call_soon_threadsafe(fn, *args)
 
     def _paho_connect(
@@ -299,12 +390,16 @@ class MqttClient:
         self._call(self._up, client)
 
     def _paho_connect_fail(self, client: paho.Client, _ud: Any) -> None:
-        self._call(self._failed, client, "connection failed", False)
+        where = self._where()
+        self._fail_over(client)
+        self._call(self._failed, client, "connection failed", False, False, where)
 
     def _paho_disconnect(
         self, client: paho.Client, _ud: Any, _flags: Any, reason: ReasonCode, _props: Any
     ) -> None:
-        self._call(self._failed, client, f"disconnected: {reason}", False, True)
+        where = self._where()
+        self._fail_over(client)
+        self._call(self._failed, client, f"disconnected: {reason}", False, True, where)
 
     def _paho_message(self, _client: paho.Client, _ud: Any, msg: paho.MQTTMessage) -> None:
         props = getattr(msg, "properties", None)
@@ -326,6 +421,8 @@ class MqttClient:
         if client is not self._client:
             return
         logger.info("MQTT connected to %s:%d (MQTT %s)", *self._where(), self.protocol)
+        if self._network is not None:
+            self._network.connected(client)
         self._ever_up = True
         self._connected.set()
         for topic, qos in self._subscriptions.items():
@@ -334,10 +431,16 @@ class MqttClient:
             self._on_connected()
 
     def _failed(
-        self, client: paho.Client, reason: str, unsupported: bool, closed: bool = False
+        self,
+        client: paho.Client,
+        reason: str,
+        unsupported: bool,
+        closed: bool = False,
+        where: tuple[str, int] | None = None,
     ) -> None:
         if client is not self._client:
             return
+        host, port = where or self._where()
         self.failures += 1
         was_up = self.connected
         if closed and not was_up and not self._ever_up:
@@ -347,9 +450,9 @@ class MqttClient:
             unsupported = unsupported or self._closed_before_connack >= _CLOSED_MEANS_OLD
         self._connected.clear()
         if was_up:
-            logger.warning("MQTT connection to %s:%d lost: %s", *self._where(), reason)
+            logger.warning("MQTT connection to %s:%d lost: %s", host, port, reason)
         else:
-            logger.info("MQTT connect to %s:%d failed: %s", *self._where(), reason)
+            logger.info("MQTT connect to %s:%d failed: %s", host, port, reason)
         if (
             unsupported
             and self.settings.protocol is Protocol.AUTO
@@ -363,11 +466,14 @@ class MqttClient:
 
     async def _restart(self, old: paho.Client) -> None:
         self._client = None
-        await asyncio.to_thread(_stop_client, old)
-        await asyncio.to_thread(self._start_client)
+        await self._stop_client(old)
+        if self._network is not None:
+            self._start_client()
+        else:
+            await asyncio.to_thread(self._start_client)
 
     def _where(self) -> tuple[str, int]:
-        return self.settings.host, self.settings.port
+        return self._addresses[self._at]
 
 
 def _resolve(futures: dict[int, asyncio.Future[None]], mid: int) -> None:
