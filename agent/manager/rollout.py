@@ -111,7 +111,7 @@ class Rollout:
             "reason": self.reason,
             "aborted_at": self.aborted_at,
             "finished_at": self.finished_at,
-            "jobs": {d: asdict(j) for d, j in self.jobs.items()},
+            "jobs": {d: j.to_json() for d, j in self.jobs.items()},
             "windows": {
                 d: {k: w.to_json() for k, w in ws.items()} for d, ws in self.windows.items()
             },

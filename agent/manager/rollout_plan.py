@@ -98,6 +98,24 @@ class Job:
         """Whether the device was sent the version."""
         return self.sent_at is not None
 
+    def to_json(self) -> dict[str, Any]:
+        """The job's fields (what `dataclasses.asdict` gives, written out: asdict deep-copies
+        each value, which made storing a 10,000-device rollout take over a second a step)."""
+        return {
+            "device": self.device,
+            "wave": self.wave,
+            "state": self.state,
+            "previous": self.previous,
+            "step": self.step,
+            "sent_at": self.sent_at,
+            "confirmed": self.confirmed,
+            "detail": self.detail,
+            "rollback": self.rollback,
+            "rollback_step": self.rollback_step,
+            "rollback_sent_at": self.rollback_sent_at,
+            "rollback_confirmed": self.rollback_confirmed,
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class Send:
