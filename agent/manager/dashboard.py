@@ -7,6 +7,11 @@ same topics `fleet watch` reads), folds it into a `FleetView`, and serves, read-
     GET /fleet/v1/state                       devices, rollouts, events: what the page polls
     GET /fleet/v1/devices/{device}/telemetry  a device's last telemetry message
 
+The page and the state take `page`, `per_page` (50; at most 500), `state` (online, degraded,
+offline, unknown) and `q` (a part of the device id): devices come a page at a time, with the
+count in each state over the whole fleet (`agent.manager.dashboard_state.FleetView.page`); a
+bad value answers 400 with what to fix.
+
 Rollouts come through `RolloutSource`, a two-method interface whose JSON shape is given in
 docs/pages.md (`fleet dashboard --rollouts FILE` reads the rollout manager's file); without one
 the page says "No rollouts". With a token every route answers only
@@ -24,7 +29,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from agent.manager.dashboard_page import render_dashboard
-from agent.manager.dashboard_state import LEAVES, FleetView
+from agent.manager.dashboard_state import LEAVES, DeviceQuery, FleetView
 from agent.pages import token_middleware
 from agent.wire.mqtt import Message, MqttClient, MqttSettings
 
@@ -99,8 +104,8 @@ class Dashboard:
         if isinstance(doc, dict):
             self.view.apply(message.topic, doc, self._clock())
 
-    def state(self) -> dict[str, Any]:
-        """The `/fleet/v1/state` document."""
+    def state(self, query: DeviceQuery | None = None) -> dict[str, Any]:
+        """The `/fleet/v1/state` document: one page of devices (`query`; None: the first)."""
         doc: dict[str, Any] = {
             "now": self._clock(),
             "broker": self.client.connected,
@@ -114,7 +119,9 @@ class Dashboard:
         except Exception as exc:  # noqa: BLE001 - the store's trouble: shown, devices still served
             logger.warning("rollouts unavailable: %s", exc)
             doc["rollouts_error"] = str(exc)
-        doc["devices"] = self.view.devices_json(groups)
+        found = self.view.page(groups, query or DeviceQuery())
+        doc["devices"] = found.rows
+        doc.update(found.to_json())
         doc["events"] = self.view.events()
         return doc
 
@@ -145,15 +152,23 @@ class Dashboard:
             await self._runner.cleanup()
         await self.client.stop()
 
-    async def _page(self, _request: web.Request) -> web.Response:
+    async def _page(self, request: web.Request) -> web.Response:
+        try:
+            query = DeviceQuery.parse(request.query)
+        except ValueError as exc:
+            return web.Response(text=f"{exc}\n", status=400, content_type="text/plain")
         return web.Response(
-            text=render_dashboard(self.state()),
+            text=render_dashboard(self.state(query)),
             content_type="text/html",
             headers={"Cache-Control": "no-store"},
         )
 
-    async def _state(self, _request: web.Request) -> web.Response:
-        return _json(self.state())
+    async def _state(self, request: web.Request) -> web.Response:
+        try:
+            query = DeviceQuery.parse(request.query)
+        except ValueError as exc:
+            return _json({"error": str(exc)}, status=400)
+        return _json(self.state(query))
 
     async def _telemetry(self, request: web.Request) -> web.Response:
         device = request.match_info["device"]

@@ -1,6 +1,7 @@
 """The fleet dashboard's HTML, rendered from the document `GET /fleet/v1/state` returns (see
 `agent.manager.dashboard`); `agent/static/dashboard.js` polls that document and redraws the same
-cells. Read-only: no form, no button that changes a device or a rollout.
+cells. Read-only: the only form finds devices (a page of them, by state or a part of the id);
+nothing here changes a device or a rollout.
 """
 
 from __future__ import annotations
@@ -9,9 +10,10 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from agent.manager.dashboard_state import STATES
 from agent.pages import esc, fmt_num, page, table
 
-__all__ = ["POLL_MS", "ago", "render_dashboard"]
+__all__ = ["POLL_MS", "ago", "pager_text", "render_dashboard", "summary", "wave_devices"]
 
 POLL_MS = 2000
 DASH = "\u2013"
@@ -31,22 +33,68 @@ def ago(ts: float | None, now: float) -> str:
     return f"{seconds // 3600} h ago"
 
 
+def summary(state: Mapping[str, Any]) -> str:
+    """'9,998 of 10,000 devices online' (degraded ones serve: they count as online)."""
+    counts = state.get("counts") or {}
+    devices = state.get("devices", [])
+    total = state.get("devices_total", len(devices))
+    online = (
+        int(counts.get("online", 0)) + int(counts.get("degraded", 0))
+        if counts
+        else sum(1 for d in devices if d.get("state") in ("online", "degraded"))
+    )
+    return f"{online:,} of {total:,} devices online"
+
+
+def pager_text(state: Mapping[str, Any]) -> str:
+    """'Page 3 of 200 (10,000 devices)' or, filtered, '... (12 of 10,000 devices)'."""
+    matching = int(state.get("devices_matching", len(state.get("devices", []))))
+    total = int(state.get("devices_total", matching))
+    shown = f"{matching:,} devices" if matching == total else f"{matching:,} of {total:,} devices"
+    return f"Page {state.get('page', 1)} of {state.get('pages', 1)} ({shown})"
+
+
+def _filter_form(state: Mapping[str, Any]) -> str:
+    chosen = state.get("state_filter") or ""
+    counts = state.get("counts") or {}
+    options = '<option value="">all states</option>' + "".join(
+        f'<option value="{s}"{" selected" if s == chosen else ""}>{s} '
+        f"({int(counts.get(s, 0)):,})</option>"
+        for s in STATES
+    )
+    page, pages = int(state.get("page", 1)), int(state.get("pages", 1))
+    return (
+        '<form id="device-filter" role="search" method="get" action="">'
+        '<label for="device-q">Device id contains</label> '
+        '<input id="device-q" name="q" type="search" maxlength="128" '
+        f'value="{esc(state.get("q") or "")}"> '
+        '<label for="device-state">State</label> '
+        f'<select id="device-state" name="state">{options}</select> '
+        '<button type="submit">Show</button></form>'
+        '<nav aria-label="Device pages" id="device-pager"><p>'
+        f'<button type="button" id="page-prev"{" disabled" if page <= 1 else ""}>Previous</button> '
+        f'<span id="page-of" aria-live="polite">{esc(pager_text(state))}</span> '
+        f'<button type="button" id="page-next"{" disabled" if page >= pages else ""}>Next</button>'
+        "</p></nav>"
+    )
+
+
 def render_dashboard(state: Mapping[str, Any]) -> str:
-    """The whole page for a `/fleet/v1/state` document."""
+    """The whole page for a `/fleet/v1/state` document (its page of devices)."""
     now = float(state.get("now", 0.0))
     devices = state.get("devices", [])
-    online = sum(1 for d in devices if d.get("state") in ("online", "degraded"))
     access = (
         "Token required: this page answers only requests carrying the dashboard token."
         if state.get("access") == "token"
         else "Open on loopback only: no token."
     )
     body = (
-        f'<header><h1>edge-agent fleet</h1><p id="summary">{online} of {len(devices)} '
-        f'devices online</p><p id="broker" class="{"ok" if state.get("broker") else "bad"}">'
+        f'<header><h1>edge-agent fleet</h1><p id="summary">{esc(summary(state))}</p>'
+        f'<p id="broker" class="{"ok" if state.get("broker") else "bad"}">'
         f"{'Broker connected' if state.get('broker') else 'Broker not connected'}</p>"
         f'<p id="access">{esc(access)}</p></header><main id="main">'
         '<section aria-labelledby="h-devices"><h2 id="h-devices">Devices</h2>'
+        + _filter_form(state)
         + table(
             "Select a device to open its last telemetry",
             DEVICE_HEAD,
@@ -135,13 +183,28 @@ def _undo(rollback: Any) -> str:
     return f', <span class="state-{esc(rollback)}">{esc(rollback)}</span>' if rollback else ""
 
 
-def _wave_row(w: Mapping[str, Any]) -> str:
+def wave_devices(w: Mapping[str, Any]) -> str:
+    """A wave's devices: each one, or for a large wave the count in each state, then the
+    devices worth a look and how many more there are."""
     details, rollback = w.get("details") or {}, w.get("rollback") or {}
-    devices = " ".join(
+    listed = " ".join(
         f'<span class="state-{esc(s)}"{_title(details.get(d))}>{esc(d)}: {esc(s)}'
         f"{_undo(rollback.get(d))}</span>"
         for d, s in (w.get("devices") or {}).items()
     )
+    more = int(w.get("more") or 0)
+    if not more:
+        return listed
+    counts = {**(w.get("counts") or {}), **(w.get("rollback_counts") or {})}
+    tally = ", ".join(
+        f'<span class="state-{esc(s)}">{esc(s)} {int(n):,}</span>' for s, n in counts.items()
+    )
+    rest = f"{listed}; " if listed else ""
+    return f"{tally}; {rest}{more:,} more of {int(w.get('size') or 0):,} not listed"
+
+
+def _wave_row(w: Mapping[str, Any]) -> str:
+    devices = wave_devices(w)
     gate = w.get("gate") or {}
     figures, limits = gate.get("figures") or {}, gate.get("limits") or {}
     checks = "; ".join(

@@ -6,6 +6,11 @@ A device's figures come from its telemetry: p95 is the worst model version's in 
 the error rate is the failures over the requests across the last `RATE_WINDOW` messages (the
 counters are cumulative; the first telemetry gives the rate since the agent started; none when
 no request came in the window).
+
+The page shows devices a page at a time (`FleetView.page`: sorted by id, filtered by state and
+by a part of the id, `PER_PAGE` to a page, at most `MAX_PER_PAGE`), with the count of devices
+in each state over the whole fleet: a 10,000-device fleet is 200 pages of 50 rows, not one
+table of 10,000 (bench/fleet10k.md has the first paint of both).
 """
 
 from __future__ import annotations
@@ -16,10 +21,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DeviceView", "FleetView", "split_topic"]
+__all__ = [
+    "MAX_PER_PAGE",
+    "PER_PAGE",
+    "STATES",
+    "DevicePage",
+    "DeviceQuery",
+    "DeviceView",
+    "FleetView",
+    "split_topic",
+]
 
 LEAVES = ("status", "telemetry", "events")
 RATE_WINDOW = 30  # telemetry messages: 5 minutes at the default 10 s interval
+PER_PAGE = 50
+MAX_PER_PAGE = 500
+STATES = ("online", "degraded", "offline", "unknown")
+_QUERY_CHARS = 128
 
 
 def split_topic(prefix: str, topic: str) -> tuple[str, str] | None:
@@ -61,6 +79,72 @@ class DeviceView:
             "p95_us": self.p95_us,
             "error_rate": self.error_rate,
             "last_seen": self.last_seen,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceQuery:
+    """Which devices a page shows: `page` (from 1) of `per_page`, only `state` (None: all) and
+    only ids containing `search` (case-insensitive)."""
+
+    page: int = 1
+    per_page: int = PER_PAGE
+    state: str | None = None
+    search: str = ""
+
+    def __post_init__(self) -> None:
+        if self.page < 1:
+            raise ValueError("page must be an integer >= 1")
+        if not 1 <= self.per_page <= MAX_PER_PAGE:
+            raise ValueError(f"per_page must be an integer in 1..{MAX_PER_PAGE}")
+        if self.state is not None and self.state not in STATES:
+            raise ValueError(f"state must be one of {', '.join(STATES)}")
+        if len(self.search) > _QUERY_CHARS:
+            raise ValueError(f"q must be at most {_QUERY_CHARS} characters")
+
+    @classmethod
+    def parse(cls, params: Mapping[str, str]) -> DeviceQuery:
+        """From a request's query string (`page`, `per_page`, `state`, `q`).
+
+        Raises:
+            ValueError: a parameter out of range, with what to fix.
+        """
+        numbers = {}
+        for key, default in (("page", 1), ("per_page", PER_PAGE)):
+            text = params.get(key, "").strip()
+            if not text:
+                numbers[key] = default
+            elif text.isdigit() and len(text) <= 9:
+                numbers[key] = int(text)
+            else:
+                raise ValueError(f"{key} must be an integer, got {text[:20]!r}")
+        state = params.get("state", "").strip() or None
+        return cls(numbers["page"], numbers["per_page"], state, params.get("q", "").strip())
+
+
+@dataclass(frozen=True, slots=True)
+class DevicePage:
+    """One page of devices and where it stands in the fleet."""
+
+    rows: list[dict[str, Any]]
+    query: DeviceQuery
+    page: int  # the page shown (the last one when the query asked beyond it)
+    pages: int
+    matching: int  # devices the filter keeps
+    total: int
+    counts: dict[str, int]  # devices per state, over the whole fleet
+
+    def to_json(self) -> dict[str, Any]:
+        """The paging fields of `/fleet/v1/state` (the rows go under `devices`)."""
+        return {
+            "page": self.page,
+            "pages": self.pages,
+            "per_page": self.query.per_page,
+            "state_filter": self.query.state,
+            "q": self.query.search,
+            "devices_matching": self.matching,
+            "devices_total": self.total,
+            "counts": self.counts,
         }
 
 
@@ -114,9 +198,37 @@ class FleetView:
         """Each device; its groups from `groups` (the rollout source), else its own status."""
         return [self.devices[d].to_json(groups.get(d, ())) for d in sorted(self.devices)]
 
+    def page(self, groups: Mapping[str, Sequence[str]], query: DeviceQuery) -> DevicePage:
+        """The devices `query` asks for (rows built for that page only) and the fleet's counts.
+
+        Args:
+            groups: Each device's groups from the rollout source ({}: as the devices say).
+            query: The page, its size and the filters.
+        """
+        counts = dict.fromkeys(STATES, 0)
+        for view in self.devices.values():
+            counts[_state_of(view)] += 1
+        needle = query.search.lower()
+        kept = sorted(
+            d
+            for d, v in self.devices.items()
+            if (query.state is None or _state_of(v) == query.state) and needle in d.lower()
+        )
+        pages = max(1, -(-len(kept) // query.per_page))
+        page = min(query.page, pages)
+        start = (page - 1) * query.per_page
+        rows = [
+            self.devices[d].to_json(groups.get(d, ())) for d in kept[start : start + query.per_page]
+        ]
+        return DevicePage(rows, query, page, pages, len(kept), len(self.devices), counts)
+
     def telemetry(self, device: str) -> dict[str, Any] | None:
         view = self.devices.get(device)
         return view.telemetry if view is not None else None
+
+
+def _state_of(view: DeviceView) -> str:
+    return view.state if view.state in STATES else "unknown"
 
 
 def _status(view: DeviceView, doc: Mapping[str, Any]) -> None:

@@ -149,10 +149,11 @@ def test_the_store_is_read_read_only_beside_its_writer(tmp_path: Path) -> None:
         assert doc["id"] == "r1"
         assert doc["waves"][0]["state"] == "running"
         # A writer in the middle of a transaction: the reader gets the last committed state,
-        # at once, and the writer commits after it.
+        # at once, and the writer commits after it (bumping `updated`, as RolloutStore.save
+        # does: the reader decodes a rollout again only when it changed).
         writer = sqlite3.connect(db, isolation_level=None)
         writer.execute("BEGIN IMMEDIATE")
-        writer.execute("UPDATE rollouts SET state = ?",
+        writer.execute("UPDATE rollouts SET state = ?, updated = updated + 1",
                        [json.dumps({**rollout.to_json(), "phase": "paused"})])  # fmt: skip
         assert source.rollouts()[0]["state"] == "running"
         writer.execute("COMMIT")
