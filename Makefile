@@ -6,7 +6,7 @@ KSERVE_VENV ?= .venv-kserve
 KSERVE_VERSION ?= 0.21.0
 BIN := $(VENV)/bin
 
-.PHONY: run test fuzz lint typecheck unit perf-analyzer kserve-sdk systemd-tools mosquitto chromium rabbitmq lint-ansible bench proto clean demo
+.PHONY: run test fuzz lint typecheck unit perf-analyzer kserve-sdk systemd-tools mosquitto chromium rabbitmq lint-ansible bench proto clean demo fleet-10k fleet-cluster
 
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
@@ -93,6 +93,19 @@ rabbitmq:
 # rollout in waves and a bad version rolled back (bench/fleet_demo.py says what each step shows).
 demo: $(BIN)/.installed mosquitto
 	$(BIN)/python -m bench.fleet_demo
+
+# 10,000 simulated devices on a real Mosquitto: inventory, two exporters, the dashboard, a
+# rollout in waves and one aborted by 5 % regressing devices; figures and checks
+# (bench/fleet10k.md). Not in `make test`, which runs the same with 300 devices.
+FLEET_DEVICES ?= 10000
+fleet-10k: $(BIN)/.installed mosquitto chromium
+	$(BIN)/python -m bench.fleet10k --devices $(FLEET_DEVICES)
+
+# Past one broker: RabbitMQ's MQTT plugin as a 3-node cluster on this machine, devices spread
+# over the nodes, one node stopped mid-rollout (bench/fleet10k.md, docs/mqtt.md#sizing).
+CLUSTER_DEVICES ?= 3000
+fleet-cluster: $(BIN)/.installed rabbitmq
+	$(BIN)/python -m bench.fleet_cluster --devices $(CLUSTER_DEVICES)
 
 lint-ansible: $(BIN)/.installed
 	cd deploy/ansible && PATH=$(CURDIR)/$(BIN):$$PATH $(CURDIR)/$(BIN)/ansible-lint --offline --profile production

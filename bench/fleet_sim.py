@@ -2,7 +2,7 @@
 
     python -m bench.fleet_sim --devices 10000 --port 1883 [--telemetry 10s] [--control-port P]
         [--brokers 127.0.0.1:1884,127.0.0.1:1885] [--regress-share 0.05 --regress-version 3]
-        [--broken-share 0.01 --broken-version 3] [--protocol 3.1.1]
+        [--broken-share 0.01 --broken-version 3] [--regress-devices FILE] [--protocol 3.1.1]
 
 Each device (`bench.sim_device.SimDevice`) is one MQTT connection through the agent's own
 adapter, `agent.wire.mqtt.MqttClient`, with paho's network side on this event loop
@@ -32,6 +32,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -254,8 +255,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--sites", type=int, default=4)
     parser.add_argument("--serving", type=int, default=1, help="the version active at start")
     parser.add_argument("--regress-share", type=float, default=0.0)
+    parser.add_argument("--regress-devices", type=Path, help="a file, one device id a line")
     parser.add_argument("--regress-version", type=int)
     parser.add_argument("--broken-share", type=float, default=0.0)
+    parser.add_argument("--broken-devices", type=Path, help="a file, one device id a line")
     parser.add_argument("--broken-version", type=int)
     parser.add_argument("--salt", default="sim", help="picks the regressing and broken devices")
     parser.add_argument("--control-port", type=int, default=0)
@@ -269,14 +272,22 @@ def config_of(args: argparse.Namespace) -> tuple[SimConfig, Profile]:
                        telemetry_s=args.telemetry, protocol=Protocol(args.protocol),
                        sites=args.sites)  # fmt: skip
     names = config.names()
+    regress = share_of(names, args.regress_share, f"{args.salt}/regress")
+    broken = share_of(names, args.broken_share, f"{args.salt}/broken")
     profile = Profile(
         serving=args.serving,
-        regress=share_of(names, args.regress_share, f"{args.salt}/regress"),
+        regress=regress | _named(args.regress_devices),
         regress_version=args.regress_version,
-        broken=share_of(names, args.broken_share, f"{args.salt}/broken"),
+        broken=broken | _named(args.broken_devices),
         broken_version=args.broken_version,
     )
     return config, profile
+
+
+def _named(path: Path | None) -> frozenset[str]:
+    if path is None:
+        return frozenset()
+    return frozenset(line.strip() for line in path.read_text().splitlines() if line.strip())
 
 
 async def _serve(args: argparse.Namespace) -> int:

@@ -197,6 +197,13 @@ def add_commands(subparsers: Any) -> None:  # argparse's _SubParsersAction is pr
         parser.add_argument("--tls-cert", type=Path)
         parser.add_argument("--tls-key", type=Path)
         parser.add_argument("--protocol", choices=[p.value for p in Protocol], default="auto")
+        parser.add_argument(
+            "--brokers",
+            type=broker_list,
+            default=(),
+            metavar="HOST:PORT,...",
+            help="more brokers to fail over to, in turn (a cluster's other nodes)",
+        )
 
 
 def main(argv: Sequence[str]) -> int:
@@ -214,6 +221,7 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | No
     settings = MqttSettings(
         host=args.host,
         port=args.port,
+        brokers=args.brokers,
         client_id=random_client_id("fleet"),
         username=args.username,
         password=args.password,
@@ -247,6 +255,21 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | No
         return EXIT_FAILED
     except KeyboardInterrupt:
         return EXIT_OK
+
+
+def broker_list(text: str) -> tuple[tuple[str, int], ...]:
+    """`host:port,host:port` as (host, port) pairs.
+
+    Raises:
+        argparse.ArgumentTypeError: an entry is not HOST:PORT with a port in 1..65535.
+    """
+    found = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise argparse.ArgumentTypeError(f"broker {item!r} is not HOST:PORT")
+        found.append((host, int(port)))
+    return tuple(found)
 
 
 def parse_args(pairs: Sequence[str], as_json: str | None) -> dict[str, Any]:

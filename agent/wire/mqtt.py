@@ -166,7 +166,7 @@ class MqttClient:
         self._protocol = Protocol.V311 if settings.protocol is Protocol.V311 else Protocol.V5
         self._subscriptions: dict[str, int] = {}
         self._pending: dict[int, asyncio.Future[None]] = {}
-        self._suback: dict[int, asyncio.Future[None]] = {}
+        self._suback: dict[int, tuple[str, asyncio.Future[None]]] = {}  # mid -> topic, future
         self._waiting: dict[str, asyncio.Future[None]] = {}  # subscribed while disconnected
         self._connected = asyncio.Event()
         self.failures = 0  # failed or lost connections since start
@@ -206,7 +206,8 @@ class MqttClient:
         if client is not None:
             await self._stop_client(client)
         self._connected.clear()
-        for future in [*self._pending.values(), *self._suback.values(), *self._waiting.values()]:
+        subacks = [future for _topic, future in self._suback.values()]
+        for future in [*self._pending.values(), *subacks, *self._waiting.values()]:
             if not future.done():
                 future.set_exception(MqttError("MQTT client stopped"))
         self._pending.clear()
@@ -254,7 +255,7 @@ class MqttClient:
         if rc != MQTTErrorCode.MQTT_ERR_SUCCESS or mid is None:
             logger.warning("MQTT subscribe %s failed: %s", topic, paho.error_string(rc))
         elif future is not None:
-            self._suback[mid] = future
+            self._suback[mid] = (topic, future)
 
     def publish(
         self,
@@ -413,9 +414,14 @@ class MqttClient:
         self._call(_resolve, self._pending, mid)
 
     def _paho_subscribe(self, _c: paho.Client, _ud: Any, mid: int, _rc: Any, _p: Any) -> None:
-        self._call(_resolve, self._suback, mid)
+        self._call(self._subscribed, mid)
 
     # --- the asyncio loop --------------------------------------------------------------------
+
+    def _subscribed(self, mid: int) -> None:
+        _topic, future = self._suback.pop(mid, ("", None))
+        if future is not None and not future.done():
+            future.set_result(None)
 
     def _up(self, client: paho.Client) -> None:
         if client is not self._client:
@@ -449,6 +455,11 @@ class MqttClient:
             self._closed_before_connack += 1
             unsupported = unsupported or self._closed_before_connack >= _CLOSED_MEANS_OLD
         self._connected.clear()
+        # SUBACKs that will not come: the subscriptions go again at the next connect.
+        for topic, future in self._suback.values():
+            if topic in self._subscriptions and not future.done():
+                self._waiting.setdefault(topic, future)
+        self._suback.clear()
         if was_up:
             logger.warning("MQTT connection to %s:%d lost: %s", host, port, reason)
         else:

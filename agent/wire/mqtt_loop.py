@@ -196,8 +196,7 @@ class LoopNetwork:
     def _socket_close(self, client: paho.Client, _userdata: Any, sock: Any) -> None:
         if self._loop.is_closed():  # a client never stopped, collected after the loop ended
             return
-        self._loop.remove_reader(sock)
-        self._loop.remove_writer(sock)
+        self._forget(sock)
         entry = self._clients.get(client)
         if entry is None:
             return
@@ -214,11 +213,15 @@ class LoopNetwork:
         if not self._loop.is_closed():
             self._loop.remove_writer(sock)
 
+    def _forget(self, sock: Any) -> None:
+        with contextlib.suppress(ValueError, OSError):  # a socket already closed has no fd
+            self._loop.remove_reader(sock)
+            self._loop.remove_writer(sock)
+
     def _close(self, client: paho.Client) -> None:
         sock = client.socket()
         if sock is not None:
-            self._loop.remove_reader(sock)
-            self._loop.remove_writer(sock)
+            self._forget(sock)
             with contextlib.suppress(OSError):
                 sock.close()
 
