@@ -103,7 +103,7 @@ fleet-10k: $(BIN)/.installed mosquitto chromium
 
 # Past one broker: RabbitMQ's MQTT plugin as a 3-node cluster on this machine, devices spread
 # over the nodes, one node stopped mid-rollout (bench/fleet10k.md, docs/mqtt.md#sizing).
-CLUSTER_DEVICES ?= 3000
+CLUSTER_DEVICES ?= 2000
 fleet-cluster: $(BIN)/.installed rabbitmq
 	$(BIN)/python -m bench.fleet_cluster --devices $(CLUSTER_DEVICES)
 

@@ -240,15 +240,21 @@ class Sampler:
 
     def cpu_s(self, name: str) -> float:
         """CPU seconds the named processes (and their children) used so far."""
-        total = 0.0
+        return sum(self.cpu_by_pid(name).values())
+
+    def cpu_by_pid(self, name: str) -> dict[int, float]:
+        """CPU seconds so far of each named process still running (children included)."""
+        found: dict[int, float] = {}
         for pid in self.pids[name]:
             with contextlib.suppress(psutil.Error):
                 proc = psutil.Process(pid)
+                total = 0.0
                 for p in [proc, *proc.children(recursive=True)]:
                     with contextlib.suppress(psutil.Error):
                         t = p.cpu_times()
                         total += t.user + t.system
-        return total
+                found[pid] = total
+        return found
 
     def _rss(self, name: str) -> float:
         total = 0.0

@@ -114,7 +114,7 @@ def run(args: argparse.Namespace, settings: MqttSettings, out: TextIO, err: Text
         print(f"edge-agent: error: {message}", file=err)
         return 2
     except (MqttError, StoreError, TimeoutError) as exc:
-        print(f"edge-agent: error: {exc or 'the broker did not answer in time'}", file=err)
+        print(f"edge-agent: error: {str(exc) or 'the broker did not answer in time'}", file=err)
         return 1
     except KeyboardInterrupt:
         return 130
