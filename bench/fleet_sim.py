@@ -326,6 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     # 10,000 devices losing a broker would log 10,000 lines: the summary counts them instead.
     logging.getLogger("agent.wire.mqtt").setLevel(logging.ERROR)
+    logging.getLogger("agent.wire.mqtt.paho").setLevel(logging.CRITICAL)  # "connection reset"
     args = parse_args(sys.argv[1:] if argv is None else argv)
     return asyncio.run(_serve(args))
 

@@ -140,7 +140,8 @@ class Dashboard:
         """Connect (the broker may be away: it retries), subscribe, listen; the bound port."""
         await self.client.start()
         for leaf in LEAVES:
-            self.client.subscribe(f"{self._prefix}/+/{leaf}")  # renewed on every connect
+            done = self.client.subscribe(f"{self._prefix}/+/{leaf}")  # renewed on every connect
+            done.add_done_callback(lambda f: f.cancelled() or f.exception())  # no broker: fine
         self._runner = web.AppRunner(self.app(), access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
