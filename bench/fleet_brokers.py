@@ -23,6 +23,7 @@ Every process is started here and ended by its pid, never by name.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import os
@@ -37,7 +38,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from agent.wire.mqtt import MqttSettings, Protocol, random_client_id
+from agent.wire.mqtt import MqttClient, MqttSettings, Protocol, random_client_id
 
 RABBITMQ_SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")  # Debian's, without su
 
@@ -60,6 +61,32 @@ def accepts(port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+def mqtt_answers(port: int, protocol: Protocol = Protocol.V311) -> bool:
+    """Whether a broker on the loopback port accepts an MQTT session (a CONNACK within 5 s)."""
+
+    async def probe() -> bool:
+        settings = MqttSettings(
+            "127.0.0.1",
+            port,
+            random_client_id("probe"),
+            protocol=protocol,
+            persistent_session=False,
+            reconnect_max_s=1.0,
+        )
+        client = MqttClient(settings)
+        await client.start()
+        try:
+            async with asyncio.timeout(5):
+                await client.wait_connected()
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            await client.stop()
+
+    return asyncio.run(probe())
 
 
 def wait_for(check: Callable[[], bool], what: str, timeout_s: float) -> None:
@@ -170,9 +197,12 @@ class Mosquitto:
 
     def settings(self, **kw: object) -> MqttSettings:
         """Client settings for this broker."""
-        base: dict[str, object] = {"host": "127.0.0.1", "port": self.port,
-                                   "client_id": random_client_id("bench"),
-                                   "persistent_session": False}  # fmt: skip
+        base: dict[str, object] = {
+            "host": "127.0.0.1",
+            "port": self.port,
+            "client_id": random_client_id("bench"),
+            "persistent_session": False,
+        }
         return MqttSettings(**{**base, **kw})  # type: ignore[arg-type]
 
 
@@ -242,13 +272,18 @@ class RabbitCluster:
         self.folder.mkdir(parents=True, exist_ok=True)
         epmd = shutil.which("epmd") or "epmd"
         with (self.folder / "epmd.log").open("ab") as log:
-            self.epmd = subprocess.Popen([epmd, "-port", str(self.epmd_port)],
-                                         stdout=log, stderr=log)  # fmt: skip
+            self.epmd = subprocess.Popen(
+                [epmd, "-port", str(self.epmd_port)], stdout=log, stderr=log
+            )
         for i in range(len(self.names)):
             self.start_node(i)
         for i, port in enumerate(self.ports):
             where = self.folder / f"node{i}/out.log"
             wait_for(functools.partial(accepts, port), f"RabbitMQ node {i} ({where})", timeout_s)
+        # A listener is up before its node takes MQTT sessions (the cluster still forming).
+        for i, port in enumerate(self.ports):
+            where = self.folder / f"node{i}/out.log"
+            wait_for(functools.partial(mqtt_answers, port), f"MQTT on node {i} ({where})", 120)
 
     def start_node(self, i: int) -> None:
         """Start node `i` (again): its own session and process group."""
