@@ -79,6 +79,11 @@ class ModelManager:
         """Where this manager's model events go (never raises; see `agent.models.events`)."""
         return self._events
 
+    def swapping(self, name: str) -> bool:
+        """Whether `name` is being swapped drain-first: its requests wait (`wait_if_swapping`).
+        A check without a coroutine, for the request path."""
+        return name in self._gates
+
     async def wait_if_swapping(self, name: str) -> None:
         """Hold a request while its model is swapped drain-first (bounded).
 
