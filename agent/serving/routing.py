@@ -19,7 +19,8 @@ suspension. `route` may wait only before it resolves, and the callers go on to `
 an await in between, so no request reaches a version after routing switched away from it.
 
 Cost: `route` is the request's one coroutine before its scheduler (the swap gate is checked
-without one), and `Route` its one object; everything else is the work the paths did inline.
+without one, so it replaces the coroutine of `wait_if_swapping`), and `Route` its one object;
+everything else is the work the paths did inline.
 """
 
 from __future__ import annotations
@@ -44,9 +45,10 @@ from agent.tracing.tracer import Trace
 __all__ = ["RequestRouter", "Route"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: its __init__ would set each field through object.__setattr__
 class Route:
-    """Where one request goes: the served model, its version, and how it got there."""
+    """Where one request goes: the served model, its version, and how it got there (read-only
+    by convention: one is made per request, and a frozen one costs ~0.5 µs more to make)."""
 
     served: ServedModel
     number: int  # the version
