@@ -17,34 +17,26 @@
     [canary.MODEL]  version, share, promote_after, window, min_requests, max_error_rate,
               max_p95_ms (one table per model; see agent/canary/policy.py)
 
-`validate` checks what the types cannot (ranges, exclusive keys, what `serve` needs).
+The closed choices (`server.grpc_engine`, `log.level`, `log.trace_mode`, `models.control_mode`,
+`mqtt.protocol`) are enums (`agent.config.choices`), parsed by the loader. `validate` checks what
+the types cannot (ranges, exclusive keys, what `serve` needs).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_type_hints
 
-if sys.version_info >= (3, 11):
-    pass
-else:  # pragma: no cover - Python 3.10
-    pass
-
 from agent.canary.policy import CanaryPolicy
+from agent.config.choices import GrpcEngine, LogLevel, ModelControlMode, TraceMode
 from agent.config.security import validate_security
 from agent.errors import AgentConfigError
 from agent.fleet.config import MqttConfig, validate_mqtt
 from sync.config import SyncConfig
 from sync.config import validate as validate_sync
 from sync.errors import SyncConfigError
-
-GRPC_ENGINES = ("grpcio", "loop")
-LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-CONTROL_MODES = ("none", "poll", "explicit")
-TRACE_MODES = ("triton", "opentelemetry")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +48,7 @@ class ServerConfig:
     http_port: int = 8000
     http_infer_lane: bool = True  # /infer served straight from the connection (api.md)
     grpc_port: int = 8001  # KServe v2 gRPC; -1 turns it off
-    grpc_engine: str = "loop"  # "loop" (HTTP/2 on the event loop) or "grpcio" (grpc.aio)
+    grpc_engine: GrpcEngine = GrpcEngine.LOOP  # loop: HTTP/2 on the event loop; grpcio: grpc.aio
     metrics_port: int = 8002  # Prometheus /metrics; -1 turns it off
     max_request_bytes: int = 64 * 1024 * 1024
     shared_memory: bool = True  # Triton's system shared-memory extension for local clients
@@ -90,7 +82,7 @@ class ModelsConfig:
     memory_budget_bytes: int = 0  # 0: the cgroup's memory.max, else 80% of RAM
     response_cache_bytes: int = 64 * 1024 * 1024  # agent-wide, for models with response_cache
     max_queue_size: int = 1024  # per model version, when the config sets no max_queue_size
-    control_mode: str = "none"  # none | poll | explicit (Triton's --model-control-mode)
+    control_mode: ModelControlMode = ModelControlMode.NONE  # Triton's --model-control-mode
     load_models: tuple[str, ...] = ()  # explicit mode: models to load at start ("*": all)
     poll_quiet_ms: int = 1000  # poll mode: act once a model folder has been quiet this long
 
@@ -108,9 +100,9 @@ class CacheConfig:
 class LogConfig:
     """Logging."""
 
-    level: str = "info"
+    level: LogLevel = LogLevel.INFO
     trace_file: Path | None = None  # Triton's trace JSON (settings: /v2/trace/setting)
-    trace_mode: str = "triton"  # triton: the trace file; opentelemetry: spans over OTLP/HTTP
+    trace_mode: TraceMode = TraceMode.TRITON  # triton: the trace file; opentelemetry: OTLP/HTTP
     trace_otlp_url: str = ""  # opentelemetry mode; "": Triton's http://localhost:4318/v1/traces
     trace_otlp_resource: tuple[str, ...] = ()  # opentelemetry mode: "key=value" attributes
 
@@ -151,11 +143,6 @@ def validate(config: AgentConfig, *, serving: bool = True) -> None:
         raise AgentConfigError(
             f"server.grpc_port must be 0..65535 (or -1 for off), got {server.grpc_port}"
         )
-    if server.grpc_engine not in GRPC_ENGINES:
-        raise AgentConfigError(
-            f"server.grpc_engine must be one of {', '.join(GRPC_ENGINES)}, "
-            f"got {server.grpc_engine!r}"
-        )
     if not -1 <= server.metrics_port <= 65535:
         raise AgentConfigError(
             f"server.metrics_port must be 0..65535 (or -1 for off), got {server.metrics_port}"
@@ -172,10 +159,6 @@ def validate(config: AgentConfig, *, serving: bool = True) -> None:
     for key in ("header_timeout_ms", "body_timeout_ms", "idle_timeout_ms", "status_sample_ms"):
         if getattr(server, key) < 10:
             raise AgentConfigError(f"server.{key} must be >= 10, got {getattr(server, key)}")
-    if config.log.level.lower() not in LOG_LEVELS:
-        raise AgentConfigError(
-            f"log.level must be one of {', '.join(LOG_LEVELS)}, got {config.log.level!r}"
-        )
     _validate_trace(config.log)
     validate_security(server)
     for key in ("intra_op_threads", "memory_budget_bytes", "response_cache_bytes"):
@@ -183,12 +166,7 @@ def validate(config: AgentConfig, *, serving: bool = True) -> None:
             raise AgentConfigError(f"models.{key} must be >= 0")
     if models.max_queue_size < 1:
         raise AgentConfigError("models.max_queue_size must be >= 1")
-    if models.control_mode not in CONTROL_MODES:
-        raise AgentConfigError(
-            f"models.control_mode must be one of {', '.join(CONTROL_MODES)}, "
-            f"got {models.control_mode!r}"
-        )
-    if models.load_models and models.control_mode != "explicit":
+    if models.load_models and models.control_mode is not ModelControlMode.EXPLICIT:
         raise AgentConfigError('models.load_models needs models.control_mode = "explicit"')
     if models.poll_quiet_ms < 10:
         raise AgentConfigError("models.poll_quiet_ms must be >= 10")
@@ -204,11 +182,7 @@ def validate(config: AgentConfig, *, serving: bool = True) -> None:
 
 
 def _validate_trace(log: LogConfig) -> None:
-    if log.trace_mode not in TRACE_MODES:
-        raise AgentConfigError(
-            f"log.trace_mode must be one of {', '.join(TRACE_MODES)}, got {log.trace_mode!r}"
-        )
-    if log.trace_mode == "opentelemetry":
+    if log.trace_mode is TraceMode.OPENTELEMETRY:
         if log.trace_file is not None:
             raise AgentConfigError(
                 'log.trace_file is for log.trace_mode = "triton"; opentelemetry mode exports '
@@ -241,7 +215,7 @@ def _validate_repository(config: AgentConfig) -> None:
         raise AgentConfigError(
             "models.repository and cache.dir are exclusive: the cache serves its own repository"
         )
-    if models.control_mode == "poll" and config.cache.dir is not None:
+    if models.control_mode is ModelControlMode.POLL and config.cache.dir is not None:
         raise AgentConfigError(
             'models.control_mode = "poll" watches a plain repository; the cache changes its '
             "view itself (activate/rollback)"

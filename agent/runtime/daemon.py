@@ -171,11 +171,11 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
     # Folders of models loaded from request files: removed after the models are unloaded.
     pushed = (
         pushed_models(config, stack)
-        if ModelControlMode(config.models.control_mode) is ModelControlMode.EXPLICIT
+        if config.models.control_mode is ModelControlMode.EXPLICIT
         else None
     )
     stack.push_async_callback(asyncio.to_thread, registry.close)
-    mode = ModelControlMode(config.models.control_mode)
+    mode = config.models.control_mode
     events = EventTee(CacheEvents(model_cache) if model_cache is not None else LogEvents())
     manager = ModelManager(registry, events)
     if mode is ModelControlMode.POLL:

@@ -22,6 +22,7 @@ from agent.api.http.limits import STOPPING, ConnectionGuard, ConnectionLimits
 from agent.api.metrics import build_registry, create_metrics_app
 from agent.api.tls import ServerTls
 from agent.canary.control import CanaryManager
+from agent.config.choices import GrpcEngine
 from agent.config.schema import AgentConfig
 from agent.device.gpu import GpuReader
 from agent.models.memory_plan import MemoryLedger
@@ -132,7 +133,7 @@ async def serve_grpc(
         return None
     tensor_limits = TensorLimits(server.max_request_bytes, server.max_bytes_elements)
     restricted = access if "grpc" in access.enforced else None
-    start = start_loop_grpc_server if server.grpc_engine == "loop" else start_grpc_server
+    start = start_loop_grpc_server if server.grpc_engine is GrpcEngine.LOOP else start_grpc_server
     grpc_server, grpc_port = await start(
         dataplane,
         server.host,

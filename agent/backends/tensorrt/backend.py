@@ -18,9 +18,9 @@ result from `declared_config`.
 Each backend owns one execution context, one CUDA stream and device buffers sized for the
 optimization profile's largest batch (max_batch_size), allocated once at load: `run` only copies
 in, enqueues and copies out. `run` is blocking (the scheduler calls it off the event loop) and
-serialized by a lock, since an execution context is not thread-safe. `device_memory_bytes` (the
-engine's activation memory plus the I/O buffers) is what the registry charges to the memory budget:
-on a Jetson, GPU memory is the same RAM the budget covers.
+serialized by a lock, since an execution context is not thread-safe. `device_memory_bytes` is the
+engine's activation memory plus the I/O buffers (on a Jetson, GPU memory is the same RAM the
+memory budget covers).
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from agent.api.grpc import wire as grpc_wire
 from agent.api.grpc.loop import frames
 from agent.api.grpc.loop.server import LoopGrpcServer, Method
 from agent.api.http.limits import ConnectionLimits
+from agent.config.choices import ModelControlMode
 from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.proto import grpc_service_pb2 as pb
 from agent.proto import grpc_service_pb2_grpc as pb_grpc
@@ -335,7 +336,10 @@ def secure(tmp_path_factory: pytest.TempPathFactory, pki: TestPki) -> Iterator[R
             grpc_restricted_protocol=(ADMIN,),
         ),
         models=ModelsConfig(
-            repository=repo, intra_op_threads=1, control_mode="explicit", load_models=("s",)
+            repository=repo,
+            intra_op_threads=1,
+            control_mode=ModelControlMode.EXPLICIT,
+            load_models=("s",),
         ),
     )
     with running_agent(config) as running:
