@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import sys
 from enum import Enum
+from typing import TypeVar
 
+from agent.errors import AgentConfigError
 from agent.models.control_mode import ModelControlMode
 from agent.wire.mqtt_version import Protocol
 
@@ -33,7 +35,17 @@ else:  # pragma: no cover - Python 3.10
             return str(self.value)
 
 
-__all__ = ["GrpcEngine", "LogLevel", "ModelControlMode", "Protocol", "TraceMode", "allowed"]
+__all__ = [
+    "GrpcEngine",
+    "LogLevel",
+    "ModelControlMode",
+    "Protocol",
+    "TraceMode",
+    "allowed",
+    "parse_choice",
+]
+
+E = TypeVar("E", bound=Enum)
 
 
 class GrpcEngine(StrEnum):
@@ -69,3 +81,24 @@ class TraceMode(StrEnum):
 def allowed(choice: type[Enum]) -> str:
     """The values a setting of this type takes, for messages: `loop, grpcio`."""
     return ", ".join(str(member.value) for member in choice)
+
+
+def parse_choice(key: str, choice: type[E], value: object) -> E:
+    """The member a setting's value spells (a member stays itself).
+
+    The loader parses every layer's value with this; the sections' dataclasses call it too, so
+    a config built in code from a spelling holds the member as well.
+
+    Raises:
+        AgentConfigError: not one of the values allowed, naming `key` and those values.
+    """
+    if isinstance(value, choice):
+        return value
+    try:
+        if not isinstance(value, str):
+            raise ValueError(value)
+        return choice(value)
+    except ValueError:
+        raise AgentConfigError(
+            f"config key '{key}' must be one of {allowed(choice)}, got {value!r}"
+        ) from None

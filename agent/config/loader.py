@@ -33,7 +33,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from agent.canary.policy import CanaryPolicy, CanaryPolicyError, parse_policy
-from agent.config.choices import allowed
+from agent.config.choices import parse_choice
 from agent.config.environment import env_values
 from agent.config.schema import AgentConfig, config_sections, validate
 from agent.errors import AgentConfigError
@@ -138,7 +138,7 @@ def _coerce(key: str, hint: Any, value: Any, base: Path) -> Any:
             raise AgentConfigError(f"config key '{key}' must be a string, got {value!r}")
         return value
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
-        return _choice(key, hint, value)
+        return parse_choice(key, hint, value)
     if hint == tuple[str, ...]:
         if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
             raise AgentConfigError(f"config key '{key}' must be a list of strings, got {value!r}")
@@ -148,20 +148,6 @@ def _coerce(key: str, hint: Any, value: Any, base: Path) -> Any:
         raise AgentConfigError(f"config key '{key}' must be a path string, got {value!r}")
     path = Path(value).expanduser()
     return path if path.is_absolute() else base / path
-
-
-def _choice(key: str, choice: type[enum.Enum], value: Any) -> enum.Enum:
-    """A closed choice's member from its spelling (a member stays itself)."""
-    if isinstance(value, choice):
-        return value
-    try:
-        if not isinstance(value, str):
-            raise ValueError(value)
-        return choice(value)
-    except ValueError:
-        raise AgentConfigError(
-            f"config key '{key}' must be one of {allowed(choice)}, got {value!r}"
-        ) from None
 
 
 def _canaries(raw: Any) -> tuple[tuple[str, CanaryPolicy], ...]:

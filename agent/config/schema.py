@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from agent.canary.policy import CanaryPolicy
-from agent.config.choices import GrpcEngine, LogLevel, ModelControlMode, TraceMode
+from agent.config.choices import GrpcEngine, LogLevel, ModelControlMode, TraceMode, parse_choice
 from agent.config.security import validate_security
 from agent.errors import AgentConfigError
 from agent.fleet.config import MqttConfig, validate_mqtt
@@ -69,6 +69,10 @@ class ServerConfig:
     status_token: str = ""
     status_sample_ms: int = 5000  # how often the page's figures and sparklines are sampled
 
+    def __post_init__(self) -> None:  # a spelling given in code becomes its member
+        engine = parse_choice("server.grpc_engine", GrpcEngine, self.grpc_engine)
+        object.__setattr__(self, "grpc_engine", engine)
+
 
 @dataclass(frozen=True, slots=True)
 class ModelsConfig:
@@ -85,6 +89,10 @@ class ModelsConfig:
     control_mode: ModelControlMode = ModelControlMode.NONE  # Triton's --model-control-mode
     load_models: tuple[str, ...] = ()  # explicit mode: models to load at start ("*": all)
     poll_quiet_ms: int = 1000  # poll mode: act once a model folder has been quiet this long
+
+    def __post_init__(self) -> None:  # a spelling given in code becomes its member
+        mode = parse_choice("models.control_mode", ModelControlMode, self.control_mode)
+        object.__setattr__(self, "control_mode", mode)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +113,11 @@ class LogConfig:
     trace_mode: TraceMode = TraceMode.TRITON  # triton: the trace file; opentelemetry: OTLP/HTTP
     trace_otlp_url: str = ""  # opentelemetry mode; "": Triton's http://localhost:4318/v1/traces
     trace_otlp_resource: tuple[str, ...] = ()  # opentelemetry mode: "key=value" attributes
+
+    def __post_init__(self) -> None:  # a spelling given in code becomes its member
+        object.__setattr__(self, "level", parse_choice("log.level", LogLevel, self.level))
+        mode = parse_choice("log.trace_mode", TraceMode, self.trace_mode)
+        object.__setattr__(self, "trace_mode", mode)
 
 
 @dataclass(frozen=True, slots=True)

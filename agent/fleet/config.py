@@ -58,6 +58,17 @@ class MqttConfig:
     slo: tuple[str, ...] = ()  # "MODEL:p95_ms=50,error_rate=0.001" ("*": every model)
     groups: tuple[str, ...] = ()  # e.g. site, hardware class: what fleet rollouts target
 
+    def __post_init__(self) -> None:  # a spelling given in code becomes its member
+        if isinstance(self.protocol, Protocol):
+            return
+        try:
+            object.__setattr__(self, "protocol", Protocol(self.protocol))
+        except ValueError:
+            allowed = ", ".join(p.value for p in Protocol)
+            raise AgentConfigError(
+                f"config key 'mqtt.protocol' must be one of {allowed}, got {self.protocol!r}"
+            ) from None
+
     @property
     def enabled(self) -> bool:
         """Whether a broker is configured."""

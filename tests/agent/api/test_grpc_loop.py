@@ -24,7 +24,7 @@ from agent.api.grpc import wire as grpc_wire
 from agent.api.grpc.loop import frames
 from agent.api.grpc.loop.server import LoopGrpcServer, Method
 from agent.api.http.limits import ConnectionLimits
-from agent.config.choices import ModelControlMode
+from agent.config.choices import GrpcEngine, ModelControlMode
 from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.proto import grpc_service_pb2 as pb
 from agent.proto import grpc_service_pb2_grpc as pb_grpc
@@ -43,7 +43,8 @@ X = np.arange(4, dtype=np.float32).reshape(1, 4)
 
 
 def loop_server(**options: object) -> ServerConfig:
-    return ServerConfig(http_port=0, grpc_port=0, metrics_port=-1, grpc_engine="loop", **options)  # type: ignore[arg-type]
+    engine = GrpcEngine.LOOP
+    return ServerConfig(http_port=0, grpc_port=0, metrics_port=-1, grpc_engine=engine, **options)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")

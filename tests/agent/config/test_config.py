@@ -13,6 +13,7 @@ from agent.config.loader import load_config
 from agent.config.render import render_toml
 from agent.config.schema import AgentConfig, LogConfig, ModelsConfig, ServerConfig
 from agent.errors import AgentConfigError
+from agent.fleet.config import MqttConfig
 
 
 def write_toml(tmp_path: Path, text: str) -> Path:
@@ -455,3 +456,17 @@ def test_a_closed_choice_is_its_enum_from_every_layer(
         load_config(plain, {f"{section}.{key}": "nope"})
     with pytest.raises(AgentConfigError, match=refused):
         load_config(toml_file(tmp_path / "bad.toml", {**broker, section: {key: "nope"}}), {})
+
+
+def test_a_spelling_given_in_code_becomes_its_member() -> None:
+    """A config built in code (a test, a tool) holds members too, so `is` comparisons hold."""
+    spelled: dict[str, Any] = {"grpc": "grpcio", "level": "WARNING", "mode": "poll", "v": "5"}
+    assert ServerConfig(grpc_engine=spelled["grpc"]).grpc_engine is GrpcEngine.GRPCIO
+    assert LogConfig(level=spelled["level"]).level is LogLevel.WARNING
+    assert ModelsConfig(control_mode=spelled["mode"]).control_mode is ModelControlMode.POLL
+    assert MqttConfig(protocol=spelled["v"]).protocol is Protocol.V5
+    bad: Any = "zipkin"
+    with pytest.raises(AgentConfigError, match=r"'log\.trace_mode' must be one of triton, opentel"):
+        LogConfig(trace_mode=bad)
+    with pytest.raises(AgentConfigError, match=r"'mqtt\.protocol' must be one of auto, 5, 3\.1\.1"):
+        MqttConfig(protocol=bad)
