@@ -62,8 +62,10 @@ class CutReport:
         )
 
 
-def record(store: str, work: Path) -> Journal:
+def record(store: str, work: Path, module: str = "tests.powercut.workloads") -> Journal:
     """Run a workload on a fresh power-cut mount and return its journal.
+
+    `python -m MODULE [STORE] MOUNT AUX` runs it (STORE is left out when empty).
 
     Also checks the model against the FUSE layer: the journal replayed to its end must give
     exactly what the backing folder holds.
@@ -75,7 +77,7 @@ def record(store: str, work: Path) -> Journal:
     aux.mkdir(parents=True, exist_ok=True)
     with PowerCutMount(work / "disk") as disk:
         run = subprocess.run(
-            [sys.executable, "-m", "tests.powercut.workloads", store, str(disk.path), str(aux)],
+            [sys.executable, "-m", module, *([store] if store else []), str(disk.path), str(aux)],
             cwd=REPO,
             capture_output=True,
             text=True,
