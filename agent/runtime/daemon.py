@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from aiohttp import web
+
 from agent.api.access import ApiAccess
 from agent.api.http.app import create_app
 from agent.api.http.lane import INFER_LANE, InferLane
@@ -86,6 +88,7 @@ class RunningAgent:
     dataplane: DataPlane
     http_port: int
     stack: contextlib.AsyncExitStack
+    http_app: web.Application
     metrics_port: int | None = None
     model_cache: ModelCache | None = None
     grpc_port: int | None = None
@@ -254,7 +257,7 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         dataplane,
         max_request_bytes=server.max_request_bytes,
         max_bytes_elements=server.max_bytes_elements,
-        body_timeout_s=limits.body_timeout_s,
+        limits=limits,
         access=access if "http" in access.enforced else None,
         status=status,
         status_token=lambda: token,
@@ -262,7 +265,7 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
     )
     context = tls.ssl_context if tls is not None else None
     port = await serve_http(
-        stack, app, server.host, server.http_port, limits, drain=True, ssl_context=context
+        stack, app, server.host, server.http_port, drain=True, ssl_context=context
     )
     grpc_port = await serve_grpc(stack, config, dataplane, limits, access, tls)
     metrics_port = await serve_metrics(
@@ -292,6 +295,7 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         dataplane,
         port,
         stack,
+        app,
         metrics_port=metrics_port,
         model_cache=model_cache,
         grpc_port=grpc_port,

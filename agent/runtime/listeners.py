@@ -17,8 +17,9 @@ from aiohttp import web
 from agent.api.access import ApiAccess
 from agent.api.grpc.loop import start_loop_grpc_server
 from agent.api.grpc.service import start_grpc_server
-from agent.api.http.lane import INFER_LANE
-from agent.api.http.limits import STOPPING, ConnectionGuard, ConnectionLimits
+from agent.api.http.connection import CONNECTION_GUARD
+from agent.api.http.limits import ConnectionLimits
+from agent.api.http.policy import HTTP_POLICY
 from agent.api.metrics import build_registry, create_metrics_app
 from agent.api.tls import ServerTls
 from agent.canary.control import CanaryManager
@@ -70,19 +71,19 @@ async def serve_http(
     app: web.Application,
     host: str,
     port: int,
-    limits: ConnectionLimits,
     *,
     drain: bool,
     ssl_context: ssl.SSLContext | None = None,
 ) -> int:
     """Listen on host:port (0: any free port) until the stack unwinds; returns the bound port.
 
-    The listener is aiohttp's server behind a `ConnectionGuard` (connection cap and timeouts,
-    and the app's infer lane first on each connection: `agent.api.http.lane`), which is why it
-    is not a `web.TCPSite`: a site cannot take another protocol factory.
+    The app comes whole from its factory, with its connection guard (`CONNECTION_GUARD`: the
+    connection cap and timeouts, and the app's infer lane first on each connection), which is
+    the listening socket's protocol factory: why this is not a `web.TCPSite`, which cannot take
+    another.
     """
-    guard = ConnectionGuard(limits, app.get(INFER_LANE))
-    app.middlewares.insert(0, guard.middleware())
+    guard = app[CONNECTION_GUARD]
+    limits = guard.limits
     runner = web.AppRunner(
         app,
         access_log=None,
@@ -99,9 +100,11 @@ async def serve_http(
     await runner.setup()
     stack.push_async_callback(runner.cleanup)
     # Before aiohttp's shutdown, which knows nothing of the lane's requests in flight.
-    stack.push_async_callback(guard.stop_lanes, DRAIN_TIMEOUT_S if drain else 1.0)
-    if STOPPING in app:  # unwound before the cleanup: bodies still on their way are refused
-        stack.callback(app[STOPPING].set)
+    stack.push_async_callback(guard.wait_idle, DRAIN_TIMEOUT_S if drain else 1.0)
+    stack.callback(guard.stop_lanes)
+    policy = app.get(HTTP_POLICY)
+    if policy is not None:  # unwound before the cleanup: bodies still on their way are refused
+        stack.callback(policy.begin_stop)
     assert runner.server is not None  # set up
     guard.bind(runner.server)
     listener = await asyncio.get_running_loop().create_server(
@@ -165,14 +168,13 @@ async def serve_metrics(
     server = config.server
     if server.metrics_port < 0:
         return None
-    metrics_app = create_metrics_app(build_registry(stats, ledger, canary=canary, gpu=gpu))
+    metrics_app = create_metrics_app(build_registry(stats, ledger, canary=canary, gpu=gpu), limits)
     # The same TLS as the API (a scraper off loopback needs the client certificate too).
     metrics_port = await serve_http(
         stack,
         metrics_app,
         server.host,
         server.metrics_port,
-        limits,
         drain=False,
         ssl_context=tls.ssl_context if tls is not None else None,
     )
