@@ -34,7 +34,13 @@ from aiohttp import web
 from agent.api.http.lane import InferLane, LaneConnection
 from agent.api.http.limits import ConnectionLimits
 
-__all__ = ["CONNECTION_GUARD", "ConnectionGuard", "connection_middleware", "running_on"]
+__all__ = [
+    "CONNECTION_GUARD",
+    "ConnectionGuard",
+    "Tracked",
+    "connection_middleware",
+    "running_on",
+]
 
 logger = logging.getLogger(__name__)
 

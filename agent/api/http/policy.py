@@ -16,9 +16,11 @@ came through. The rules, in this order:
    sends after its server began to stop, so such a body could never complete.
 
 After 3 and 4 the rest of the body is never read, so the answer closes the connection. A door
-may skip work, never a rule: the lane applies 2-4 itself (`refusal`, `stopped_body`) or hands the
-connection to aiohttp, whose middleware asks the same questions; it serves no status route.
-A reload swaps the restrictions inside `ApiAccess` (one reference), read per request.
+may skip work, never a rule: the lane asks `refusal` and `stopping` for every request, answers a
+403 itself, and hands a request whose body will never be read (3, 4) to aiohttp's door, whose
+middleware asks the same questions and reads the rest away before it closes; the lane serves no
+status route. A reload swaps the restrictions inside `ApiAccess` (one reference), read per
+request.
 """
 
 from __future__ import annotations
