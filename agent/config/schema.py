@@ -3,7 +3,8 @@
     [server]  name, host, http_port, http_infer_lane, grpc_port, grpc_engine, metrics_port,
               max_request_bytes,
               shared_memory, max_bytes_elements, max_connections, header_timeout_ms,
-              body_timeout_ms, idle_timeout_ms, tls_cert_file, tls_key_file, tls_client_ca_file,
+              body_timeout_ms, idle_timeout_ms, stop_timeout_ms, tls_cert_file, tls_key_file,
+              tls_client_ca_file,
               http_restricted_api, grpc_restricted_protocol, strict_security, status_token,
               status_sample_ms
     [models]  repository, demo, strict_model_config, exit_on_error, intra_op_threads,
@@ -58,6 +59,8 @@ class ServerConfig:
     header_timeout_ms: int = 30_000  # request line + headers, from their first byte
     body_timeout_ms: int = 60_000  # a request's body, once its headers are in; else 408
     idle_timeout_ms: int = 75_000  # an HTTP or gRPC connection without a request is closed
+    # The whole stop on SIGTERM (agent/runtime/shutdown.py): under the unit's TimeoutStopSec=45s.
+    stop_timeout_ms: int = 40_000
     # Off loopback (agent/api/tls.py, agent/api/access.py, agent/config/security.py):
     tls_cert_file: Path | None = None  # set (with tls_key_file): HTTP, gRPC, metrics over TLS
     tls_key_file: Path | None = None
@@ -172,6 +175,11 @@ def validate(config: AgentConfig, *, serving: bool = True) -> None:
     for key in ("header_timeout_ms", "body_timeout_ms", "idle_timeout_ms", "status_sample_ms"):
         if getattr(server, key) < 10:
             raise AgentConfigError(f"server.{key} must be >= 10, got {getattr(server, key)}")
+    if server.stop_timeout_ms < 100:
+        raise AgentConfigError(
+            f"server.stop_timeout_ms must be >= 100, got {server.stop_timeout_ms} "
+            "(keep it under the systemd unit's TimeoutStopSec)"
+        )
     _validate_trace(config.log)
     validate_security(server)
     for key in ("intra_op_threads", "memory_budget_bytes", "response_cache_bytes"):

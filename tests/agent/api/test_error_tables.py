@@ -11,7 +11,7 @@ import pytest
 
 import agent
 from agent.api.grpc import service as grpc_server
-from agent.api.http import app as http
+from agent.api.http import errors as http
 from agent.errors import (
     AgentError,
     InternalError,
