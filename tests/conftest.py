@@ -3,15 +3,17 @@
 Tiers (markers registered in pyproject.toml). `make check` runs the tests that carry none of
 them, the fast loop while working; `make test` runs them all, as CI does:
 
-    e2e       starts a whole agent (in a thread or as a process), or several processes
+    e2e       starts a whole agent (in a thread or as a process), the edge-agent program, or
+              several processes (a Python model's workers)
     bench     runs a benchmark or perf_analyzer
     external  needs a service or tool from outside the Python environment: Mosquitto,
               RabbitMQ, Chromium, Ansible, systemd tools, a package index, KServe's SDK,
               perf_analyzer, a GPU
 
-Most marks come from where a test lives and which fixtures it uses (the tables below, applied
-at collection); a test whose own body starts an agent or a tool carries the mark itself
-(`pytestmark = pytest.mark.e2e` in its module, or a decorator).
+The marks are applied at collection from the fixtures a test uses (MARKS_BY_FIXTURE) and from
+where it lives (MARKS_BY_PATH: folders, modules, and single tests whose own bodies start an
+agent or a tool). A new test of that kind goes in the table, or carries the mark where it is
+written (`pytestmark = pytest.mark.e2e` in its module, or a decorator); both count.
 """
 
 from __future__ import annotations
