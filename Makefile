@@ -1,4 +1,6 @@
 # Two commands for a newcomer:  `make run` (demo agent on :8000) and `make test` (whole suite).
+# While working, `make check` is the fast loop: lint, types and the unit tests in under 2 minutes
+# on 2 cores. `make test` stays the whole suite, as CI runs it (.ci/run).
 PYTHON ?= python3
 VENV ?= .venv
 PERF_VENV ?= .venv-perf
@@ -6,7 +8,7 @@ KSERVE_VENV ?= .venv-kserve
 KSERVE_VERSION ?= 0.21.0
 BIN := $(VENV)/bin
 
-.PHONY: run test fuzz lint typecheck unit perf-analyzer kserve-sdk systemd-tools mosquitto chromium rabbitmq fuse lint-ansible bench powercut proto clean demo
+.PHONY: run test check fuzz lint typecheck unit perf-analyzer kserve-sdk systemd-tools mosquitto chromium rabbitmq fuse lint-ansible bench powercut proto clean demo
 
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
@@ -22,6 +24,15 @@ run: $(BIN)/.installed
 	$(BIN)/edge-agent serve --demo
 
 test: $(BIN)/.installed perf-analyzer kserve-sdk systemd-tools lint lint-ansible typecheck unit
+
+# The fast tier: every test not marked e2e (a whole agent, the program as a process, worker
+# processes), bench (benchmarks, perf_analyzer) or external (brokers, chromium, Ansible, systemd
+# tools, KServe's SDK, a GPU); tests/conftest.py says which tests are which. Needs only .venv.
+# About 95 s of CPU in all (measured on the shared 2-core machine), the tests on CHECK_WORKERS
+# pytest-xdist workers: about a minute of wall time on 2 quiet cores.
+CHECK_WORKERS ?= 2
+check: lint typecheck
+	$(BIN)/pytest -n $(CHECK_WORKERS) -m "not e2e and not bench and not external"
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
