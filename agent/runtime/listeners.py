@@ -15,8 +15,8 @@ import ssl
 from aiohttp import web
 
 from agent.api.access import ApiAccess
+from agent.api.grpc.aio import start_grpc_server
 from agent.api.grpc.loop import start_loop_grpc_server
-from agent.api.grpc.service import start_grpc_server
 from agent.api.http.lane import INFER_LANE
 from agent.api.http.limits import STOPPING, ConnectionGuard, ConnectionLimits
 from agent.api.metrics import build_registry, create_metrics_app

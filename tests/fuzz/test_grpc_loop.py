@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from agent.api.grpc.loop import connection as c
 from agent.api.grpc.loop import frames as f
+from agent.api.grpc.status import Status
 from agent.config.schema import ServerConfig
 from agent.runtime.daemon import RunningAgent
 from tests.fuzz.budget import FUZZ, scaled
@@ -464,7 +465,7 @@ def test_data_never_exceeds_the_peer_windows_and_all_of_it_goes_out(
     for sid in sids:
         if sid in conn.streams:
             send(sid, 100)
-            conn.finish(sid, 0)
+            conn.finish(sid, Status.OK)
     peer.read(conn.data_to_send())
     # enough credit for everything queued: all of it goes out, trailers last
     queued = sum(conn.backlog(sid) for sid in sids)

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from agent.api.grpc.loop import connection as c
 from agent.api.grpc.loop import frames as f
-from agent.api.grpc.loop.messages import CallRefusedError, MessageReader
+from agent.api.grpc.loop.messages import MessageReader
+from agent.api.grpc.status import Status, StatusError
 from tests.fuzz.budget import FUZZ
 from tests.fuzz.test_grpc_loop import _cut, _headers, _message
 
@@ -55,9 +56,7 @@ def test_messages_over_the_limit_are_refused_at_the_prefix(
     assert received == expected[: len(received)]  # the refused read's messages drop
 
 
-def _read_all(
-    reader: MessageReader, chunks: list[bytes]
-) -> tuple[list[bytes], CallRefusedError | None]:
+def _read_all(reader: MessageReader, chunks: list[bytes]) -> tuple[list[bytes], StatusError | None]:
     """The messages read from `chunks`, and the refusal that stopped the reading, if any."""
     received: list[bytes] = []
     try:
@@ -65,7 +64,7 @@ def _read_all(
             received += reader.feed(chunk)
             # never buffered past the limit: at most one partial message waits (a white-box look)
             assert reader.buffered <= f.GRPC_PREFIX_SIZE + reader.max_message
-    except CallRefusedError as exc:
+    except StatusError as exc:
         return received, exc
     return received, None
 
@@ -173,6 +172,6 @@ def test_grpc_message_percent_encoding_round_trips(message: str) -> None:
     encoded = f.percent_encode(message)
     assert all(0x20 <= b <= 0x7E for b in encoded)  # a valid HTTP/2 header value
     assert _percent_decode(encoded) == message
-    block = f.trailers_block(13, message)
+    block = f.trailers_block(Status.INTERNAL, message)
     headers = dict(hpack.Decoder().decode(block, raw=True))
     assert _percent_decode(headers.get(b"grpc-message", b"")) == message

@@ -27,12 +27,12 @@ import hpack
 from hpack import HPACKError
 
 from agent.api.grpc.loop import frames as f
-from agent.api.grpc.loop.messages import CallRefusedError, MessageReader
+from agent.api.grpc.loop.messages import MessageReader
+from agent.api.grpc.status import Status, StatusError
 
 OUR_WINDOW = 16 * 1024 * 1024
 OUR_MAX_FRAME = 1024 * 1024
 MAX_HEADER_BLOCK = 64 * 1024
-_RESOURCE_EXHAUSTED, _INTERNAL = 8, 13
 _HIGH_BYTES = bytes(range(0x80, 0x100))
 _CACHED_BLOCKS = 64
 # A request's header block read: path, metadata, grpc-timeout (s), whether it is a gRPC call.
@@ -344,7 +344,7 @@ class Connection:
                 events.append(MessageReceived(sid, message))
             if settled and reader.unsettled:
                 self._unsettled.append(reader)
-        except CallRefusedError as refused:
+        except StatusError as refused:
             self.held -= held_before
             reader.discard()
             self._refuse(stream, refused.status, refused.message)
@@ -354,7 +354,7 @@ class Connection:
         if self.held > self.held_limit:
             self._refuse(
                 stream,
-                _RESOURCE_EXHAUSTED,
+                Status.RESOURCE_EXHAUSTED,
                 f"the connection holds more than {self.held_limit} bytes of unfinished messages",
             )
             events.append(StreamReset(sid))
@@ -365,7 +365,7 @@ class Connection:
     def _remote_end(self, stream: _Stream, events: list[Event]) -> None:
         stream.remote_closed = True
         if stream.reader.inside_message:
-            self._refuse(stream, _INTERNAL, "the request ended inside a message")
+            self._refuse(stream, Status.INTERNAL, "the request ended inside a message")
             events.append(StreamReset(stream.id))
             return
         events.append(InputEnded(stream.id))
@@ -451,13 +451,13 @@ class Connection:
         else:
             self._send_data(stream, data)
 
-    def finish(self, sid: int, status: int, message: str = "") -> None:
+    def finish(self, sid: int, status: Status, message: str = "") -> None:
         """End a call with its status (trailers-only when nothing was sent)."""
         stream = self.streams.get(sid)
         if stream is None:
             return
         if stream.headers_sent:
-            block = f.OK_TRAILERS if status == 0 else f.trailers_block(status, message)
+            block = f.OK_TRAILERS if status == Status.OK else f.trailers_block(status, message)
         else:
             stream.headers_sent = True
             block = f.RESPONSE_HEADERS + f.trailers_block(status, message)
@@ -473,7 +473,7 @@ class Connection:
             self.closing = True
             self._out.append(f.goaway_frame(self.last_stream, f.NO_ERROR, message.encode()))
 
-    def _refuse(self, stream: _Stream, status: int, message: str) -> None:
+    def _refuse(self, stream: _Stream, status: Status, message: str) -> None:
         stream.backlog.clear()
         self._blocked.pop(stream.id, None)
         stream.headers_sent, was_sent = True, stream.headers_sent

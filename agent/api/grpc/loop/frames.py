@@ -14,6 +14,8 @@ from __future__ import annotations
 import struct
 from typing import Final
 
+from agent.api.grpc.status import Status
+
 # Frame types (RFC 9113 §6).
 DATA: Final = 0x0
 HEADERS: Final = 0x1
@@ -244,15 +246,15 @@ STATUS_415: Final = b"\x08\x03415"
 RESPONSE_HEADERS: Final = b"\x88" + b"\x0f\x10" + hpack_int(16, 7) + b"application/grpc"
 
 
-def trailers_block(status: int, message: str = "") -> bytes:
+def trailers_block(status: Status, message: str = "") -> bytes:
     """The trailers of a call: grpc-status and, when set, grpc-message (percent-encoded)."""
-    block = literal(b"grpc-status", str(status).encode())
+    block = literal(b"grpc-status", b"%d" % status)
     if message:
         block += literal(b"grpc-message", percent_encode(message))
     return block
 
 
-OK_TRAILERS: Final = trailers_block(0)
+OK_TRAILERS: Final = trailers_block(Status.OK)
 
 
 def percent_encode(message: str) -> bytes:
