@@ -137,11 +137,23 @@ def test_grpc_timeouts_parse_or_are_refused(value: str) -> None:
 @FUZZ
 @given(st.binary(max_size=12))
 @example(b"\xb2S")
+@example(b"1S\r\n")
+@example(b" 1S")
 def test_a_connection_takes_any_grpc_timeout_header(value: bytes) -> None:
     conn = c.Connection(max_message=1000)
     conn.receive(f.PREFACE + f.settings_frame({}))
+    conn.data_to_send()
     block = _headers(hpack.Encoder(), **{"grpc-timeout": value})
-    [started] = conn.receive(f.frame(f.HEADERS, f.END_HEADERS, 1, block))
+    events = conn.receive(f.frame(f.HEADERS, f.END_HEADERS, 1, block))
+    # RFC 9113 §8.2.1: no NUL, CR or LF in a value, no space or tab at its ends; else malformed
+    field_ok = not any(b in value for b in b"\0\r\n") and not (
+        value[:1] in (b" ", b"\t") or value[-1:] in (b" ", b"\t")
+    )
+    if not field_ok:  # a stream error; the connection goes on
+        assert events == []
+        assert conn.data_to_send() == f.rst_stream_frame(1, f.PROTOCOL_ERROR)
+        return
+    [started] = events
     assert isinstance(started, c.RequestStarted)
     text = value.decode("latin-1")
     assert started.timeout_s == f.parse_timeout(text)
