@@ -21,8 +21,8 @@ from typing import Protocol
 from aiohttp import web
 
 from agent.api.access import ApiAccess
+from agent.api.grpc.aio import start_grpc_server
 from agent.api.grpc.loop import start_loop_grpc_server
-from agent.api.grpc.service import start_grpc_server
 from agent.api.http.connection import CONNECTION_GUARD, ConnectionGuard
 from agent.api.http.limits import ConnectionLimits
 from agent.api.http.policy import HTTP_POLICY, HttpPolicy

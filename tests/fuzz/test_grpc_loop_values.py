@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 from agent.api.grpc.loop import connection as c
 from agent.api.grpc.loop import frames as f
-from agent.api.grpc.loop.messages import CallRefusedError, MessageReader
+from agent.api.grpc.loop.messages import MessageReader
+from agent.api.grpc.status import Status, StatusError
 from tests.fuzz.budget import FUZZ
 from tests.fuzz.test_grpc_loop import _cut, _headers, _message
 
@@ -56,9 +57,7 @@ def test_messages_over_the_limit_are_refused_at_the_prefix(
     assert received == expected[: len(received)]  # the refused read's messages drop
 
 
-def _read_all(
-    reader: MessageReader, chunks: list[bytes]
-) -> tuple[list[bytes], CallRefusedError | None]:
+def _read_all(reader: MessageReader, chunks: list[bytes]) -> tuple[list[bytes], StatusError | None]:
     """The messages read from `chunks`, and the refusal that stopped the reading, if any."""
     received: list[bytes] = []
     try:
@@ -66,7 +65,7 @@ def _read_all(
             received += reader.feed(chunk)
             # never buffered past the limit: at most one partial message waits (a white-box look)
             assert reader.buffered <= f.GRPC_PREFIX_SIZE + reader.max_message
-    except CallRefusedError as exc:
+    except StatusError as exc:
         return received, exc
     return received, None
 
@@ -153,11 +152,23 @@ def test_grpc_timeouts_parse_or_are_refused(value: str) -> None:
 @given(_TIMEOUTS.map(lambda text: text.encode("latin-1", "replace")) | st.binary(max_size=12))
 @example(b"\xb2S")
 @example(b"250m")  # a valid one: the connection must hand it on, not drop it
+@example(b"1S\r\n")
+@example(b" 1S")
 def test_a_connection_takes_any_grpc_timeout_header(value: bytes) -> None:
     conn = c.Connection(max_message=1000)
     conn.receive(f.PREFACE + f.settings_frame({}))
+    conn.data_to_send()
     block = _headers(hpack.Encoder(), **{"grpc-timeout": value})
-    [started] = conn.receive(f.frame(f.HEADERS, f.END_HEADERS, 1, block))
+    events = conn.receive(f.frame(f.HEADERS, f.END_HEADERS, 1, block))
+    # RFC 9113 §8.2.1: no NUL, CR or LF in a value, no space or tab at its ends; else malformed
+    field_ok = not any(b in value for b in b"\0\r\n") and not (
+        value[:1] in (b" ", b"\t") or value[-1:] in (b" ", b"\t")
+    )
+    if not field_ok:  # a stream error; the connection goes on
+        assert events == []
+        assert conn.data_to_send() == f.rst_stream_frame(1, f.PROTOCOL_ERROR)
+        return
+    [started] = events
     assert isinstance(started, c.RequestStarted)
     expected = _spec_seconds(value.decode("latin-1"))
     assert started.timeout_s == (None if expected is None else pytest.approx(expected)), value
@@ -188,6 +199,6 @@ def test_grpc_message_percent_encoding_round_trips(message: str) -> None:
     encoded = f.percent_encode(message)
     assert all(0x20 <= b <= 0x7E for b in encoded)  # a valid HTTP/2 header value
     assert _percent_decode(encoded) == message
-    block = f.trailers_block(13, message)
+    block = f.trailers_block(Status.INTERNAL, message)
     headers = dict(hpack.Decoder().decode(block, raw=True))
     assert _percent_decode(headers.get(b"grpc-message", b"")) == message

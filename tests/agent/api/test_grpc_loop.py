@@ -422,9 +422,7 @@ def test_stop_refuses_new_connections_and_lets_open_calls_finish() -> None:
             slow_live, pb.ServerLiveRequest, streaming=False
         )
     }
-    server = LoopGrpcServer(
-        methods, max_message_bytes=LIMIT, limits=ConnectionLimits(), access=None
-    )
+    server = LoopGrpcServer(methods, max_message_bytes=LIMIT, limits=ConnectionLimits())
     try:
         port = asyncio.run_coroutine_threadsafe(server.start("127.0.0.1", 0, None), loop).result(30)
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
