@@ -1,4 +1,6 @@
 # Two commands for a newcomer:  `make run` (demo agent on :8000) and `make test` (whole suite).
+# While working, `make check` is the fast loop: lint, types and the unit tests in under 2 minutes
+# on 2 cores. `make test` stays the whole suite, as CI runs it (.ci/run).
 PYTHON ?= python3
 VENV ?= .venv
 PERF_VENV ?= .venv-perf
@@ -6,7 +8,7 @@ KSERVE_VENV ?= .venv-kserve
 KSERVE_VERSION ?= 0.21.0
 BIN := $(VENV)/bin
 
-.PHONY: run test fuzz lint typecheck unit perf-analyzer kserve-sdk systemd-tools mosquitto chromium rabbitmq lint-ansible bench proto clean demo fleet-10k fleet-cluster
+.PHONY: run test check fuzz lint typecheck unit perf-analyzer kserve-sdk systemd-tools mosquitto chromium rabbitmq fuse lint-ansible bench powercut proto clean demo fleet-10k fleet-cluster
 
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
@@ -23,6 +25,15 @@ run: $(BIN)/.installed
 
 test: $(BIN)/.installed perf-analyzer kserve-sdk systemd-tools lint lint-ansible typecheck unit
 
+# The fast tier: every test not marked e2e (a whole agent, the program as a process, worker
+# processes), bench (benchmarks, perf_analyzer) or external (brokers, chromium, Ansible, systemd
+# tools, KServe's SDK, a GPU); tests/conftest.py says which tests are which. Needs only .venv.
+# About 95 s of CPU in all (measured on the shared 2-core machine), the tests on CHECK_WORKERS
+# pytest-xdist workers: about a minute of wall time on 2 quiet cores.
+CHECK_WORKERS ?= 2
+check: lint typecheck
+	$(BIN)/pytest -n $(CHECK_WORKERS) -m "not e2e and not bench and not external"
+
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -31,7 +42,7 @@ lint: $(BIN)/.installed
 typecheck: $(BIN)/.installed
 	$(BIN)/mypy
 
-unit: $(BIN)/.installed mosquitto chromium rabbitmq
+unit: $(BIN)/.installed mosquitto chromium rabbitmq fuse
 	PERF_ANALYZER=$(CURDIR)/$(PERF_VENV)/bin/perf_analyzer \
 	  KSERVE_PYTHON=$(CURDIR)/$(KSERVE_VENV)/bin/python $(BIN)/pytest
 
@@ -79,6 +90,21 @@ chromium:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	      chromium chromium-driver >/dev/null || echo "chromium could not be installed; browser tests will skip"; \
 	  else echo "chromium missing: sudo apt-get install chromium chromium-driver (browser tests will skip)"; fi; }
+
+# FUSE for tests/powercut (the power-cut file system: Debian's fuse3 for fusermount3, libfuse3-3
+# for mfusepy); best effort: without it those tests skip and say why.
+fuse:
+	@{ command -v fusermount3 >/dev/null && ldconfig -p | grep -q 'libfuse3\.so\.3'; } || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 libfuse3-3 >/dev/null \
+	      || echo "fuse3 could not be installed; tests/powercut will skip"; \
+	  else echo "FUSE missing: sudo apt-get install fuse3 libfuse3-3 (tests/powercut will skip)"; fi; }
+
+# Power cuts at >= 10,000 durable points of the cache, sync, outbox and rollout stores, each
+# followed by a reboot and the stores' invariants (bench/powercut.md has the figures).
+POWERCUT_CUTS ?= 10000
+powercut: $(BIN)/.installed fuse
+	$(BIN)/python -m tests.powercut.campaign --cuts $(POWERCUT_CUTS)
 
 # RabbitMQ's MQTT plugin (MQTT 3.1.1) for the fleet tests' second broker; best effort (the
 # fixture starts its own node; without it those tests skip and say why).

@@ -1,7 +1,7 @@
 """The agent's error tree, and the one lookup every transport maps it through.
 
 Every error the data plane raises is an `AgentError`. Each transport (HTTP, gRPC, MQTT) maps these
-types to its own codes in one table (`agent.api.http.app.STATUS_FOR_ERROR`,
+types to its own codes in one table (`agent.api.http.errors.STATUS_FOR_ERROR`,
 `agent.api.grpc.service.STATUS_FOR_ERROR`, `agent.fleet.executor.ERROR_CODES`), read through
 `lookup`; no transport code lives here. An exception that is not an `AgentError` is a bug: the
 transports answer it as `InternalError` (HTTP 500, gRPC INTERNAL, MQTT `internal`).

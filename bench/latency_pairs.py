@@ -6,7 +6,7 @@ benchmark MLP, dynamic batching: preferred 8/16/32, 300 µs queue delay) cannot 
 HTTP run and one gRPC run on a shared machine: with a 300 µs batching delay a c=1 point mostly
 measures how late the machine wakes a sleeping thread, and one pair of runs gave anything from
 0.38 to 1.73 against the same agent; at c=16 the same two servers measured 0.70-1.42 from one
-run to the next (BENCHMARKS.md). So ONE agent serves both protocols, and each round runs
+run to the next (bench/HISTORY.md). So ONE agent serves both protocols, and each round runs
 perf_analyzer over HTTP (binary tensors) and over gRPC, batch 1, a fixed `--request-count`, at
 c=1 and at c=16, the protocol order swapped every round so neither always runs on a warmer or
 colder machine. Each target is judged on the median of the rounds' gRPC / HTTP ratios, which

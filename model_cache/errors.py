@@ -1,7 +1,7 @@
 """The model cache's error tree.
 
 Every failure the cache reports to its callers is a `CacheError`. The leaves say what went wrong,
-not how a transport should answer it: `agent/api/http/app.py` (and the MQTT command replies)
+not how a transport should answer it: `agent/api/http/errors.py` (and the MQTT command replies)
 map them to status codes in one table each.
 
     CacheError

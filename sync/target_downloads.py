@@ -9,7 +9,9 @@ Invariants:
     * A file shared by several versions is downloaded once (keyed by its signed sha256).
     * A failure fails that file only: it is recorded against the model that needed it, and the
       versions needing it are not installed; the other downloads go on.
-    * Only part files survive a failure, to be resumed; a refused file is removed.
+    * Only part files survive a failure, to be resumed; a refused file is removed. A resumed
+      file that fails verification is downloaded again from its first byte before it is
+      refused: what a power cut left of a part file is not trusted.
 """
 
 from __future__ import annotations
@@ -144,6 +146,13 @@ class TargetDownloads:
             resumed = self._downloader.download(key, part, info.length, tally.add)
             with tally.lock:
                 tally.resumed += resumed
+            if resumed and not _verifies(info, part):
+                # A part file is never fsynced: after a power cut its bytes may be a torn
+                # prefix (blocks of zeros or stale data), so a resumed download that fails is
+                # fetched again whole, once, before it counts as refused.
+                logger.info("resumed download of %s does not verify: fetching it whole", key)
+                part.unlink()
+                self._downloader.download(key, part, info.length, tally.add)
             with part.open("rb") as handle:
                 info.verify_length_and_hashes(handle)  # python-tuf decides
             os.replace(part, final)
@@ -161,3 +170,12 @@ class TargetDownloads:
                 ) from None
             raise SyncError(f"cannot write {part}: {exc}", path=info.path) from None
         return final
+
+
+def _verifies(info: TargetFile, path: Path) -> bool:
+    with path.open("rb") as handle:
+        try:
+            info.verify_length_and_hashes(handle)
+        except tuf_exceptions.LengthOrHashMismatchError:
+            return False
+    return True

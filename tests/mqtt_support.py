@@ -25,6 +25,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from agent.config.choices import ModelControlMode
 from agent.config.schema import AgentConfig, CacheConfig, ModelsConfig, ServerConfig
 from agent.fleet.config import MqttConfig, validate_mqtt
 from agent.fleet.link import FleetLink
@@ -283,6 +284,8 @@ def build_cache(root: Path) -> Path:
 def agent_config(cache_dir: Path) -> AgentConfig:
     return AgentConfig(
         server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1),
-        models=ModelsConfig(control_mode="explicit", load_models=("*",), intra_op_threads=1),
+        models=ModelsConfig(
+            control_mode=ModelControlMode.EXPLICIT, load_models=("*",), intra_op_threads=1
+        ),
         cache=CacheConfig(dir=cache_dir),
     )

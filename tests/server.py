@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import tritonclient.http as httpclient
 
+from agent.config.choices import ModelControlMode
 from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.runtime.daemon import RunningAgent, start_agent
 
@@ -60,7 +61,7 @@ def explicit_agent(repo: Path, *, metrics_port: int = -1) -> Iterator[RunningAge
             repository=repo,
             intra_op_threads=1,
             exit_on_error=False,
-            control_mode="explicit",
+            control_mode=ModelControlMode.EXPLICIT,
             load_models=("*",),
         ),
     )

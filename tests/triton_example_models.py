@@ -29,6 +29,7 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
+from agent.config.choices import ModelControlMode
 from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.runtime.daemon import RunningAgent
 from tests.models import save_ready, write_model
@@ -297,7 +298,7 @@ def example_agent(repo: Path, load: tuple[str, ...] = ("*",)) -> Iterator[Runnin
             repository=repo,
             intra_op_threads=1,
             exit_on_error=False,
-            control_mode="explicit",
+            control_mode=ModelControlMode.EXPLICIT,
             load_models=load,
         ),
     )

@@ -21,6 +21,7 @@ import ipaddress
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from agent.errors import AccessDeniedError, AgentError
 
@@ -30,6 +31,7 @@ __all__ = [
     "GROUPS",
     "GRPC_HEADER_PREFIX",
     "ApiAccess",
+    "Headers",
     "RestrictedApiError",
     "Restrictions",
     "grpc_endpoint",
@@ -163,6 +165,13 @@ ENDPOINT_GROUPS: dict[str, str] = {
 }
 
 
+class Headers(Protocol):
+    """What a refusal reads of a request's headers: aiohttp's (case-insensitive), gRPC
+    metadata (lower-case keys), or the infer lane's parsed head (`agent.api.http.lane`)."""
+
+    def get(self, name: str, /) -> str | None: ...
+
+
 class RestrictedApiError(AgentError):
     """A request to a restricted group without its header and value (HTTP 403, gRPC
     UNAVAILABLE, as Triton answers)."""
@@ -195,7 +204,7 @@ class Restrictions:
     def __bool__(self) -> bool:
         return bool(self.by_group)
 
-    def refusal(self, endpoint: str, headers: Mapping[str, str]) -> str | None:
+    def refusal(self, endpoint: str, headers: Headers) -> str | None:
         """Why a request to `endpoint` is refused, or None when it may pass.
 
         Args:

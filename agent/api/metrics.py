@@ -44,6 +44,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric, UnknownMetricFamily
 
+from agent.api.http.connection import CONNECTION_GUARD, ConnectionGuard, connection_middleware
+from agent.api.http.limits import ConnectionLimits
 from agent.backends.python.custom_metrics import FamilySnapshot
 from agent.device.gpu import GpuReader, GpuReading
 from agent.scheduling.statistics import (
@@ -421,9 +423,13 @@ def render(registry: CollectorRegistry) -> tuple[bytes, str]:
 METRICS_REGISTRY = web.AppKey("metrics_registry", CollectorRegistry)
 
 
-def create_metrics_app(registry: CollectorRegistry) -> web.Application:
-    """An aiohttp app serving `GET /metrics` from `registry` (run on its own --metrics-port)."""
-    app = web.Application()
+def create_metrics_app(
+    registry: CollectorRegistry, limits: ConnectionLimits | None = None
+) -> web.Application:
+    """An aiohttp app serving `GET /metrics` from `registry` (run on its own --metrics-port),
+    with its connection guard (`limits`: None, the defaults)."""
+    app = web.Application(middlewares=[connection_middleware])
+    app[CONNECTION_GUARD] = ConnectionGuard(limits if limits is not None else ConnectionLimits())
     app[METRICS_REGISTRY] = registry
     app.add_routes([web.get("/metrics", _metrics)])
     return app

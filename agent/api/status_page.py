@@ -3,9 +3,9 @@
 The page is rendered here from the same document `/v2/status` returns, so it paints complete in
 one response; `agent/static/status.js` then polls `/v2/status` and redraws it in place (a hot
 swap shows without a reload). Read-only: the page has no form and no button that changes the
-device. Both routes sit behind the status token (`agent.pages.token_middleware`): the daemon
-passes the configured `server.status_token`, none on loopback without one, and an unguessable
-one beyond loopback without one (the page is then closed to everybody).
+device. Both routes sit behind the status token (the HTTP policy, `agent.api.http.policy`):
+the daemon passes the configured `server.status_token`, none on loopback without one, and an
+unguessable one beyond loopback without one (the page is then closed to everybody).
 
 The document comes from a `StatusSource` (built in `agent.runtime.status`), so this module
 only renders.

@@ -1,14 +1,52 @@
-"""What every inference backend offers the agent."""
+"""What every inference backend offers the agent, and what some declare they can do besides.
+
+`Backend` is what every runtime implements: its tensors, `run` and `close`. A backend that can do
+more says so by subclassing the capability Protocols below in its class statement, for example
+
+    class PythonBackend(Backend, RunsRequests, RunsDecoupled, DeclaresConfig, HoldsWorkerMemory):
+
+Explicit subclassing is the declaration: the class statement lists what the backend can do, and
+mypy checks each method's signature against its Protocol there (a signature that drifts fails the
+type check in the backend, not at a distant call). The Protocols are `runtime_checkable` so that
+the one place that needs a capability resolves it once, when it is built: the scheduler turns
+`isinstance(backend, RunsRequests)` into a typed field at construction (`agent.scheduling`), the
+loader reads the load-time facts (`DeclaresConfig`, `ReportsProviders`, `HoldsWorkerMemory`) while
+it builds a version. Nothing asks per request: a runtime-checkable `isinstance` costs microseconds
+(it looks up every member), and a `getattr(backend, "maybe_method", None)` would hide a misspelt
+or mistyped method from the type checker (tests/agent/backends/test_capabilities.py fails if such
+a probe comes back on the request path).
+
+We chose declared Protocols over a `capabilities` record on every backend: the declaration sits
+where a reader looks first (the class statement), a backend that declares nothing extra needs no
+boilerplate, and the implementation is checked against the contract by mypy in both cases.
+The load-time facts are plain attributes in their Protocols (a property there would be inherited
+by the declaring class as a descriptor without a setter).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from agent.backends.cancellation import CancelSignal
 from agent.errors import AgentError
+from agent.proto import model_config_pb2 as mc
 from agent.tensors.datatypes import ModelTensor
+
+__all__ = [
+    "Backend",
+    "DeclaresConfig",
+    "DecoupledRequest",
+    "HoldsWorkerMemory",
+    "ReleasesMemory",
+    "ReportsProviders",
+    "RequestFeeds",
+    "ResponseSink",
+    "RunsDecoupled",
+    "RunsRequests",
+]
 
 
 class Backend(Protocol):
@@ -49,4 +87,89 @@ class ResponseSink(Protocol):
 
     def on_cancel(self, cancel: Callable[[], None]) -> None:
         """Call `cancel` when the client cancels (at once if it already has)."""
+        ...
+
+
+# One request of a batch, unmerged: its inputs and the outputs it asks for.
+RequestFeeds = tuple[Mapping[str, np.ndarray], Sequence[str]]
+# One request of a decoupled model: its inputs, the outputs it asks for, where responses go.
+DecoupledRequest = tuple[Mapping[str, np.ndarray], Sequence[str], ResponseSink]
+
+
+@runtime_checkable
+class RunsRequests(Protocol):
+    """Takes a batch's requests one by one instead of merged (Triton's Python backend: each
+    request is its own `InferenceRequest` of one `execute` call)."""
+
+    def run_requests(
+        self,
+        requests: Sequence[RequestFeeds],
+        cancelled: Sequence[CancelSignal] = (),
+        *,
+        traces: Sequence[object | None] = (),
+    ) -> list[list[np.ndarray] | AgentError]:
+        """Run the requests of one batch together; each answer is that request's outputs or its
+        error. `cancelled`: one signal per request (or none), set while it runs when its caller
+        went away; `traces`: each request's trace (None: untraced), the parent of the requests
+        the model makes in turn (BLS).
+
+        Raises:
+            AgentError: the whole batch failed (every request gets the error).
+        """
+        ...
+
+
+@runtime_checkable
+class RunsDecoupled(Protocol):
+    """Answers a request with any number of responses (Triton's decoupled transaction policy)."""
+
+    def run_decoupled(self, requests: Sequence[DecoupledRequest]) -> None:
+        """Run one batch; returns when the instance is free again. Each request's responses go
+        to its sink as the model sends them (also after this returned), until its final flag.
+
+        Raises:
+            AgentError: the instance failed before the requests were taken.
+        """
+        ...
+
+
+@runtime_checkable
+class ReleasesMemory(Protocol):
+    """Can hand memory it keeps for reuse back to the system (ONNX Runtime's arena)."""
+
+    def release_memory(self) -> None:
+        """Shrink what the runtime holds beyond what it uses; blocking, called on the model's
+        executor once the model is idle after a burst (`agent.scheduling.memory_release`).
+
+        Raises:
+            AgentError: the runtime failed (the release is skipped; serving goes on).
+        """
+        ...
+
+
+@runtime_checkable
+class DeclaresConfig(Protocol):
+    """Completed or extended the model config itself while loading (a Python model's
+    `auto_complete_config`, a TensorRT engine's own tensors); the loader completes and serves
+    `declared_config` instead of the config it passed in."""
+
+    declared_config: mc.ModelConfig
+
+
+@runtime_checkable
+class ReportsProviders(Protocol):
+    """Runs on execution providers the agent reports (the log, the repository index)."""
+
+    providers: tuple[str, ...]  # in use, in order of preference
+    missing_providers: tuple[str, ...]  # asked for by the config, not in this runtime
+
+
+@runtime_checkable
+class HoldsWorkerMemory(Protocol):
+    """Runs the model in processes of its own, whose memory the agent's RSS does not show (the
+    memory budget reserves it)."""
+
+    @property
+    def worker_rss_bytes(self) -> int:
+        """Resident memory of the backend's worker processes now."""
         ...

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from agent.backends.base import Backend, ReleasesMemory, ReportsProviders
 from agent.backends.tensorrt.build import ort_tensorrt_options
 from agent.errors import BackendError, ModelLoadError
 from agent.proto import model_config_pb2 as mc
@@ -79,7 +80,7 @@ def default_intra_op_threads(instances: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, instances))
 
 
-class OnnxBackend:
+class OnnxBackend(Backend, ReleasesMemory, ReportsProviders):
     """A model version running in ONNX Runtime."""
 
     def __init__(
@@ -97,7 +98,7 @@ class OnnxBackend:
         if not path.is_file():
             raise ModelLoadError(f"model file {path} not found")
         choice = choose_providers(config, ort.get_available_providers(), cache_root)
-        self.missing_providers = choice.missing
+        self.missing_providers: tuple[str, ...] = choice.missing
         for name in choice.missing:
             logger.warning(
                 "model %s: execution provider %s requested but not available; using %s",
@@ -117,7 +118,7 @@ class OnnxBackend:
             self._session = ort.InferenceSession(str(path), options, providers=choice.providers)
         except Exception as exc:  # noqa: BLE001 - onnxruntime raises untyped errors for bad models
             raise ModelLoadError(f"onnxruntime cannot load {path}: {exc}") from None
-        self.providers = tuple(self._session.get_providers())
+        self.providers: tuple[str, ...] = tuple(self._session.get_providers())
         self._inputs = tuple(_tensor(t) for t in self._session.get_inputs())
         self._outputs = tuple(_tensor(t) for t in self._session.get_outputs())
         self._string_inputs = frozenset(

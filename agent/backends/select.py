@@ -19,7 +19,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agent.backends.base import Backend
+from agent.backends.base import Backend, HoldsWorkerMemory
 from agent.backends.python.custom_metrics import CustomMetricStore
 from agent.backends.tensorrt.build import cached_engine, spec_from_config
 from agent.errors import ModelLoadError
@@ -133,16 +133,9 @@ def create_backend(
     )
 
 
-def device_memory_bytes(backend: object) -> int:
-    """GPU memory a backend holds (0 for CPU backends), for the memory budget."""
-    value = getattr(backend, "device_memory_bytes", 0)
-    return value if isinstance(value, int) else 0
-
-
-def worker_memory_bytes(backend: object) -> int:
+def worker_memory_bytes(backend: Backend) -> int:
     """Resident memory of a backend's worker processes (Python models; 0 for the others).
 
     The agent's own RSS does not show it, so the registry reserves it in the memory budget.
     """
-    value = getattr(backend, "worker_rss_bytes", 0)
-    return value if isinstance(value, int) else 0
+    return backend.worker_rss_bytes if isinstance(backend, HoldsWorkerMemory) else 0

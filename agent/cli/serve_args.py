@@ -10,6 +10,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from agent.config.choices import GrpcEngine, ModelControlMode, TraceMode
+
 __all__ = ["add_serve_command", "config_flags"]
 
 
@@ -42,7 +44,7 @@ def add_serve_command(commands: Any) -> None:
     serve.add_argument(
         "--grpc-engine",
         dest="server.grpc_engine",
-        choices=("grpcio", "loop"),
+        choices=[engine.value for engine in GrpcEngine],
         help="gRPC server: loop (HTTP/2 on the event loop, default) or grpcio (grpc.aio)",
     )
     serve.add_argument(
@@ -123,7 +125,7 @@ def add_serve_command(commands: Any) -> None:
     serve.add_argument("--intra-op-threads", type=int, dest="models.intra_op_threads")
     serve.add_argument(
         "--model-control-mode",
-        choices=("none", "poll", "explicit"),
+        choices=[mode.value for mode in ModelControlMode],
         dest="models.control_mode",
         help="none: serve what is there at start; poll: watch the repository; explicit: load "
         "and unload on request (default none)",
@@ -162,7 +164,7 @@ def add_serve_command(commands: Any) -> None:
     )
     serve.add_argument(
         "--trace-mode",
-        choices=("triton", "opentelemetry"),
+        choices=[mode.value for mode in TraceMode],
         dest="log.trace_mode",
         help="triton: the trace file (default); opentelemetry: spans over OTLP/HTTP",
     )

@@ -14,6 +14,7 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
+import enum
 import sys
 import types
 from collections.abc import Mapping
@@ -103,8 +104,8 @@ def _convert(var: str, key: str, hint: Any, text: str) -> Any:
             return float(text)
         except ValueError:
             raise AgentConfigError(f"{where} must be a number, got {text!r}") from None
-    if base is str:
-        return text
+    if base is str or (isinstance(base, type) and issubclass(base, enum.Enum)):
+        return text  # a closed choice is parsed by the loader, as the file's value is
     if base is Path:
         if not text:
             raise AgentConfigError(f"{where} must be a path, got ''")

@@ -12,12 +12,15 @@ Invariants:
   type checks, the same messages naming the key, the same path rule.
 * Relative paths in the file are relative to the file's folder; from the environment or a flag,
   relative to the working directory (as a shell user expects).
+* A closed choice (an `Enum` key: `agent.config.choices`) becomes its member here, once; any
+  other value is an `AgentConfigError` naming the key and the values allowed.
 * An unknown section or key, or a value of the wrong type, is an `AgentConfigError` naming it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import os
 import sys
 from collections.abc import Mapping
@@ -30,6 +33,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from agent.canary.policy import CanaryPolicy, CanaryPolicyError, parse_policy
+from agent.config.choices import parse_choice
 from agent.config.environment import env_values
 from agent.config.schema import AgentConfig, config_sections, validate
 from agent.errors import AgentConfigError
@@ -133,6 +137,8 @@ def _coerce(key: str, hint: Any, value: Any, base: Path) -> Any:
         if not isinstance(value, str):
             raise AgentConfigError(f"config key '{key}' must be a string, got {value!r}")
         return value
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return parse_choice(key, hint, value)
     if hint == tuple[str, ...]:
         if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
             raise AgentConfigError(f"config key '{key}' must be a list of strings, got {value!r}")

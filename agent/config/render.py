@@ -8,6 +8,7 @@ header value of a restricted API spec.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 import re
 import urllib.parse
@@ -71,6 +72,8 @@ def render_toml(config: AgentConfig) -> str:
 
 
 def _toml_value(key: str, value: Any) -> str:
+    if isinstance(value, enum.Enum):  # a closed choice: its TOML spelling
+        return _toml_string(str(value.value))
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):

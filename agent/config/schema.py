@@ -3,7 +3,8 @@
     [server]  name, host, http_port, http_infer_lane, grpc_port, grpc_engine, metrics_port,
               max_request_bytes,
               shared_memory, max_bytes_elements, max_connections, header_timeout_ms,
-              body_timeout_ms, idle_timeout_ms, tls_cert_file, tls_key_file, tls_client_ca_file,
+              body_timeout_ms, idle_timeout_ms, stop_timeout_ms, tls_cert_file, tls_key_file,
+              tls_client_ca_file,
               http_restricted_api, grpc_restricted_protocol, strict_security, status_token,
               status_sample_ms
     [models]  repository, demo, strict_model_config, exit_on_error, intra_op_threads,
@@ -17,34 +18,26 @@
     [canary.MODEL]  version, share, promote_after, window, min_requests, max_error_rate,
               max_p95_ms (one table per model; see agent/canary/policy.py)
 
-`validate` checks what the types cannot (ranges, exclusive keys, what `serve` needs).
+The closed choices (`server.grpc_engine`, `log.level`, `log.trace_mode`, `models.control_mode`,
+`mqtt.protocol`) are enums (`agent.config.choices`), parsed by the loader. `validate` checks what
+the types cannot (ranges, exclusive keys, what `serve` needs).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_type_hints
 
-if sys.version_info >= (3, 11):
-    pass
-else:  # pragma: no cover - Python 3.10
-    pass
-
 from agent.canary.policy import CanaryPolicy
+from agent.config.choices import GrpcEngine, LogLevel, ModelControlMode, TraceMode, parse_choice
 from agent.config.security import validate_security
 from agent.errors import AgentConfigError
 from agent.fleet.config import MqttConfig, validate_mqtt
 from sync.config import SyncConfig
 from sync.config import validate as validate_sync
 from sync.errors import SyncConfigError
-
-GRPC_ENGINES = ("grpcio", "loop")
-LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-CONTROL_MODES = ("none", "poll", "explicit")
-TRACE_MODES = ("triton", "opentelemetry")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +49,7 @@ class ServerConfig:
     http_port: int = 8000
     http_infer_lane: bool = True  # /infer served straight from the connection (api.md)
     grpc_port: int = 8001  # KServe v2 gRPC; -1 turns it off
-    grpc_engine: str = "loop"  # "loop" (HTTP/2 on the event loop) or "grpcio" (grpc.aio)
+    grpc_engine: GrpcEngine = GrpcEngine.LOOP  # loop: HTTP/2 on the event loop; grpcio: grpc.aio
     metrics_port: int = 8002  # Prometheus /metrics; -1 turns it off
     max_request_bytes: int = 64 * 1024 * 1024
     shared_memory: bool = True  # Triton's system shared-memory extension for local clients
@@ -66,6 +59,8 @@ class ServerConfig:
     header_timeout_ms: int = 30_000  # request line + headers, from their first byte
     body_timeout_ms: int = 60_000  # a request's body, once its headers are in; else 408
     idle_timeout_ms: int = 75_000  # an HTTP or gRPC connection without a request is closed
+    # The whole stop on SIGTERM (agent/runtime/shutdown.py): under the unit's TimeoutStopSec=45s.
+    stop_timeout_ms: int = 40_000
     # Off loopback (agent/api/tls.py, agent/api/access.py, agent/config/security.py):
     tls_cert_file: Path | None = None  # set (with tls_key_file): HTTP, gRPC, metrics over TLS
     tls_key_file: Path | None = None
@@ -76,6 +71,10 @@ class ServerConfig:
     # The status page (GET /, GET /v2/status): open on loopback; beyond, only with this token.
     status_token: str = ""
     status_sample_ms: int = 5000  # how often the page's figures and sparklines are sampled
+
+    def __post_init__(self) -> None:  # a spelling given in code becomes its member
+        engine = parse_choice("server.grpc_engine", GrpcEngine, self.grpc_engine)
+        object.__setattr__(self, "grpc_engine", engine)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,9 +89,13 @@ class ModelsConfig:
     memory_budget_bytes: int = 0  # 0: the cgroup's memory.max, else 80% of RAM
     response_cache_bytes: int = 64 * 1024 * 1024  # agent-wide, for models with response_cache
     max_queue_size: int = 1024  # per model version, when the config sets no max_queue_size
-    control_mode: str = "none"  # none | poll | explicit (Triton's --model-control-mode)
+    control_mode: ModelControlMode = ModelControlMode.NONE  # Triton's --model-control-mode
     load_models: tuple[str, ...] = ()  # explicit mode: models to load at start ("*": all)
     poll_quiet_ms: int = 1000  # poll mode: act once a model folder has been quiet this long
+
+    def __post_init__(self) -> None:  # a spelling given in code becomes its member
+        mode = parse_choice("models.control_mode", ModelControlMode, self.control_mode)
+        object.__setattr__(self, "control_mode", mode)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,11 +111,16 @@ class CacheConfig:
 class LogConfig:
     """Logging."""
 
-    level: str = "info"
+    level: LogLevel = LogLevel.INFO
     trace_file: Path | None = None  # Triton's trace JSON (settings: /v2/trace/setting)
-    trace_mode: str = "triton"  # triton: the trace file; opentelemetry: spans over OTLP/HTTP
+    trace_mode: TraceMode = TraceMode.TRITON  # triton: the trace file; opentelemetry: OTLP/HTTP
     trace_otlp_url: str = ""  # opentelemetry mode; "": Triton's http://localhost:4318/v1/traces
     trace_otlp_resource: tuple[str, ...] = ()  # opentelemetry mode: "key=value" attributes
+
+    def __post_init__(self) -> None:  # a spelling given in code becomes its member
+        object.__setattr__(self, "level", parse_choice("log.level", LogLevel, self.level))
+        mode = parse_choice("log.trace_mode", TraceMode, self.trace_mode)
+        object.__setattr__(self, "trace_mode", mode)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,11 +159,6 @@ def validate(config: AgentConfig, *, serving: bool = True) -> None:
         raise AgentConfigError(
             f"server.grpc_port must be 0..65535 (or -1 for off), got {server.grpc_port}"
         )
-    if server.grpc_engine not in GRPC_ENGINES:
-        raise AgentConfigError(
-            f"server.grpc_engine must be one of {', '.join(GRPC_ENGINES)}, "
-            f"got {server.grpc_engine!r}"
-        )
     if not -1 <= server.metrics_port <= 65535:
         raise AgentConfigError(
             f"server.metrics_port must be 0..65535 (or -1 for off), got {server.metrics_port}"
@@ -172,9 +175,10 @@ def validate(config: AgentConfig, *, serving: bool = True) -> None:
     for key in ("header_timeout_ms", "body_timeout_ms", "idle_timeout_ms", "status_sample_ms"):
         if getattr(server, key) < 10:
             raise AgentConfigError(f"server.{key} must be >= 10, got {getattr(server, key)}")
-    if config.log.level.lower() not in LOG_LEVELS:
+    if server.stop_timeout_ms < 100:
         raise AgentConfigError(
-            f"log.level must be one of {', '.join(LOG_LEVELS)}, got {config.log.level!r}"
+            f"server.stop_timeout_ms must be >= 100, got {server.stop_timeout_ms} "
+            "(keep it under the systemd unit's TimeoutStopSec)"
         )
     _validate_trace(config.log)
     validate_security(server)
@@ -183,12 +187,7 @@ def validate(config: AgentConfig, *, serving: bool = True) -> None:
             raise AgentConfigError(f"models.{key} must be >= 0")
     if models.max_queue_size < 1:
         raise AgentConfigError("models.max_queue_size must be >= 1")
-    if models.control_mode not in CONTROL_MODES:
-        raise AgentConfigError(
-            f"models.control_mode must be one of {', '.join(CONTROL_MODES)}, "
-            f"got {models.control_mode!r}"
-        )
-    if models.load_models and models.control_mode != "explicit":
+    if models.load_models and models.control_mode is not ModelControlMode.EXPLICIT:
         raise AgentConfigError('models.load_models needs models.control_mode = "explicit"')
     if models.poll_quiet_ms < 10:
         raise AgentConfigError("models.poll_quiet_ms must be >= 10")
@@ -204,11 +203,7 @@ def validate(config: AgentConfig, *, serving: bool = True) -> None:
 
 
 def _validate_trace(log: LogConfig) -> None:
-    if log.trace_mode not in TRACE_MODES:
-        raise AgentConfigError(
-            f"log.trace_mode must be one of {', '.join(TRACE_MODES)}, got {log.trace_mode!r}"
-        )
-    if log.trace_mode == "opentelemetry":
+    if log.trace_mode is TraceMode.OPENTELEMETRY:
         if log.trace_file is not None:
             raise AgentConfigError(
                 'log.trace_file is for log.trace_mode = "triton"; opentelemetry mode exports '
@@ -241,7 +236,7 @@ def _validate_repository(config: AgentConfig) -> None:
         raise AgentConfigError(
             "models.repository and cache.dir are exclusive: the cache serves its own repository"
         )
-    if models.control_mode == "poll" and config.cache.dir is not None:
+    if models.control_mode is ModelControlMode.POLL and config.cache.dir is not None:
         raise AgentConfigError(
             'models.control_mode = "poll" watches a plain repository; the cache changes its '
             "view itself (activate/rollback)"

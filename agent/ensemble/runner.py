@@ -20,7 +20,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -30,7 +30,7 @@ from agent.ensemble.plan import EnsemblePlan, EnsembleStep
 from agent.ensemble.streaming import step_error, step_request, stream_ensemble
 from agent.errors import AgentError, ModelControlError, ModelNotReadyError
 from agent.scheduling.batching import BatchingPolicy
-from agent.scheduling.scheduler import ExecutionResult
+from agent.scheduling.protocol import ExecutionResult, KeepsSequences
 from agent.scheduling.sequence_policy import SequenceRequest
 from agent.tensors.request import InferRequest, InferResponse
 from agent.tensors.signature import ValidatedRequest
@@ -61,8 +61,9 @@ class StreamItem(Protocol):
     def final(self) -> bool: ...
 
 
-# The data plane's `infer_stream`: every response of a request, for any model.
-StreamRunner = Callable[[str, str | None, InferRequest], AsyncIterator[StreamItem]]
+# The data plane's `infer_stream`: every response of a request, for any model (closing it early
+# cancels the request).
+StreamRunner = Callable[[str, str | None, InferRequest], AsyncGenerator[StreamItem, None]]
 # Gets each response of a streamed BLS request (on the event loop): outputs, error, final.
 OnItem = Callable[[InferResponse | None, AgentError | None, bool], None]
 
@@ -135,15 +136,16 @@ class StepRunnerSlot:
                 async for item in responses:
                     on_item(item.response, item.error, item.final)
             finally:
-                close = getattr(responses, "aclose", None)
-                if close is not None:
-                    await close()
+                await responses.aclose()
 
         return asyncio.run_coroutine_threadsafe(call(), loop)
 
 
 class EnsembleScheduler:
-    """The ensemble's counterpart of `ModelScheduler`: same submit/drain/close surface."""
+    """The ensemble's `Scheduler` (`agent.scheduling.protocol`): its steps run on the composing
+    models' own schedulers."""
+
+    sequences: KeepsSequences | None = None  # a stateful step's sequence is kept by its model
 
     def __init__(
         self, plan: EnsemblePlan, version: int, policy: BatchingPolicy, slot: StepRunnerSlot

@@ -88,9 +88,9 @@ async def stream_ensemble(
         except AgentError as exc:
             raise step_error(ensemble, step, exc) from exc
         finally:
-            close = getattr(responses, "aclose", None)
-            if close is not None:
-                await close()  # closing early (a failure, a cancel) cancels the step's request
+            await (
+                responses.aclose()
+            )  # closing early (a failure, a cancel) cancels the step's request
 
     await branch(dict(request.feeds), list(plan.steps))
 

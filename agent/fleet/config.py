@@ -13,7 +13,8 @@
     groups = ["site-a", "orin-nx"]  # rollouts target devices by group
 
 Only the types `agent.config.schema` can read from TOML are used (bool, int, str, tuple[str, ...],
-Path | None); fractional values live in the `slo` strings, which `agent.fleet.slo` parses.
+Path | None, an enum for a closed choice: `protocol`); fractional values live in the `slo`
+strings, which `agent.fleet.slo` parses.
 `validate_mqtt` checks everything at start-up, so bad settings fail at boot.
 """
 
@@ -26,8 +27,8 @@ from pathlib import Path
 
 from agent.errors import AgentConfigError
 from agent.fleet.slo import SloTarget, parse_slo_targets
+from agent.wire.mqtt_version import Protocol
 
-PROTOCOLS = ("auto", "5", "3.1.1")
 _DEVICE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _GROUP = _DEVICE
 _PREFIX = re.compile(r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$")
@@ -45,7 +46,7 @@ class MqttConfig:
     tls_ca: Path | None = None  # set: TLS, verifying the broker against this CA
     tls_cert: Path | None = None  # with tls_key: mutual TLS
     tls_key: Path | None = None
-    protocol: str = "auto"  # auto: MQTT 5, falling back to 3.1.1 | "5" | "3.1.1"
+    protocol: Protocol = Protocol.AUTO  # auto: MQTT 5, falling back to 3.1.1 | "5" | "3.1.1"
     keepalive_s: int = 30
     reconnect_min_ms: int = 500
     reconnect_max_ms: int = 60_000
@@ -56,6 +57,17 @@ class MqttConfig:
     state_dir: Path | None = None  # fleet.sqlite lives here; None: the daemon chooses
     slo: tuple[str, ...] = ()  # "MODEL:p95_ms=50,error_rate=0.001" ("*": every model)
     groups: tuple[str, ...] = ()  # e.g. site, hardware class: what fleet rollouts target
+
+    def __post_init__(self) -> None:  # a spelling given in code becomes its member
+        if isinstance(self.protocol, Protocol):
+            return
+        try:
+            object.__setattr__(self, "protocol", Protocol(self.protocol))
+        except ValueError:
+            allowed = ", ".join(p.value for p in Protocol)
+            raise AgentConfigError(
+                f"config key 'mqtt.protocol' must be one of {allowed}, got {self.protocol!r}"
+            ) from None
 
     @property
     def enabled(self) -> bool:
@@ -91,8 +103,6 @@ def validate_mqtt(config: MqttConfig) -> None:
         raise AgentConfigError(
             f"mqtt.topic_prefix {config.topic_prefix!r} must be topic levels of A-Z a-z 0-9 . _ -"
         )
-    if config.protocol not in PROTOCOLS:
-        raise AgentConfigError(f"mqtt.protocol must be one of {', '.join(PROTOCOLS)}")
     if (config.tls_cert is None) != (config.tls_key is None):
         raise AgentConfigError("mqtt.tls_cert and mqtt.tls_key go together (mutual TLS)")
     if config.tls_cert is not None and config.tls_ca is None:

@@ -55,7 +55,7 @@ from agent.fleet.telemetry import TelemetrySampler
 from agent.models.memory_plan import MemoryLedger
 from agent.models.registry import ModelRegistry
 from agent.serving.dataplane import DataPlane
-from agent.wire.mqtt import Message, MqttClient, MqttError, MqttSettings, Protocol, Will
+from agent.wire.mqtt import Message, MqttClient, MqttError, MqttSettings, Will
 from agent.wire.topics import Topics
 
 __all__ = ["SCHEMA", "FleetLink"]
@@ -183,7 +183,7 @@ class FleetLink:
             tls_ca=c.tls_ca,
             tls_cert=c.tls_cert,
             tls_key=c.tls_key,
-            protocol=Protocol(c.protocol),
+            protocol=c.protocol,
             keepalive_s=c.keepalive_s,
             reconnect_min_s=c.reconnect_min_ms / 1000,
             reconnect_max_s=c.reconnect_max_ms / 1000,

@@ -14,8 +14,11 @@ Invariants:
       not yet acknowledged ("in flight") are never dropped, so a dropped row was never delivered
       and the drop counters are exact. They are persisted with the rows, in the same transaction.
     * Thread-safe (one lock); events may be recorded from worker threads.
-    * WAL with `synchronous=NORMAL`: a power cut may lose the last few rows, never corrupt the
-      file (telemetry is periodic; the cache's own database keeps the authoritative event log).
+    * Stored means on disk: `put` returns once its commit is durable (WAL, `synchronous=FULL`,
+      `agent.wire.sqlite`), so an event the agent reported stored survives a power cut, and so
+      does an `ack`'s delete (a row acknowledged before a cut is not sent again). A cut between
+      PUBACK and that delete resends the row: the at-least-once rule above. tests/powercut/ cuts
+      the power at every fsync of a run and checks both.
 """
 
 from __future__ import annotations

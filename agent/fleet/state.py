@@ -9,6 +9,9 @@ Invariants:
     * Bounded: the newest `max_ids` ids are kept (older ones are pruned on insert). A duplicate
       arriving after that many newer commands would run again; brokers redeliver within seconds.
     * The desired state is replaced as a whole, in one transaction.
+    * Each commit is durable when its call returns (`synchronous=FULL`, `agent.wire.sqlite`): the
+      `running` record of a command outlives a power cut during the command, so at most once
+      holds across cuts too, not only across kill -9.
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 
 Invariants:
     * A rollout's state (`Rollout.to_json`) and the events of the step that produced it are
-      written in one transaction (WAL), so a manager killed at any point resumes from the last
-      step it finished; the commands of an unfinished step are sent again with the same ids
-      (the devices deduplicate them).
+      written in one transaction (WAL, `synchronous=FULL`: durable when `save` returns, power
+      cut included), so a manager killed or cut off at any point resumes from the last step it
+      finished; the commands of an unfinished step are sent again with the same ids (the
+      devices deduplicate them). A wave saved as done stays done.
     * `create` is idempotent: the same id with the same spec returns the stored rollout; another
       spec under that id, or a second unfinished rollout of the same model, is refused.
     * Operators' `pause`, `resume` and `abort` from another process are queued requests the

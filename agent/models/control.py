@@ -23,7 +23,6 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 
 from agent.errors import (
@@ -34,6 +33,7 @@ from agent.errors import (
     OverloadedError,
 )
 from agent.faults import fault
+from agent.models.control_mode import ModelControlMode
 from agent.models.events import EventSink, EventTee, guarded
 from agent.models.registry import ModelRegistry
 from agent.models.served import ModelBuild, ServedModel
@@ -42,14 +42,6 @@ from agent.proto import model_config_pb2 as mc
 __all__ = ["ModelControlMode", "ModelManager"]
 
 logger = logging.getLogger(__name__)
-
-
-class ModelControlMode(str, Enum):
-    """Triton's --model-control-mode."""
-
-    NONE = "none"  # load what is there at start, never change
-    POLL = "poll"  # watch the repository and reload what changed
-    EXPLICIT = "explicit"  # load and unload on request only
 
 
 @dataclass(slots=True)
@@ -78,6 +70,11 @@ class ModelManager:
     def events(self) -> EventTee:
         """Where this manager's model events go (never raises; see `agent.models.events`)."""
         return self._events
+
+    def swapping(self, name: str) -> bool:
+        """Whether `name` is being swapped drain-first: its requests wait (`wait_if_swapping`).
+        A check without a coroutine, for the request path."""
+        return name in self._gates
 
     async def wait_if_swapping(self, name: str) -> None:
         """Hold a request while its model is swapped drain-first (bounded).

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import onnxruntime as ort
 
-from agent.backends.base import Backend
+from agent.backends.base import Backend, DeclaresConfig, ReportsProviders
 from agent.backends.onnx import default_intra_op_threads
 from agent.backends.select import BackendKind, backend_kind, create_backend, worker_memory_bytes
 from agent.ensemble.plan import is_ensemble
@@ -51,8 +51,8 @@ from agent.repository.model_config import instance_count, load_model_config
 from agent.repository.model_rules import check_against_model
 from agent.repository.triton_rules import validate_completed
 from agent.repository.validation import validate_config
-from agent.scheduling.scheduler import LimiterGate, ModelScheduler
-from agent.scheduling.sequence_scheduler import SequenceScheduler
+from agent.scheduling.protocol import Scheduler
+from agent.scheduling.scheduler import LimiterGate
 from agent.scheduling.statistics import StatisticsRegistry
 from agent.tensors.signature import ModelSignature
 
@@ -240,7 +240,7 @@ class ModelLoader:
                 bls=self.step_runner,  # Python models' BLS requests
             )
             # A Python model's auto_complete_config may have declared more than the file said.
-            declared = getattr(backend, "declared_config", config)
+            declared = backend.declared_config if isinstance(backend, DeclaresConfig) else config
             try:
                 check_against_model(config, name, backend.inputs, backend.outputs)
                 checked = complete_config(
@@ -294,7 +294,7 @@ class ModelLoader:
         instances = instance_count(completed)
         executor = ThreadPoolExecutor(instances, thread_name_prefix=f"infer-{name}-{version}")
         stats = self.stats.get(name, str(version))
-        scheduler: ModelScheduler | SequenceScheduler
+        scheduler: Scheduler
         if completed.HasField("sequence_batching"):
             scheduler = sequence_scheduler(
                 completed,
@@ -328,7 +328,7 @@ class ModelLoader:
             "model %s version %d ready (providers %s, max batch %d, %d instance(s)%s)",
             name,
             version,
-            getattr(backend, "providers", ()),
+            _providers(backend),
             completed.max_batch_size,
             instances,
             f", {footprint.bytes_for(max(1, completed.max_batch_size)) >> 20} MiB"
@@ -351,10 +351,14 @@ def _gpu_ids() -> frozenset[int] | None:
     return None if "CUDAExecutionProvider" in ort.get_available_providers() else frozenset()
 
 
+def _providers(backend: Backend | None) -> tuple[str, ...]:
+    return backend.providers if isinstance(backend, ReportsProviders) else ()
+
+
 def _provider_note(loaded: LoadedVersion) -> str:
     """For the index: accelerators the config asked for that this onnxruntime lacks."""
-    missing = getattr(loaded.backend, "missing_providers", ())
-    if not missing:
+    backend = loaded.backend
+    if not isinstance(backend, ReportsProviders) or not backend.missing_providers:
         return ""
-    used = ", ".join(getattr(loaded.backend, "providers", ()))
-    return f"requested execution providers not available: {', '.join(missing)}; running on {used}"
+    missing, used = ", ".join(backend.missing_providers), ", ".join(backend.providers)
+    return f"requested execution providers not available: {missing}; running on {used}"

@@ -12,12 +12,10 @@ from enum import Enum
 from pathlib import Path
 
 from agent.backends.base import Backend
-from agent.ensemble.runner import EnsembleScheduler
 from agent.errors import AgentError
 from agent.models.memory_plan import Footprint
 from agent.proto import model_config_pb2 as mc
-from agent.scheduling.scheduler import ModelScheduler
-from agent.scheduling.sequence_scheduler import SequenceScheduler
+from agent.scheduling.protocol import Scheduler
 from agent.scheduling.statistics import ModelStatistics
 from agent.tensors.signature import ModelSignature
 
@@ -48,7 +46,7 @@ class LoadedVersion:
 
     version: int
     backend: Backend | None
-    scheduler: ModelScheduler | SequenceScheduler | EnsembleScheduler
+    scheduler: Scheduler  # the dynamic or sequence batcher, or an ensemble's runner
     executor: ThreadPoolExecutor | None  # one worker per instance: N executions in flight
     stats: ModelStatistics
     footprint: Footprint | None

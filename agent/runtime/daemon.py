@@ -4,7 +4,9 @@ Start-up enters each part into one `AsyncExitStack` as it starts: the model cach
 (and with it every loaded model), the repository watcher, the HTTP, gRPC and metrics listeners,
 the fleet link, the periodic sync. Shutdown unwinds that stack in reverse order after the agent
 stops being ready, and a start-up that fails half way unwinds it too, so no path leaves a port,
-task, thread or lock behind.
+task, thread or lock behind. The whole stop has one budget (`agent.runtime.shutdown`,
+`server.stop_timeout_ms`), under the systemd unit's stop timeout: the listeners drain first,
+all at once, then the stack unwinds in what is left.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from aiohttp import web
 
 from agent.api.access import ApiAccess
 from agent.api.http.app import create_app
@@ -43,13 +47,7 @@ from agent.models.registry import ModelRegistry
 from agent.runtime.demo import default_demo_dir, ensure_demo_repository
 from agent.runtime.fd_limit import raise_open_file_limit
 from agent.runtime.fleet_startup import start_fleet_link
-from agent.runtime.listeners import (
-    connection_limits,
-    serve_grpc,
-    serve_http,
-    serve_metrics,
-    tls_note,
-)
+from agent.runtime.listeners import Listeners, connection_limits, tls_note
 from agent.runtime.model_startup import (
     initial_load,
     open_cache,
@@ -57,6 +55,7 @@ from agent.runtime.model_startup import (
     watch_repository,
 )
 from agent.runtime.reload import Reloader
+from agent.runtime.shutdown import StopBudget, exit_when_spent
 from agent.runtime.signed_sync import build_sync, provenance_reader, start_periodic_sync
 from agent.runtime.status import DeviceStatus, status_token
 from agent.runtime.systemd_notify import (
@@ -86,6 +85,9 @@ class RunningAgent:
     dataplane: DataPlane
     http_port: int
     stack: contextlib.AsyncExitStack
+    listeners: Listeners
+    budget: StopBudget  # the whole stop's (server.stop_timeout_ms)
+    http_app: web.Application
     metrics_port: int | None = None
     model_cache: ModelCache | None = None
     grpc_port: int | None = None
@@ -95,15 +97,23 @@ class RunningAgent:
     infer_lane: InferLane | None = None  # the HTTP listener's (what it served, handed over)
 
     async def stop(self) -> None:
-        """Stop being ready, then stop every part in the reverse order of its start.
+        """Stop being ready, stop the listeners, then every other part in the reverse order of
+        its start, all within the stop budget (`agent.runtime.shutdown`).
 
-        The sync cycle in progress finishes (an install is never cut short), the fleet link
-        publishes its retained "offline" status, the listeners let in-flight requests finish
-        (within `listeners.DRAIN_TIMEOUT_S`), then the models are unloaded and the cache is closed.
+        The listeners stop accepting and drain together (in-flight requests answered until the
+        budget's drain deadline, then cancelled); then the sync cycle in progress finishes (cut
+        short at the drain deadline), the fleet link publishes its retained "offline" status,
+        the models are unloaded and the cache is closed.
         """
+        self.budget.begin()
         self.dataplane.set_ready(False)
-        await self.stack.aclose()
-        logger.info("agent stopped")
+        try:
+            await self.listeners.stop()
+        finally:
+            await self.stack.aclose()
+        logger.info(
+            "agent stopped in %.1f s (budget %.1f s)", self.budget.elapsed(), self.budget.total_s
+        )
 
 
 async def start_agent(config: AgentConfig) -> RunningAgent:
@@ -119,14 +129,18 @@ async def start_agent(config: AgentConfig) -> RunningAgent:
         OSError: a port cannot be bound.
     """
     stack = contextlib.AsyncExitStack()
+    stop_budget = StopBudget(config.server.stop_timeout_ms / 1000)
     try:
-        return await _start(config, stack)
+        return await _start(config, stack, stop_budget)
     except BaseException:
+        stop_budget.begin()
         await stack.aclose()
         raise
 
 
-async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> RunningAgent:
+async def _start(
+    config: AgentConfig, stack: contextlib.AsyncExitStack, stop_budget: StopBudget
+) -> RunningAgent:
     raise_open_file_limit()
     for problem in exposure_problems(config.server):  # strict_security refused it at load
         logger.warning("security: %s", problem)
@@ -171,11 +185,11 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
     # Folders of models loaded from request files: removed after the models are unloaded.
     pushed = (
         pushed_models(config, stack)
-        if ModelControlMode(config.models.control_mode) is ModelControlMode.EXPLICIT
+        if config.models.control_mode is ModelControlMode.EXPLICIT
         else None
     )
     stack.push_async_callback(asyncio.to_thread, registry.close)
-    mode = ModelControlMode(config.models.control_mode)
+    mode = config.models.control_mode
     events = EventTee(CacheEvents(model_cache) if model_cache is not None else LogEvents())
     manager = ModelManager(registry, events)
     if mode is ModelControlMode.POLL:
@@ -254,19 +268,21 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         dataplane,
         max_request_bytes=server.max_request_bytes,
         max_bytes_elements=server.max_bytes_elements,
-        body_timeout_s=limits.body_timeout_s,
+        limits=limits,
         access=access if "http" in access.enforced else None,
         status=status,
         status_token=lambda: token,
         infer_lane=server.http_infer_lane,
     )
+    listeners = Listeners(stop_budget)
+    stack.push_async_callback(listeners.stop)  # a start that fails after one bound stops it
     context = tls.ssl_context if tls is not None else None
-    port = await serve_http(
-        stack, app, server.host, server.http_port, limits, drain=True, ssl_context=context
+    port = await listeners.serve_http(
+        app, server.host, server.http_port, waited_for=True, ssl_context=context
     )
-    grpc_port = await serve_grpc(stack, config, dataplane, limits, access, tls)
-    metrics_port = await serve_metrics(
-        stack, config, limits, tls, stats=stats, ledger=ledger, canary=canary, gpu=gpu
+    grpc_port = await listeners.serve_grpc(config, dataplane, limits, access, tls)
+    metrics_port = await listeners.serve_metrics(
+        config, limits, tls, stats=stats, ledger=ledger, canary=canary, gpu=gpu
     )
     fleet: FleetLink | None = None
     if config.mqtt.enabled:
@@ -274,9 +290,9 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
             stack, config, dataplane, registry, ledger, model_cache, sync, events, gpu
         )
     if sync is not None:
-        # Last in, first out: on shutdown the cycle in progress finishes before anything else
-        # stops (an install is never cut short).
-        await start_periodic_sync(stack, config, sync)
+        # Last in, first out: on shutdown the cycle in progress finishes (within the drain
+        # deadline) before anything but the listeners stops.
+        await start_periodic_sync(stack, config, sync, stop_budget)
     dataplane.set_ready(True)
     served = ", ".join(sorted(m.name for m in registry.served_models())) or "none"
     logger.info(
@@ -292,6 +308,9 @@ async def _start(config: AgentConfig, stack: contextlib.AsyncExitStack) -> Runni
         dataplane,
         port,
         stack,
+        listeners,
+        stop_budget,
+        app,
         metrics_port=metrics_port,
         model_cache=model_cache,
         grpc_port=grpc_port,
@@ -347,7 +366,11 @@ async def run_agent(
         served = len(agent.registry.served_models())
         notifier.ready(f"serving {served} model(s) on port {agent.http_port}")
         await stop.wait()
-        logger.info("stopping on signal")
+        agent.budget.begin()
+        # The last resort: a part that holds the process past the budget (a stuck thread)
+        # meets this before it would meet systemd's SIGKILL (TimeoutStopSec).
+        exit_when_spent(agent.budget)
+        logger.info("stopping on signal (within %.1f s)", agent.budget.total_s)
         notifier.stopping("draining in-flight requests")
         loop.remove_signal_handler(signal.SIGHUP)
     return 0

@@ -178,7 +178,7 @@ class Reloader:
         restart = restart_keys(self._running, new)
         for key in restart:
             logger.warning("config reload: %s changed; it takes effect after a restart", key)
-        if new.log.level.lower() != self._running.log.level.lower():
+        if new.log.level is not self._running.log.level:
             if self._log_settings is not None:
                 self._log_settings.set_level(new.log.level)
             else:

@@ -2,7 +2,9 @@
 
 Built only when `[sync]` is on (it needs the model cache); boto3 and python-tuf are imported
 only then. The schedule is entered last into the start-up exit stack, so on shutdown the cycle
-in progress finishes before anything else stops: an install is never cut short.
+in progress finishes before anything but the listeners stops, within the stop budget's drain
+deadline (`agent.runtime.shutdown`): past it the cycle is cut short, which the cache allows
+(an install is atomic; the next start syncs again).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from agent.config.schema import AgentConfig
 from agent.errors import AgentError, ModelLoadError
 from agent.models.cache_control import CachedVersions, ProvenanceOf
 from agent.models.events import EventTee
+from agent.runtime.shutdown import StopBudget
 from model_cache import ModelCache
 from sync.errors import SyncConfigError, SyncError
 from sync.policy import parse_desired
@@ -89,9 +92,10 @@ def build_sync(
 
 
 async def start_periodic_sync(
-    stack: contextlib.AsyncExitStack, config: AgentConfig, sync: AgentSync
+    stack: contextlib.AsyncExitStack, config: AgentConfig, sync: AgentSync, budget: StopBudget
 ) -> None:
-    """Run the sync on its schedule until the stack unwinds (the cycle in progress completes)."""
+    """Run the sync on its schedule until the stack unwinds (the cycle in progress completes,
+    or is cut short at the stop budget's drain deadline)."""
     from sync.periodic import run_schedule  # noqa: PLC0415 - with build_client, above
 
     stop = asyncio.Event()
@@ -99,7 +103,17 @@ async def start_periodic_sync(
 
     async def finish() -> None:
         stop.set()
-        await task  # the cycle in progress completes
+        done, _ = await asyncio.wait({task}, timeout=budget.drain_left())
+        if done:
+            task.result()  # its error, if any
+            return
+        logger.warning(
+            "the sync cycle in progress was cut short by the stop budget "
+            "(server.stop_timeout_ms); the next start syncs again"
+        )
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
     stack.push_async_callback(finish)
 

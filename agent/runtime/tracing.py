@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 
+from agent.config.choices import TraceMode
 from agent.config.schema import AgentConfig
 from agent.tracing.tracer import Tracer
 
@@ -19,7 +20,7 @@ def build_tracer(config: AgentConfig) -> Tracer:
     """The trace settings and output: the trace file, or in opentelemetry mode an OTLP/HTTP
     exporter (the opentelemetry packages are imported only then)."""
     log = config.log
-    if log.trace_mode != "opentelemetry":
+    if log.trace_mode is not TraceMode.OPENTELEMETRY:
         return Tracer(str(log.trace_file or ""))
     from agent.tracing.otlp import (  # noqa: PLC0415 - opentelemetry only when configured
         DEFAULT_URL,

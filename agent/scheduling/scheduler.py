@@ -32,7 +32,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agent.backends.base import Backend, ResponseSink
+from agent.backends.base import (
+    Backend,
+    DecoupledRequest,
+    ReleasesMemory,
+    ResponseSink,
+    RunsDecoupled,
+    RunsRequests,
+)
 from agent.backends.cancellation import CancelSignal
 from agent.errors import (
     AgentError,
@@ -46,7 +53,9 @@ from agent.scheduling.batching import BatchFormer, BatchingPolicy
 from agent.scheduling.deadline_timer import DeadlineTimer
 from agent.scheduling.inline_gauge import InlineGauge
 from agent.scheduling.memory_release import RELEASE_AFTER_S, MemoryReleaser
+from agent.scheduling.protocol import ExecutionResult, KeepsSequences
 from agent.scheduling.rate_limiter import RateLimiter, ResourceNeed
+from agent.scheduling.sequence_policy import SequenceRequest
 from agent.scheduling.statistics import ModelStatistics
 from agent.tensors.limits import rows_within, tensor_bytes
 from agent.tensors.signature import ValidatedRequest
@@ -55,18 +64,6 @@ from agent.tensors.signature import ValidatedRequest
 # (At 200 µs the benchmark MLP's dynamically batched executions moved inline too, and cost
 # more CPU per request there than on the executor: fewer requests join each batch.)
 INLINE_BELOW_NS = 100_000
-
-
-@dataclass(frozen=True, slots=True)
-class ExecutionResult:
-    """One request's outputs (in its requested order) and where its time went."""
-
-    outputs: list[np.ndarray]
-    queue_ns: int
-    compute_input_ns: int
-    compute_infer_ns: int
-    compute_output_ns: int
-    batch_size: int
 
 
 @dataclass(slots=True)
@@ -103,7 +100,9 @@ class LimiterGate:
 
 
 class ModelScheduler:
-    """Queues and executes the requests of one loaded model version."""
+    """Queues and executes the requests of one loaded model version (a `Scheduler`)."""
+
+    sequences: KeepsSequences | None = None  # a stateless model keeps no sequences
 
     def __init__(
         self,
@@ -127,6 +126,13 @@ class ModelScheduler:
         self.version = version
         self.policy = policy
         self._backend = backend
+        # What the backend declared it can do besides `run`, resolved once (never per request).
+        # A backend that takes a batch's requests one by one (Python models, as Triton's Python
+        # backend) gets them unmerged, and answers each with its outputs or its error; with
+        # their traces, the parents of the BLS requests they make; it is told which requests
+        # are cancelled while they run.
+        self._run_requests = backend.run_requests if isinstance(backend, RunsRequests) else None
+        self._run_decoupled = backend.run_decoupled if isinstance(backend, RunsDecoupled) else None
         self._former: BatchFormer[_Job] = BatchFormer(policy)
         self._free = max(1, instances)
         self._instances = max(1, instances)
@@ -149,7 +155,7 @@ class ModelScheduler:
         self._output_row_bytes = output_row_bytes
         self._gauge = InlineGauge(inline_below_ns)
         self.releaser = MemoryReleaser(
-            getattr(backend, "release_memory", None),
+            backend.release_memory if isinstance(backend, ReleasesMemory) else None,
             executor,
             lambda: not self.pending,
             release_after_s,
@@ -179,10 +185,13 @@ class ModelScheduler:
         *,
         priority: int | None = None,
         timeout_us: int | None = None,
+        sequence: SequenceRequest | None = None,
         responses: ResponseSink | None = None,
     ) -> ExecutionResult:
         """Queue a validated request and wait for its outputs.
 
+        `sequence` is ignored: a model without a sequence batcher keeps no state between
+        requests (Triton ignores the flags too).
         `responses` (decoupled models): the request's responses go there as the model sends
         them; this returns (with no outputs) once the `execute` call that took it returned.
 
@@ -265,9 +274,7 @@ class ModelScheduler:
         t0 = time.perf_counter_ns()
         try:
             # A traced request to a Python model: its BLS requests are children of its trace.
-            if request.trace is not None and (
-                run_requests := getattr(self._backend, "run_requests", None)
-            ):
+            if request.trace is not None and (run_requests := self._run_requests) is not None:
                 (answer,) = run_requests(
                     [(request.feeds, request.output_names)], traces=[request.trace]
                 )
@@ -396,11 +403,7 @@ class ModelScheduler:
         run_ns = 0  # wall time inside the backend (where a device wait shows)
         results: list[ExecutionResult | BaseException | None] = [None] * len(jobs)
         groups = [[0]] if len(jobs) == 1 else _group_by_shape(jobs)
-        # A backend that takes a batch's requests one by one (Python models, as Triton's Python
-        # backend) gets them unmerged, and answers each request with its outputs or its error;
-        # with their traces, the parents of the BLS requests they make; it is told which
-        # requests are cancelled while they run.
-        run_requests = getattr(self._backend, "run_requests", None)
+        run_requests = self._run_requests  # None: the batch is merged for `run`
         for group in groups:
             t0 = time.perf_counter_ns()
             if run_requests is not None:
@@ -486,11 +489,15 @@ class ModelScheduler:
         self, jobs: Sequence[_Job], started_ns: int
     ) -> list[ExecutionResult | BaseException]:
         """A decoupled model's batch: one `execute` call; the responses go to the sinks."""
-        run = getattr(self._backend, "run_decoupled", None)
+        run = self._run_decoupled
         if run is None:
             raise BackendError(f"model '{self.model}' cannot run decoupled requests")
         t0 = time.perf_counter_ns()
-        run([(j.request.feeds, j.request.output_names, j.sink) for j in jobs])
+        requests: list[DecoupledRequest] = []
+        for job in jobs:
+            assert job.sink is not None  # a decoupled model is reached through streams only
+            requests.append((job.request.feeds, job.request.output_names, job.sink))
+        run(requests)
         t1 = time.perf_counter_ns()
         rows = sum(j.request.batch_size for j in jobs)
         if self._stats is not None:

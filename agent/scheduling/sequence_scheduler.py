@@ -19,7 +19,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agent.backends.base import Backend, ResponseSink
+from agent.backends.base import (
+    Backend,
+    DecoupledRequest,
+    ResponseSink,
+    RunsDecoupled,
+    RunsRequests,
+)
 from agent.errors import (
     AgentError,
     BackendError,
@@ -31,7 +37,8 @@ from agent.errors import (
 from agent.scheduling.batching import BatchingPolicy
 from agent.scheduling.deadline_timer import DeadlineTimer
 from agent.scheduling.inline_gauge import InlineGauge
-from agent.scheduling.scheduler import INLINE_BELOW_NS, ExecutionResult, settle
+from agent.scheduling.protocol import ExecutionResult, KeepsSequences
+from agent.scheduling.scheduler import INLINE_BELOW_NS, settle
 from agent.scheduling.sequence_policy import (
     CorrelationId,
     SequenceBatcher,
@@ -57,8 +64,9 @@ class _Job:
     sink: ResponseSink | None = None  # decoupled: where the responses go
 
 
-class SequenceScheduler:
-    """Queues and executes the requests of one version of a stateful model."""
+class SequenceScheduler(KeepsSequences):
+    """Queues and executes the requests of one version of a stateful model (a `Scheduler`
+    that keeps its sequences: `sequences` is itself)."""
 
     def __init__(
         self,
@@ -78,6 +86,9 @@ class SequenceScheduler:
         self.sequence_policy = policy
         self.tensors = tensors
         self._backend = backend
+        # What the backend declared besides `run`, resolved once (`agent.scheduling.scheduler`).
+        self._run_requests = backend.run_requests if isinstance(backend, RunsRequests) else None
+        self._run_decoupled = backend.run_decoupled if isinstance(backend, RunsDecoupled) else None
         self._batcher: SequenceBatcher[_Job] = SequenceBatcher(policy, model)
         self._free = max(1, instances)
         self._instances = max(1, instances)
@@ -119,6 +130,11 @@ class SequenceScheduler:
         """Bytes of sequence state held now."""
         return sum(a.nbytes for s in self._states.values() for a in s.values())
 
+    @property
+    def sequences(self) -> KeepsSequences:
+        """The sequences it keeps: its own (`owns`)."""
+        return self
+
     def owns(self, corrid: CorrelationId) -> bool:
         """Whether a sequence with this id is live or waiting for a slot on this version."""
         return not self._closed and self._batcher.owns(corrid)
@@ -126,13 +142,15 @@ class SequenceScheduler:
     async def submit(
         self,
         request: ValidatedRequest,
-        sequence: SequenceRequest | None,
         *,
-        timeout_us: int | None,
+        priority: int | None = None,
+        timeout_us: int | None = None,
+        sequence: SequenceRequest | None = None,
         responses: ResponseSink | None = None,
     ) -> ExecutionResult:
         """Queue a request of a sequence and wait for its outputs.
 
+        `priority` is ignored: the sequence batcher has no priority levels (as Triton's).
         `responses` (decoupled models): the request's responses go there as the model sends
         them; the result, once its `execute` returned, holds no outputs.
 
@@ -257,7 +275,7 @@ class SequenceScheduler:
         tensors = self.tensors
         # A backend that takes a batch's requests one by one (Python models, as Triton's Python
         # backend) gets each with its own control and state tensors.
-        run_requests = getattr(self._backend, "run_requests", None)
+        run_requests = self._run_requests
         for group in self._group_by_shape(steps, held):
             t0 = time.perf_counter_ns()
             requests = [steps[i].item.request for i in group]
@@ -336,7 +354,7 @@ class SequenceScheduler:
         """A decoupled model's batch: one `execute` call, each request with its own control
         tensors; the responses go to the sinks. Implicit state (the outputs of one request are
         the next one's state) is not supported with a model that streams its outputs."""
-        run = getattr(self._backend, "run_decoupled", None)
+        run = self._run_decoupled
         if run is None:
             raise BackendError(f"model '{self.model}' cannot run decoupled requests")
         if self.tensors.state_outputs:
@@ -345,9 +363,10 @@ class SequenceScheduler:
                 "transaction policy"
             )
         t0 = time.perf_counter_ns()
-        requests = []
+        requests: list[DecoupledRequest] = []
         for step in steps:
             job = step.item
+            assert job.sink is not None  # a decoupled model is reached through streams only
             row = (step.correlation_id, step.start, step.end)
             feeds = {**job.request.feeds, **self.tensors.control_feeds([row])}
             requests.append((feeds, job.request.output_names, job.sink))

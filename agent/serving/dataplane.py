@@ -3,21 +3,25 @@
 HTTP, gRPC and MQTT parse their own wire format into `agent.tensors.request` types, call this, and
 serialize the result. Inference runs on the model's executor (or inline, for tiny models:
 see `agent.scheduling.scheduler`).
+
+`DataPlane` is the one facade, composed of parts that each get what they need when it makes
+them: the `RequestRouter` (`agent.serving.routing`: the prologue every inference runs: route,
+admit), `RequestTraces` (`agent.serving.request_traces`), `ModelControl`
+(`agent.serving.model_control`: load, unload, activate, roll back) and `StreamedInference`
+(`agent.serving.streamed_inference`). The unary `infer` lives here; the facade passes the other
+calls on to their part.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import replace
+from collections.abc import AsyncGenerator, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from agent import __version__
 from agent.canary.control import CanaryManager
-from agent.ensemble.runner import EnsembleScheduler
 from agent.errors import (
     AgentError,
     BackendError,
@@ -36,8 +40,6 @@ from agent.models.pushed import PushedModels
 from agent.models.registry import ModelRegistry
 from agent.proto import model_config_pb2 as mc
 from agent.repository.model_config import config_to_json
-from agent.scheduling.sequence_policy import sequence_parameters
-from agent.scheduling.sequence_scheduler import SequenceScheduler
 from agent.scheduling.statistics import FailureReason
 from agent.serving.client_text import PathScrubber
 from agent.serving.cuda_regions import CudaRegionRegistry
@@ -45,13 +47,13 @@ from agent.serving.cuda_shared_memory import CudaRegions, CudaSharedMemory
 from agent.serving.log_settings import LogSettings
 from agent.serving.model_control import ModelControl
 from agent.serving.request_parameters import now_ms, scheduling_parameters
+from agent.serving.request_traces import RequestTraces
 from agent.serving.response_cache import ResponseCache, cache_key
-from agent.serving.sequence_routes import SequenceRoutes
+from agent.serving.response_stream import StreamedResponse
+from agent.serving.routing import RequestRouter
 from agent.serving.shared_memory import SharedMemoryRegistry
 from agent.serving.streamed_inference import StreamedInference
 from agent.tensors.request import InferRequest, InferResponse, OutputTensor, shared_memory_outputs
-from agent.tensors.signature import ModelSignature, ValidatedRequest
-from agent.tracing.tensors import BACKEND_INPUT, BACKEND_OUTPUT, QUEUE_INPUT
 from agent.tracing.tracer import Trace, Tracer
 
 logger = logging.getLogger(__name__)
@@ -70,9 +72,9 @@ EXTENSIONS = (
 )
 
 
-class DataPlane(ModelControl, StreamedInference):
-    """The agent's request handling, shared by every transport (model control:
-    `agent.serving.model_control`; streamed responses: `agent.serving.streamed_inference`)."""
+class DataPlane:
+    """The agent's request handling, shared by every transport (see the module docstring for
+    its parts)."""
 
     def __init__(
         self,
@@ -93,26 +95,61 @@ class DataPlane(ModelControl, StreamedInference):
     ) -> None:
         self._registry = registry
         self._cache = cache
-        self._sequences = SequenceRoutes()  # live sequences stay on the version they started on
-        self.manager = manager or ModelManager(registry)
-        self.mode = mode
-        self.versions = versions
         self.canary = canary or CanaryManager(registry)
         self.shared_memory = shared_memory or SharedMemoryRegistry()
         self.log_settings = log_settings or LogSettings()
         self.tracer = tracer or Tracer()
-        # Models loaded from files sent with the load request (None: such loads are refused).
-        self.pushed = pushed
-        self._max_request_bytes = max_request_bytes
         self._ready = False
-        self._changes: set[asyncio.Future[Any]] = set()  # model-control changes under way
         self.server_name = server_name
         self._no_cuda = CudaSharedMemory(self.shared_memory)
         # What a client-facing message must not show: the repository and the model cache.
         pushed_root = [pushed.root] if pushed is not None else []
         self.scrub = PathScrubber([registry.repository, *pushed_root, *private_paths])
+        manager = manager or ModelManager(registry)
+        self._traces = RequestTraces(self.tracer)
+        self._router = RequestRouter(registry, manager, self.canary, self._traces)
+        self._control = ModelControl(
+            registry,
+            manager,
+            cache=cache,
+            mode=mode,
+            versions=versions,
+            # Models loaded from files sent with the load request (None: such loads refused).
+            pushed=pushed,
+            max_request_bytes=max_request_bytes,
+            scrub=self.scrub,
+        )
+        self._streams = StreamedInference(registry, self._router, self._traces, self.infer)
         # Ensemble steps and Python models' BLS requests are ordinary inferences.
         registry.step_runner.bind(self.infer, self.infer_stream)
+
+    @property
+    def manager(self) -> ModelManager:
+        """Loads, unloads and hot-swaps models (its swap gate holds requests meanwhile)."""
+        return self._control.manager
+
+    @manager.setter
+    def manager(self, manager: ModelManager) -> None:
+        self._control.manager = manager
+        self._router.manager = manager
+
+    @property
+    def mode(self) -> ModelControlMode:
+        return self._control.mode
+
+    @property
+    def versions(self) -> CachedVersions | None:
+        """The model cache's versions (None: a plain repository)."""
+        return self._control.versions
+
+    @versions.setter
+    def versions(self, versions: CachedVersions | None) -> None:
+        self._control.versions = versions
+
+    @property
+    def pushed(self) -> PushedModels | None:
+        """Models loaded from files sent with the load request (None: such loads are refused)."""
+        return self._control.pushed
 
     @property
     def cuda_shared_memory(self) -> CudaRegions:
@@ -236,17 +273,12 @@ class DataPlane(ModelControl, StreamedInference):
         """
         start = time.perf_counter_ns()
         if trace is None and request.parent_trace is not None:
-            trace = self._child_trace(name, request)
+            trace = self._traces.child(name, request)
         if trace is not None:
             trace.stamp("REQUEST_START", start)
         params = request.parameters
-        sequence = sequence_parameters(params) if params else None  # most requests have none
-        owner = None if version or sequence is None else self._sequences.find(name, sequence)
-        if owner is None:  # a live sequence's old build is draining: its requests must not wait
-            await self.manager.wait_if_swapping(name)
-        routed = None if version or owner else self.canary.route(name)  # canary: unversioned only
-        served, number = owner or self._registry.resolve(name, str(routed) if routed else version)
-        loaded = served.versions[number]
+        route = await self._router.route(name, version, params)
+        served, number, loaded = route.served, route.number, route.loaded
         if served.config.model_transaction_policy.decoupled:
             raise UnsupportedError(refusal or _decoupled_refusal(served.name))
         if trace is not None:
@@ -258,13 +290,7 @@ class DataPlane(ModelControl, StreamedInference):
         try:
             if in_shm or any(t.shm is not None for t in request.inputs):
                 request = self.shared_memory.resolve_inputs(request)
-            try:
-                valid = served.signature.validate(request)
-            except InvalidInputError as exc:  # Triton's words open with the request's id
-                tag = request.id or "<id_unknown>"
-                raise InvalidInputError(f"[request id: {tag}] {exc.message}") from None
-            if trace is not None:
-                valid = self._trace_inputs(trace, request, valid, served.signature)
+            valid = self._router.admit(route, request, trace)
             priority, timeout_us = scheduling_parameters(params) if params else (None, None)
             if self._cache is not None and served.config.response_cache.enable:
                 lookup = time.perf_counter_ns()
@@ -276,22 +302,17 @@ class DataPlane(ModelControl, StreamedInference):
                     self.shared_memory.place_outputs(hit, in_shm)
                     now = time.perf_counter_ns()
                     stats.record_cache_hit(ns=now - lookup, now_ms=now_ms(), request_ns=now - start)
-                    self._canary_outcome(name, routed, start, None)
+                    self._router.outcome(name, route, start, None)
                     if trace is not None:
-                        self._trace_end(trace, hit)
+                        self._traces.end(trace, hit)
                     return InferResponse(served.name, version_text, hit, request.id)
                 stats.record_cache_miss(ns=time.perf_counter_ns() - lookup)
             queued = time.perf_counter_ns() if trace is not None else 0
-            if isinstance(loaded.scheduler, SequenceScheduler):
-                self._sequences.started(served.name, sequence, served, number)
-                submitted = loaded.scheduler.submit(valid, sequence, timeout_us=timeout_us)
-            elif isinstance(loaded.scheduler, EnsembleScheduler):
-                submitted = loaded.scheduler.submit(
-                    valid, priority=priority, timeout_us=timeout_us, sequence=sequence
-                )
-            else:
-                submitted = loaded.scheduler.submit(valid, priority=priority, timeout_us=timeout_us)
-            result = await submitted
+            if route.sequence is not None:
+                self._router.started(route)
+            result = await loaded.scheduler.submit(
+                valid, priority=priority, timeout_us=timeout_us, sequence=route.sequence
+            )
             if trace is not None:
                 trace.executed(
                     queued,
@@ -311,15 +332,15 @@ class DataPlane(ModelControl, StreamedInference):
             if error is not exc:
                 logger.exception("model %s version %d: request failed", served.name, number)
             if isinstance(error, ModelInstanceFailedError):
-                self._registry.mark_failed(served.name, number, error.message, loaded=loaded)
+                self._router.instance_failed(route, error)
             stats.record_failure(
                 request_ns=time.perf_counter_ns() - start,
                 reason=_failure_reason(error),
                 now_ms=now_ms(),
             )
-            self._canary_outcome(name, routed, start, error)
+            self._router.outcome(name, route, start, error)
             if trace is not None:
-                self._trace_end(trace, ())
+                self._traces.end(trace, ())
             if error is exc:
                 raise
             raise error from exc
@@ -333,46 +354,57 @@ class DataPlane(ModelControl, StreamedInference):
         )
         if key is not None and self._cache is not None:
             self._cache.put(key, outputs, model=served.name, version=version_text)
-        self._canary_outcome(name, routed, start, None)
+        self._router.outcome(name, route, start, None)
         if trace is not None:
-            self._trace_end(trace, outputs)
+            self._traces.end(trace, outputs)
         return InferResponse(served.name, version_text, outputs, request.id)
 
-    def _child_trace(self, name: str, request: InferRequest) -> Trace | None:
-        parent = request.parent_trace
-        if not isinstance(parent, Trace):
-            return None
-        return self.tracer.spawn(parent, name, request.id or "")
+    def infer_stream(
+        self, name: str, version: str | None, request: InferRequest
+    ) -> AsyncGenerator[StreamedResponse, None]:
+        """Every response of a request, for any model (`StreamedInference.infer_stream`).
 
-    @staticmethod
-    def _trace_inputs(
-        trace: Trace, request: InferRequest, valid: ValidatedRequest, signature: ModelSignature
-    ) -> ValidatedRequest:
-        """The inputs' tensor entries (level TENSORS); the request carries its trace on, so
-        that an ensemble's steps and a Python model's BLS requests become its children."""
-        if trace.tensors:
-            for tensor in request.inputs:
-                trace.tensor(QUEUE_INPUT, tensor.name, tensor.datatype, tensor.data)
-            for name, data in valid.feeds.items():
-                contract = signature.inputs.get(name)
-                datatype = contract.datatype if contract is not None else ""
-                trace.tensor(BACKEND_INPUT, name, datatype, data)
-        return replace(valid, trace=trace)
+        Errors before the model takes the request are raised (as `infer` raises them); after
+        that they come as items. Closing the iterator before the final item cancels the request.
+        """
+        return self._streams.infer_stream(name, version, request)
 
-    def _trace_end(self, trace: Trace, outputs: tuple[OutputTensor, ...] | tuple[()]) -> None:
-        if trace.tensors:
-            for tensor in outputs:
-                trace.tensor(BACKEND_OUTPUT, tensor.name, tensor.datatype, tensor.data)
-        trace.stamp("REQUEST_END")
-        if trace.parent is not None:  # a child: no transport finishes it
-            self.tracer.finish(trace)
+    # Model control (`agent.serving.model_control`).
 
-    def _canary_outcome(
-        self, name: str, routed: int | None, start_ns: int, error: AgentError | None
-    ) -> None:
-        """Tell the canary how a request it routed went (latency from arrival to answer)."""
-        if routed is not None:
-            self.canary.record(name, routed, (time.perf_counter_ns() - start_ns) // 1000, error)
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        return self._control.repository_index(ready_only)
+
+    async def load_model(
+        self,
+        name: str,
+        config: dict[str, Any] | None,
+        files: Mapping[str, bytes] | None = None,
+    ) -> str:
+        """Explicit load (or reload) of a model (`ModelControl.load_model`)."""
+        return await self._control.load_model(name, config, files)
+
+    async def unload_model(self, name: str) -> None:
+        """Explicit unload; queued requests finish first (`ModelControl.unload_model`)."""
+        await self._control.unload_model(name)
+
+    async def activate_version(self, name: str, version: int) -> str:
+        """Hot-swap a model to a cached version; the strategy (`ModelControl.activate_version`)."""
+        return await self._control.activate_version(name, version)
+
+    async def rollback(self, name: str, to_version: int | None) -> int:
+        """Go back to a retained version; returns it (`ModelControl.rollback`)."""
+        return await self._control.rollback(name, to_version)
+
+    def cached_versions(self, name: str) -> list[dict[str, Any]]:
+        return self._control.cached_versions(name)
+
+    async def clear_rejected(self, name: str, version: int | None, *, by: str) -> list[int]:
+        """Let the sync activate rejected versions again (`ModelControl.clear_rejected`)."""
+        return await self._control.clear_rejected(name, version, by=by)
+
+    def rejected_versions(self) -> list[dict[str, Any]]:
+        """Versions rejected on this device, with cause and reason ([] without a cache)."""
+        return self._control.rejected_versions()
 
 
 def _decoupled_refusal(name: str) -> str:

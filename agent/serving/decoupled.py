@@ -13,18 +13,10 @@ import contextlib
 import time
 from collections.abc import AsyncGenerator
 
-from agent.ensemble.runner import EnsembleScheduler
-from agent.errors import (
-    AgentError,
-    BackendError,
-    InternalError,
-    ModelInstanceFailedError,
-    UnsupportedError,
-)
+from agent.errors import AgentError, BackendError, InternalError, ModelInstanceFailedError
 from agent.models.served import LoadedVersion, ServedModel
-from agent.scheduling.scheduler import ExecutionResult, ModelScheduler
+from agent.scheduling.protocol import ExecutionResult
 from agent.scheduling.sequence_policy import SequenceRequest
-from agent.scheduling.sequence_scheduler import SequenceScheduler
 from agent.scheduling.statistics import FailureReason, ResponseKind
 from agent.serving.response_stream import RawResponse, ResponseStream, StreamedResponse
 from agent.tensors.request import InferResponse, OutputTensor
@@ -48,16 +40,10 @@ async def stream_responses(
         AgentError: the request failed before the model took it (queue full or timed out,
             version unloaded, instance failed), with nothing yielded yet.
     """
-    scheduler = loaded.scheduler
     stream = ResponseStream(asyncio.get_running_loop())
-    if isinstance(scheduler, SequenceScheduler):
-        submitting = scheduler.submit(valid, sequence, timeout_us=timeout_us, responses=stream)
-    elif isinstance(scheduler, ModelScheduler | EnsembleScheduler):
-        submitting = scheduler.submit(
-            valid, priority=priority, timeout_us=timeout_us, responses=stream
-        )
-    else:
-        raise UnsupportedError(f"model '{served.name}' cannot stream responses")
+    submitting = loaded.scheduler.submit(
+        valid, priority=priority, timeout_us=timeout_us, sequence=sequence, responses=stream
+    )
     submitted = asyncio.ensure_future(submitting)
     submitted.add_done_callback(lambda task: _end_on_failure(task, stream))
     sig = served.signature

@@ -2,8 +2,9 @@
 repository or from files sent with the request), and hot-swaps between the versions a model
 cache holds (activate, rollback, lifting rejections).
 
-A mixin of `DataPlane`, the transports' one facade: the API layer calls these on the data plane.
-A change runs to its end even when its caller goes away (`_to_completion`).
+A part of `DataPlane`, the transports' one facade, which hands it what it needs when it is made
+and passes the API layer's calls on. A change runs to its end even when its caller goes away
+(`_to_completion`), and drops the model's response-cache entries once it is done.
 """
 
 from __future__ import annotations
@@ -25,21 +26,33 @@ T = TypeVar("T")
 
 
 class ModelControl:
-    """The model-control operations of `DataPlane` (which sets these attributes)."""
+    """The model-control operations of the data plane."""
 
-    _registry: ModelRegistry
-    _cache: ResponseCache | None
-    _max_request_bytes: int
-    _changes: set[asyncio.Future[Any]]  # model-control changes under way
-    manager: ModelManager
-    mode: ModelControlMode
-    versions: CachedVersions | None
-    pushed: PushedModels | None  # None: loads with request files are refused
-    scrub: PathScrubber
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        manager: ModelManager,
+        *,
+        cache: ResponseCache | None,
+        mode: ModelControlMode,
+        versions: CachedVersions | None,
+        pushed: PushedModels | None,
+        max_request_bytes: int,
+        scrub: PathScrubber,
+    ) -> None:
+        self._registry = registry
+        self._cache = cache
+        self._max_request_bytes = max_request_bytes
+        self._scrub = scrub
+        self._changes: set[asyncio.Future[Any]] = set()  # model-control changes under way
+        self.manager = manager  # replaceable: the daemon wires one that reports its events
+        self.mode = mode
+        self.versions = versions  # the model cache's versions (None: a plain repository)
+        self.pushed = pushed  # None: loads with request files are refused
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         rows = _with_rejections(self._registry.index(), self.rejected_versions())
-        rows = [{k: self.scrub(v) if k == "reason" else v for k, v in r.items()} for r in rows]
+        rows = [{k: self._scrub(v) if k == "reason" else v for k, v in r.items()} for r in rows]
         if ready_only:
             rows = [r for r in rows if r.get("state") == "READY"]
         return rows

@@ -3,13 +3,14 @@
 A hot swap routes new requests to the new build at once; a sequence started on the old build
 keeps its slot and state there until it ends or idles out (the old build drains meanwhile). Its
 START request records the version here; its later requests look it up before the usual routing.
+Only a scheduler that declares it keeps sequences (`Scheduler.sequences`) is asked.
 """
 
 from __future__ import annotations
 
 from agent.models.served import ServedModel
+from agent.scheduling.protocol import Scheduler
 from agent.scheduling.sequence_policy import CorrelationId, SequenceRequest
-from agent.scheduling.sequence_scheduler import SequenceScheduler
 
 _SWEEP_ABOVE = 4096  # routes kept before the stale ones (idled-out sequences) are swept
 
@@ -59,5 +60,7 @@ class SequenceRoutes:
                 del self._routes[key]
 
 
-def _owns(scheduler: object, corrid: CorrelationId) -> bool:
-    return isinstance(scheduler, SequenceScheduler) and scheduler.owns(corrid)
+def _owns(scheduler: Scheduler, corrid: CorrelationId) -> bool:
+    """Whether the sequence lives on this scheduler (one that declares it keeps sequences)."""
+    sequences = scheduler.sequences
+    return sequences is not None and sequences.owns(corrid)

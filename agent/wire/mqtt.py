@@ -24,7 +24,6 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import enum
 import json
 import logging
 import ssl
@@ -41,6 +40,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from agent.wire.mqtt_loop import LoopNetwork
+from agent.wire.mqtt_version import Protocol as Protocol  # noqa: PLC0414 - re-exported
 
 logger = logging.getLogger(__name__)
 
@@ -64,14 +64,6 @@ _MAX_PACKET_BYTES = 1 << 20  # asked of the broker: larger packets to us are dro
 
 class MqttError(Exception):
     """A transport failure: not connected, publish refused, or the client was stopped."""
-
-
-class Protocol(str, enum.Enum):
-    """Which MQTT version to speak."""
-
-    AUTO = "auto"  # 5, falling back to 3.1.1
-    V5 = "5"
-    V311 = "3.1.1"
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,10 +13,13 @@ import pytest
 from bench.fleet10k import Options, run_scenario
 from bench.fleet_browser import browser_missing
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("mosquitto") is None and not Path("/usr/sbin/mosquitto").exists(),
-    reason="mosquitto is not installed (make test installs it)",
-)
+pytestmark = [
+    pytest.mark.external,  # Mosquitto, and Chromium when it is there
+    pytest.mark.skipif(
+        shutil.which("mosquitto") is None and not Path("/usr/sbin/mosquitto").exists(),
+        reason="mosquitto is not installed (make test installs it)",
+    ),
+]
 
 
 def test_a_few_hundred_devices_every_one_accounted_for(tmp_path: Path) -> None:

@@ -12,6 +12,8 @@ import pytest
 from bench.fleet_brokers import rabbitmq_missing
 from bench.fleet_cluster import ClusterOptions, run_cluster
 
+pytestmark = pytest.mark.external  # RabbitMQ
+
 
 def test_the_cluster_survives_the_managers_node_stopping_mid_rollout(tmp_path: Path) -> None:
     missing = rabbitmq_missing()

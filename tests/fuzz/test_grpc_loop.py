@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from agent.api.grpc.loop import connection as c
 from agent.api.grpc.loop import frames as f
+from agent.api.grpc.status import Status
 from agent.config.schema import ServerConfig
 from agent.runtime.daemon import RunningAgent
 from tests.fuzz.budget import FUZZ, scaled
@@ -159,11 +160,18 @@ def test_any_bytes_make_events_or_a_goaway(prefix: bytes, body: bytes, points: l
 _NAME = st.text("abcdefghijklmnopqrstuvwxyz0123456789-_", min_size=1, max_size=12).map(
     lambda name: "x-" + name
 )
-_VALUE = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=40)
-_SETTING_VALUES = st.dictionaries(
-    st.sampled_from([f.HEADER_TABLE_SIZE, f.ENABLE_PUSH, f.MAX_CONCURRENT_STREAMS, 0x99]),
-    st.integers(0, 2**32 - 1),
-    max_size=3,
+# (RFC 9113 §8.2.1: no space at a value's ends; a value with one is malformed)
+_VALUE = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=40).map(
+    lambda value: value.strip(" ")
+)
+_SETTING_VALUES = st.fixed_dictionaries(
+    {},
+    optional={
+        f.HEADER_TABLE_SIZE: st.integers(0, 2**32 - 1),
+        f.ENABLE_PUSH: st.integers(0, 1),  # anything else is a PROTOCOL_ERROR
+        f.MAX_CONCURRENT_STREAMS: st.integers(0, 2**32 - 1),
+        0x99: st.integers(0, 2**32 - 1),
+    },
 ) | st.fixed_dictionaries(
     {f.INITIAL_WINDOW_SIZE: st.integers(0, f.MAX_WINDOW - 100_000)},  # room for updates
     optional={f.MAX_FRAME_SIZE: st.integers(f.DEFAULT_MAX_FRAME, 2**24 - 1)},
@@ -341,9 +349,11 @@ def test_a_second_end_of_input_resets_the_stream() -> None:
     assert _parse_out(conn.data_to_send()) == [
         (f.RST_STREAM, 0, 1, f.STREAM_CLOSED.to_bytes(4, "big"))
     ]
-    # once more on the closed stream: a stream error again, not the whole connection's
+    # once more on the stream we reset: ignored (RFC 9113 §5.1), the connection goes on
     assert conn.receive(end) == []
-    assert _parse_out(conn.data_to_send())[0][0] == f.RST_STREAM
+    assert conn.data_to_send() == b""
+    assert conn.receive(f.frame(f.PING, 0, 0, b"p" * 8)) == []
+    assert _parse_out(conn.data_to_send())[0][0] == f.PING
 
 
 _DAMAGE = st.lists(
@@ -464,7 +474,7 @@ def test_data_never_exceeds_the_peer_windows_and_all_of_it_goes_out(
     for sid in sids:
         if sid in conn.streams:
             send(sid, 100)
-            conn.finish(sid, 0)
+            conn.finish(sid, Status.OK)
     peer.read(conn.data_to_send())
     # enough credit for everything queued: all of it goes out, trailers last
     queued = sum(conn.backlog(sid) for sid in sids)

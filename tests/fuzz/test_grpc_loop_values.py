@@ -13,12 +13,14 @@ from __future__ import annotations
 import zlib
 
 import hpack
+import pytest
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from agent.api.grpc.loop import connection as c
 from agent.api.grpc.loop import frames as f
-from agent.api.grpc.loop.messages import CallRefusedError, MessageReader
+from agent.api.grpc.loop.messages import MessageReader
+from agent.api.grpc.status import Status, StatusError
 from tests.fuzz.budget import FUZZ
 from tests.fuzz.test_grpc_loop import _cut, _headers, _message
 
@@ -55,9 +57,7 @@ def test_messages_over_the_limit_are_refused_at_the_prefix(
     assert received == expected[: len(received)]  # the refused read's messages drop
 
 
-def _read_all(
-    reader: MessageReader, chunks: list[bytes]
-) -> tuple[list[bytes], CallRefusedError | None]:
+def _read_all(reader: MessageReader, chunks: list[bytes]) -> tuple[list[bytes], StatusError | None]:
     """The messages read from `chunks`, and the refusal that stopped the reading, if any."""
     received: list[bytes] = []
     try:
@@ -65,7 +65,7 @@ def _read_all(
             received += reader.feed(chunk)
             # never buffered past the limit: at most one partial message waits (a white-box look)
             assert reader.buffered <= f.GRPC_PREFIX_SIZE + reader.max_message
-    except CallRefusedError as exc:
+    except StatusError as exc:
         return received, exc
     return received, None
 
@@ -119,33 +119,59 @@ def test_compressed_messages_inflate_or_are_refused_within_the_limit(
 # 2. Header values --------------------------------------------------------------------------------
 
 
-@FUZZ
-@given(
-    st.text(st.sampled_from("0123456789HMSmun") | st.characters(max_codepoint=0xFF), max_size=12)
+_UNIT_SECONDS = {"H": 3600, "M": 60, "S": 1, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+# Valid timeouts as well as the near misses: random text is almost never one.
+_TIMEOUTS = st.from_regex(r"\A[0-9]{1,9}[HMSmunsh]?\Z") | st.text(
+    st.sampled_from("0123456789HMSmun") | st.characters(max_codepoint=0xFF), max_size=12
 )
+
+
+def _spec_seconds(value: str) -> float | None:
+    """The gRPC spec's TimeoutValue (1-8 ASCII digits) and TimeoutUnit, in seconds; None when
+    `value` is not one. Written from the spec, not from the code under test."""
+    digits, unit = value[:-1], value[-1:]
+    if not (1 <= len(digits) <= 8 and digits.isascii() and digits.isdigit()):
+        return None
+    factor = _UNIT_SECONDS.get(unit)
+    return None if factor is None else int(digits) * factor
+
+
+@FUZZ
+@given(_TIMEOUTS)
 @example("²S")  # found reading the code: str.isdigit takes "²", int() does not (ValueError)
 @example("\u0661\u0662S")  # Arabic-Indic digits: not gRPC's, were taken as 12 s
 @example("99999999H")
+@example("100m")
 def test_grpc_timeouts_parse_or_are_refused(value: str) -> None:
+    expected = _spec_seconds(value)
     parsed = f.parse_timeout(value)
-    digits, unit = value[:-1], value[-1:]
-    valid = 1 <= len(digits) <= 8 and digits.isascii() and digits.isdigit() and unit in "HMSmun"
-    assert (parsed is not None) == (valid and unit != ""), value
-    if parsed is not None:
-        assert parsed >= 0
+    assert parsed == (None if expected is None else pytest.approx(expected)), value
 
 
 @FUZZ
-@given(st.binary(max_size=12))
+@given(_TIMEOUTS.map(lambda text: text.encode("latin-1", "replace")) | st.binary(max_size=12))
 @example(b"\xb2S")
+@example(b"250m")  # a valid one: the connection must hand it on, not drop it
+@example(b"1S\r\n")
+@example(b" 1S")
 def test_a_connection_takes_any_grpc_timeout_header(value: bytes) -> None:
     conn = c.Connection(max_message=1000)
     conn.receive(f.PREFACE + f.settings_frame({}))
+    conn.data_to_send()
     block = _headers(hpack.Encoder(), **{"grpc-timeout": value})
-    [started] = conn.receive(f.frame(f.HEADERS, f.END_HEADERS, 1, block))
+    events = conn.receive(f.frame(f.HEADERS, f.END_HEADERS, 1, block))
+    # RFC 9113 §8.2.1: no NUL, CR or LF in a value, no space or tab at its ends; else malformed
+    field_ok = not any(b in value for b in b"\0\r\n") and not (
+        value[:1] in (b" ", b"\t") or value[-1:] in (b" ", b"\t")
+    )
+    if not field_ok:  # a stream error; the connection goes on
+        assert events == []
+        assert conn.data_to_send() == f.rst_stream_frame(1, f.PROTOCOL_ERROR)
+        return
+    [started] = events
     assert isinstance(started, c.RequestStarted)
-    text = value.decode("latin-1")
-    assert started.timeout_s == f.parse_timeout(text)
+    expected = _spec_seconds(value.decode("latin-1"))
+    assert started.timeout_s == (None if expected is None else pytest.approx(expected)), value
 
 
 def _percent_decode(raw: bytes) -> str:
@@ -173,6 +199,6 @@ def test_grpc_message_percent_encoding_round_trips(message: str) -> None:
     encoded = f.percent_encode(message)
     assert all(0x20 <= b <= 0x7E for b in encoded)  # a valid HTTP/2 header value
     assert _percent_decode(encoded) == message
-    block = f.trailers_block(13, message)
+    block = f.trailers_block(Status.INTERNAL, message)
     headers = dict(hpack.Decoder().decode(block, raw=True))
     assert _percent_decode(headers.get(b"grpc-message", b"")) == message

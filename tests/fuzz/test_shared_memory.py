@@ -104,7 +104,9 @@ def test_reads_and_writes_stay_inside_the_window(
         registry.write(region, offset, data.tobytes())
     except (InvalidInputError, SharedMemoryNotFoundError):
         assert bytes(registry.read("r", 0, WINDOW[1])) == before
-    else:
+    else:  # written where asked, inside the window
+        assert 0 <= offset <= offset + len(data) <= WINDOW[1]
+        assert bytes(registry.read("r", offset, len(data))) == data.tobytes()
         registry.write(region, offset, before[offset : offset + len(data)])  # put it back
 
 

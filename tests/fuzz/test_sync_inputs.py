@@ -81,35 +81,58 @@ def test_signed_targets_land_inside_their_version_or_are_refused(
         assert len(signed.manifest_digest) == 64
 
 
+_MANIFEST_FILES = st.dictionaries(
+    st.sampled_from(
+        ["config.pbtxt", "1/model.onnx", "../1/x", "1/../../x", "2/x", "1/.tmp-x", "/1/x", "1//x"]
+    )
+    | st.text(max_size=6),
+    st.fixed_dictionaries(
+        {
+            "digest": st.sampled_from(["ab" * 32, "AB" * 32, "x"]) | JSON,
+            "size": st.integers(-1, 2**63) | JSON,
+        }
+    )
+    | JSON,
+    max_size=3,
+)
+# What a hostile or broken publisher could put in each field.
+_HOSTILE_FIELDS: dict[str, st.SearchStrategy[Any]] = {
+    "format": st.sampled_from([2, "1", True, None]) | JSON,
+    "model": st.sampled_from(["..", ".", "a/b", "", "a\\b"]) | JSON,
+    "version": st.sampled_from([0, -1, True, 10**18, "1", 1.5]) | JSON,
+    "dirs": st.lists(st.sampled_from(["1", "1/sub", "..", "2", "/1", "1/../.."]) | JSON, max_size=3)
+    | JSON,
+    "files": _MANIFEST_FILES | JSON,
+}
+
+
 @st.composite
 def _manifest(draw: st.DrawFn) -> bytes:
+    """A manifest a publisher writes (version folder, config, files with digests and sizes),
+    then up to two fields replaced by hostile values or left out: about half stay valid, so
+    the accepted branch of the property is exercised too."""
+    version = draw(st.integers(1, 3))
+    inside = st.sampled_from(["config.pbtxt", f"{version}/model.onnx", f"{version}/sub/w.bin"])
     body: dict[str, Any] = {
-        "format": draw(st.sampled_from([1, 2, "1", True])),
-        "model": draw(st.sampled_from(["resnet", "..", "a/b", ""]) | JSON),
-        "version": draw(st.sampled_from([1, 0, -1, True, 10**18, "1"]) | JSON),
-        "dirs": draw(
-            st.lists(st.sampled_from(["1", "1/sub", "..", "2", "/1"]) | JSON, max_size=3) | JSON
-        ),
+        "format": 1,
+        "model": draw(st.sampled_from(["resnet", "m-1", "a.b_c"])),
+        "version": version,
+        "dirs": draw(st.lists(st.sampled_from([str(version), f"{version}/sub"]), unique=True)),
         "files": draw(
             st.dictionaries(
-                st.sampled_from(
-                    ["config.pbtxt", "1/model.onnx", "../1/x", "1/../../x", "2/x", "1/.tmp-x"]
-                )
-                | st.text(max_size=6),
+                inside,
                 st.fixed_dictionaries(
-                    {
-                        "digest": st.sampled_from(["ab" * 32, "AB" * 32, "x"]) | JSON,
-                        "size": st.integers(-1, 2**63) | JSON,
-                    }
-                )
-                | JSON,
+                    {"digest": st.just("ab" * 32), "size": st.integers(0, 2**40)}
+                ),
                 max_size=3,
             )
-            | JSON
         ),
     }
-    for key in draw(st.lists(st.sampled_from(sorted(body)), max_size=1)):
-        del body[key]
+    for key in draw(st.lists(st.sampled_from(sorted(body)), max_size=2, unique=True)):
+        if draw(st.booleans()):
+            del body[key]
+        else:
+            body[key] = draw(_HOSTILE_FIELDS[key])
     return json.dumps(body).encode()
 
 
@@ -120,14 +143,30 @@ def _manifest_or_refused(data: bytes) -> None:
         assert_reason(exc)
         return
     root = f"/cache/{manifest.model}/{manifest.version}-x"
-    for entry in manifest.files:
-        assert _inside(root, entry.path)
-    for folder in manifest.dirs:
-        assert _inside(root, folder)
+    for path in [entry.path for entry in manifest.files] + list(manifest.dirs):
+        assert _inside(root, path), path
+        assert path == "config.pbtxt" or path.split("/")[0] == str(manifest.version), path
+    assert all(entry.size >= 0 for entry in manifest.files)
+
+
+_PUBLISHED = json.dumps(
+    {
+        "format": 1,
+        "model": "resnet",
+        "version": 1,
+        "dirs": ["1"],
+        "files": {
+            "config.pbtxt": {"digest": "ab" * 32, "size": 7},
+            "1/model.onnx": {"digest": "cd" * 32, "size": 9},
+        },
+    }
+).encode()
 
 
 @FUZZ
 @given(_manifest())
+@example(_PUBLISHED)  # accepted: the paths are checked on every run
+@example(_PUBLISHED.replace(b'"1/model.onnx"', b'"2/model.onnx"'))  # another version's folder
 def test_manifests_list_paths_inside_the_version_or_are_refused(data: bytes) -> None:
     _manifest_or_refused(data)
 

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from model_cache import ModelCache
-from tests.model_cache.support import FakeClock, MakeSource, OpenCache, make_source
+from tests.fakes import FakeClock
+from tests.model_cache.support import MakeSource, OpenCache, make_source
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""Helpers shared by the model cache tests: a fake clock, source folders, served-view reads."""
+"""Helpers shared by the model cache tests: source folders, served-view reads (the fake clock is
+tests.fakes.FakeClock)."""
 
 from __future__ import annotations
 
@@ -16,17 +17,6 @@ OpenCache = Callable[..., ModelCache]
 MakeSource = Callable[..., Path]
 
 CONFIG = 'name: "{model}"\nplatform: "onnxruntime_onnx"\n'
-
-
-class FakeClock:
-    """Deterministic clock: every read is one second after the previous one."""
-
-    def __init__(self, start: float = 1_000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        self.now += 1.0
-        return self.now
 
 
 _counter = itertools.count()

@@ -9,7 +9,8 @@ import pytest
 
 from model_cache import CacheError, ModelCache, RejectionCause, StateDB
 from model_cache.schema import SCHEMA_VERSION
-from tests.model_cache.support import FakeClock, MakeSource, OpenCache
+from tests.fakes import FakeClock
+from tests.model_cache.support import MakeSource, OpenCache
 
 FAILED = RejectionCause.FAILED
 ROLLED_BACK = RejectionCause.ROLLED_BACK

@@ -17,7 +17,7 @@ from model_cache import (
     VersionState,
 )
 from model_cache.records import FileRecord
-from tests.model_cache.support import FakeClock
+from tests.fakes import FakeClock
 
 D1 = hashlib.sha256(b"manifest 1").hexdigest()
 D2 = hashlib.sha256(b"manifest 2").hexdigest()

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.config.choices import ModelControlMode
 from agent.config.schema import AgentConfig, CacheConfig, ModelsConfig, ServerConfig
 from agent.fleet.link import FleetLink
 from agent.runtime.demo import mlp_model
@@ -142,7 +143,9 @@ def device(
     publisher = Publisher(repo, store)
     config = AgentConfig(
         server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1),
-        models=ModelsConfig(control_mode="explicit", load_models=("*",), intra_op_threads=1),
+        models=ModelsConfig(
+            control_mode=ModelControlMode.EXPLICIT, load_models=("*",), intra_op_threads=1
+        ),
         cache=CacheConfig(dir=tmp_path / "cache"),
     )
     with agent_thread(config) as served:

@@ -1,24 +1,34 @@
-"""KServe v2 gRPC endpoint (`grpc.aio`), Triton's GRPCInferenceService.
+"""KServe v2 over gRPC (Triton's GRPCInferenceService): the one servicer both engines run.
 
-Thin like the HTTP handlers: decode with `agent.api.grpc.codec`, call the shared data plane, encode.
-`STATUS_FOR_ERROR` is the one place where agent errors become gRPC status codes (read through
-`agent.errors.lookup`); an unexpected exception is logged and answered INTERNAL with its message.
+Thin like the HTTP handlers: decode, call the shared data plane, encode. Neither engine is known
+here: `rpcs()` lists every method with its request and response types (None: the method takes or
+returns the message's bytes), and each engine registers that list, the loop engine
+(`agent.api.grpc.loop`) and grpc.aio (`agent.api.grpc.aio`) alike. A method reads its call
+through `Call` (peer, metadata) and ends a call only by raising `StatusError`:
+
+* `STATUS_FOR_ERROR` is the one place where agent errors become gRPC status codes (read through
+  `agent.errors.lookup`); an unexpected exception is logged and answered INTERNAL with its message;
+* restricted protocol groups (`agent.api.access`) are checked before a method runs, here, so
+  both engines refuse the same calls with the same status;
+* ModelInfer has one decode route (`grpc_wire.decode_infer`: the fast path for the requests
+  clients repeat, else the full parse) whatever the engine and whether tracing is on, and
+  ModelStreamInfer decodes each of its requests through the same function.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
-import errno
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
-import grpc
 from google.protobuf import json_format
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 
 from agent.api.access import (
     ApiAccess,
@@ -28,9 +38,10 @@ from agent.api.access import (
 )
 from agent.api.grpc import codec as grpc_codec
 from agent.api.grpc import wire as grpc_wire
-from agent.api.http.limits import ClientTimeoutError, ConnectionLimits, StoppingError
+from agent.api.grpc.status import DESERIALIZE_FAILED, Status, StatusError
+from agent.api.http.limits import ClientTimeoutError, StoppingError
 from agent.api.model_load import ModelLoadFailedError, invalid_override, load_model
-from agent.api.tls import ServerTls, TlsError
+from agent.api.tls import TlsError
 from agent.errors import (
     AccessDeniedError,
     AgentError,
@@ -59,84 +70,104 @@ from agent.errors import (
 )
 from agent.models.pushed import FILE_PREFIX
 from agent.proto import grpc_service_pb2 as pb
-from agent.proto import grpc_service_pb2_grpc as pb_grpc
 from agent.serving.dataplane import DataPlane
 from agent.tensors.limits import TensorLimits
 
+__all__ = ["STATUS_FOR_ERROR", "Call", "InferenceService", "Rpc", "status_for"]
+
 logger = logging.getLogger(__name__)
 
-STATUS_FOR_ERROR: dict[type[AgentError], grpc.StatusCode] = {
-    InvalidInputError: grpc.StatusCode.INVALID_ARGUMENT,
-    ModelConfigError: grpc.StatusCode.INVALID_ARGUMENT,
-    ModelControlError: grpc.StatusCode.FAILED_PRECONDITION,
-    ModelLoadFailedError: grpc.StatusCode.INVALID_ARGUMENT,
-    ModelNotFoundError: grpc.StatusCode.NOT_FOUND,
-    AccessDeniedError: grpc.StatusCode.PERMISSION_DENIED,
-    RestrictedApiError: grpc.StatusCode.UNAVAILABLE,  # Triton's answer to a restricted protocol
-    NoReadyVersionError: grpc.StatusCode.NOT_FOUND,
-    SharedMemoryNotFoundError: grpc.StatusCode.NOT_FOUND,
-    ConflictError: grpc.StatusCode.ALREADY_EXISTS,
-    RegionExistsError: grpc.StatusCode.ALREADY_EXISTS,
-    ClientTimeoutError: grpc.StatusCode.DEADLINE_EXCEEDED,
-    PayloadTooLargeError: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    ModelNotReadyError: grpc.StatusCode.UNAVAILABLE,
-    ModelControlDisabledError: grpc.StatusCode.UNAVAILABLE,
-    OverloadedError: grpc.StatusCode.UNAVAILABLE,
-    StoppingError: grpc.StatusCode.UNAVAILABLE,  # HTTP only; listed for completeness
-    RequestTimeoutError: grpc.StatusCode.UNAVAILABLE,
-    BackendError: grpc.StatusCode.INTERNAL,
-    ModelInstanceFailedError: grpc.StatusCode.INTERNAL,
-    CacheCommitError: grpc.StatusCode.INTERNAL,
-    ModelLoadError: grpc.StatusCode.INTERNAL,
-    RepositoryPollError: grpc.StatusCode.INTERNAL,
-    MemoryBudgetError: grpc.StatusCode.INTERNAL,
-    InternalError: grpc.StatusCode.INTERNAL,
-    UnsupportedError: grpc.StatusCode.UNIMPLEMENTED,
-    TlsError: grpc.StatusCode.INTERNAL,
-    AgentError: grpc.StatusCode.INTERNAL,
+STATUS_FOR_ERROR: dict[type[AgentError], Status] = {
+    InvalidInputError: Status.INVALID_ARGUMENT,
+    ModelConfigError: Status.INVALID_ARGUMENT,
+    ModelControlError: Status.FAILED_PRECONDITION,
+    ModelLoadFailedError: Status.INVALID_ARGUMENT,
+    ModelNotFoundError: Status.NOT_FOUND,
+    AccessDeniedError: Status.PERMISSION_DENIED,
+    RestrictedApiError: Status.UNAVAILABLE,  # Triton's answer to a restricted protocol
+    NoReadyVersionError: Status.NOT_FOUND,
+    SharedMemoryNotFoundError: Status.NOT_FOUND,
+    ConflictError: Status.ALREADY_EXISTS,
+    RegionExistsError: Status.ALREADY_EXISTS,
+    ClientTimeoutError: Status.DEADLINE_EXCEEDED,
+    PayloadTooLargeError: Status.RESOURCE_EXHAUSTED,
+    ModelNotReadyError: Status.UNAVAILABLE,
+    ModelControlDisabledError: Status.UNAVAILABLE,
+    OverloadedError: Status.UNAVAILABLE,
+    StoppingError: Status.UNAVAILABLE,  # HTTP only; listed for completeness
+    RequestTimeoutError: Status.UNAVAILABLE,
+    BackendError: Status.INTERNAL,
+    ModelInstanceFailedError: Status.INTERNAL,
+    CacheCommitError: Status.INTERNAL,
+    ModelLoadError: Status.INTERNAL,
+    RepositoryPollError: Status.INTERNAL,
+    MemoryBudgetError: Status.INTERNAL,
+    InternalError: Status.INTERNAL,
+    UnsupportedError: Status.UNIMPLEMENTED,
+    TlsError: Status.INTERNAL,
+    AgentError: Status.INTERNAL,
 }
 
 # Triton's answer to ModelInfer on a decoupled model (UNIMPLEMENTED).
 _REFUSAL = "ModelInfer RPC doesn't support models with decoupled transaction policy"
+_SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+# The methods that take the request's bytes (they decode through `grpc_wire.decode_infer`), and
+# the one that returns the response's bytes.
+_BYTES_IN = frozenset({"ModelInfer", "ModelStreamInfer"})
+_BYTES_OUT = frozenset({"ModelInfer"})
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 
 
-def status_for(error: BaseException) -> grpc.StatusCode:
+def status_for(error: BaseException) -> Status:
     """The gRPC status for an error (any non-`AgentError` is an `InternalError`: INTERNAL)."""
     return lookup(STATUS_FOR_ERROR, error)
 
 
-# The RPC in progress (each runs in its own task): its metadata carries the W3C trace context.
-_call: contextvars.ContextVar[grpc.aio.ServicerContext[Any, Any]] = contextvars.ContextVar(
-    "grpc_call"
-)
+class Call(Protocol):
+    """What a method reads of its call (grpc.aio's ServicerContext has it; so does the loop
+    engine's context)."""
+
+    def peer(self) -> str: ...
+
+    def invocation_metadata(self) -> Iterable[tuple[str, str | bytes]] | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Rpc:
+    """One method of the service as an engine registers it.
+
+    `handler(request, call)` returns the response (an async iterator of them when
+    `server_streaming`); with `client_streaming` its request is an async iterator. A type of
+    None means the handler takes (returns) the message's bytes: the engine neither parses nor
+    serializes it.
+    """
+
+    name: str
+    path: str  # "/inference.GRPCInferenceService/ModelInfer"
+    handler: Callable[..., Any]
+    request_type: type[Message] | None
+    response_type: type[Message] | None
+    client_streaming: bool
+    server_streaming: bool
+
+
+# The RPC in progress (each runs in its own task): its peer, for shared-memory registration.
+_call: contextvars.ContextVar[Call] = contextvars.ContextVar("grpc_call")
 
 
 def _mapped(
     handler: Callable[[Any, Req], Awaitable[Resp]],
-) -> Callable[[Any, Req, grpc.aio.ServicerContext[Req, Resp]], Awaitable[Resp]]:
-    async def wrapper(
-        self: Any, request: Req, context: grpc.aio.ServicerContext[Req, Resp]
-    ) -> Resp:
-        _call.set(context)
+) -> Callable[[Any, Req, Call], Awaitable[Resp]]:
+    async def wrapper(self: InferenceService, request: Req, call: Call) -> Resp:
+        _call.set(call)
         try:
             return await handler(self, request)
         except Exception as exc:
-            await _abort(context, exc, self._dp, handler.__name__)
-            raise  # abort raises; this keeps type checkers satisfied
+            raise self._status_error(exc, handler.__name__) from exc
 
     return wrapper
-
-
-async def _abort(context: Any, exc: Exception, dataplane: DataPlane, name: str) -> None:
-    """End the call with the error's status (logged with its traceback when it is a bug)."""
-    if not isinstance(exc, AgentError):
-        logger.exception("gRPC %s failed", name)
-    error = InternalError.wrap(exc)
-    # no path of the device in what the client reads
-    await context.abort(status_for(error), dataplane.scrub(error.message))
 
 
 def _require_local_caller() -> None:
@@ -145,12 +176,222 @@ def _require_local_caller() -> None:
     require_local_registrant(call.peer() if call is not None else None)
 
 
-class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
-    """The gRPC servicer over the shared data plane."""
+def _metadata(call: Call) -> dict[str, str]:
+    """The call's text metadata by lower-case key."""
+    return {str(k).lower(): v for k, v in call.invocation_metadata() or () if isinstance(v, str)}
 
-    def __init__(self, dataplane: DataPlane, limits: TensorLimits | None = None) -> None:
+
+class InferenceService:
+    """The gRPC servicer over the shared data plane (see the module doc).
+
+    `access`: Triton's restricted protocol groups (`access.grpc`), None when not enforced.
+    """
+
+    def __init__(
+        self,
+        dataplane: DataPlane,
+        limits: TensorLimits | None = None,
+        access: ApiAccess | None = None,
+    ) -> None:
         self._dp = dataplane
         self._limits = limits
+        self._access = access
+
+    def rpcs(self) -> tuple[Rpc, ...]:
+        """Every method of GRPCInferenceService, in the order the proto declares them."""
+        out = []
+        for method in _SERVICE.methods:
+            name = method.name
+            path = f"/{_SERVICE.full_name}/{name}"
+            handler = getattr(self, name)
+            if self._access is not None:
+                handler = self._gated(path, handler, method.server_streaming)
+            out.append(
+                Rpc(
+                    name,
+                    path,
+                    handler,
+                    None if name in _BYTES_IN else getattr(pb, method.input_type.name),
+                    None if name in _BYTES_OUT else getattr(pb, method.output_type.name),
+                    method.client_streaming,
+                    method.server_streaming,
+                )
+            )
+        return tuple(out)
+
+    def _gated(self, path: str, handler: Callable[..., Any], streaming: bool) -> Callable[..., Any]:
+        """`handler`, refusing a call to a restricted group without its metadata first."""
+        if streaming:
+
+            async def stream(requests: Any, call: Call) -> AsyncIterator[Any]:
+                self._admit(path, call)
+                async with contextlib.aclosing(handler(requests, call)) as replies:
+                    async for reply in replies:
+                        yield reply
+
+            return stream
+
+        async def unary(request: Any, call: Call) -> Any:
+            self._admit(path, call)
+            return await handler(request, call)
+
+        return unary
+
+    def _admit(self, path: str, call: Call) -> None:
+        assert self._access is not None
+        refusal = self._access.grpc.refusal(grpc_endpoint(path), _metadata(call))
+        if refusal is not None:
+            raise StatusError(status_for(RestrictedApiError(refusal)), refusal)
+
+    def _status_error(self, exc: Exception, name: str) -> StatusError:
+        """The status that ends a call failed with `exc` (logged with its traceback when it is a
+        bug; call it in the `except` block)."""
+        if isinstance(exc, StatusError):
+            return exc
+        if not isinstance(exc, AgentError):
+            logger.exception("gRPC %s failed", name)
+        error = InternalError.wrap(exc)
+        # no path of the device in what the client reads
+        return StatusError(status_for(error), self._dp.scrub(error.message))
+
+    # Inference: one decode route ------------------------------------------------------------
+
+    def _decode(self, data: bytes) -> grpc_wire.DecodedInfer:
+        """A serialized ModelInferRequest, decoded (the one route of both infer RPCs).
+
+        Raises:
+            StatusError: the bytes are not a ModelInferRequest (INTERNAL, grpcio's words).
+            InvalidInputError, PayloadTooLargeError: as `grpc_wire.decode_infer`.
+        """
+        try:
+            return grpc_wire.decode_infer(data, limits=self._limits)
+        except DecodeError:
+            raise StatusError(Status.INTERNAL, DESERIALIZE_FAILED) from None
+
+    async def ModelInfer(self, data: bytes, call: Call) -> bytes:
+        """ModelInfer from the request's bytes to the response's, on both engines."""
+        try:
+            if self._dp.tracer.active:
+                return await self._infer_traced(data, call)
+            decoded = self._decode(data)
+            response = await self._dp.infer(
+                decoded.model_name, decoded.model_version, decoded.request, refusal=_REFUSAL
+            )
+            return grpc_wire.encode_serialized(response, decoded.request)
+        except Exception as exc:
+            raise self._status_error(exc, "ModelInfer") from exc
+
+    async def _infer_traced(self, data: bytes, call: Call) -> bytes:
+        """ModelInfer with Triton's gRPC timestamps when the request is sampled for tracing."""
+        read = time.perf_counter_ns()
+        decoded = self._decode(data)
+        request = decoded.request
+        trace = self._dp.tracer.start(decoded.model_name, request.id or "")
+        if trace is None:
+            response = await self._dp.infer(
+                decoded.model_name, decoded.model_version, request, refusal=_REFUSAL
+            )
+            return grpc_wire.encode_serialized(response, request)
+        trace.stamp("GRPC_WAITREAD_END", read)
+        trace.propagate(_metadata(call))
+        try:
+            response = await self._dp.infer(
+                decoded.model_name, decoded.model_version, request, trace, refusal=_REFUSAL
+            )
+            trace.stamp("GRPC_SEND_START")
+            reply = grpc_wire.encode_serialized(response, request)
+            trace.stamp("GRPC_SEND_END")
+            return reply
+        finally:
+            self._dp.tracer.finish(trace)
+
+    async def ModelStreamInfer(
+        self, requests: AsyncIterator[bytes], call: Call
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Every response of every request on the stream, requests served concurrently.
+
+        Each response carries Triton's `triton_final_response` parameter; a decoupled model's
+        final flag without a response is sent as an empty response only when the request set
+        `triton_enable_empty_final_response`. An error goes back as error_message and the stream
+        goes on; bytes that are not a ModelInferRequest end the stream (INTERNAL). When the
+        client cancels the stream (or goes away), its requests are cancelled.
+        """
+        _call.set(call)
+        out: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        running: set[asyncio.Task[None]] = set()
+
+        async def serve(decoded: grpc_wire.DecodedInfer) -> None:
+            async for message in self._stream_one(decoded):
+                out.put_nowait(message)
+
+        async def read() -> None:
+            try:
+                # Requests are decoded and their tasks started in arrival order, and each reaches
+                # its model's queue without waiting: requests that share a queue keep the order.
+                async for data in requests:
+                    try:
+                        decoded = self._decode(data)
+                    except AgentError as exc:
+                        out.put_nowait(self._stream_error(exc))
+                        continue
+                    task = asyncio.ensure_future(serve(decoded))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                while running:  # the client half-closed: finish what it asked for
+                    await asyncio.wait(set(running))
+            finally:
+                out.put_nowait(None)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while (message := await out.get()) is not None:
+                yield message
+            await reader  # a broken request stream surfaces here
+        except Exception as exc:
+            raise self._status_error(exc, "ModelStreamInfer") from exc
+        finally:
+            reader.cancel()
+            for task in list(running):
+                task.cancel()  # closes each request's response iterator: the model sees it
+
+    async def _stream_one(
+        self, decoded: grpc_wire.DecodedInfer
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """The stream messages of one request (errors as error_message)."""
+        request = decoded.request
+        empty_final = request.parameters.get("triton_enable_empty_final_response") is True
+        try:
+            async for item in self._dp.infer_stream(
+                decoded.model_name, decoded.model_version, request
+            ):
+                if item.error is not None:
+                    yield pb.ModelStreamInferResponse(
+                        error_message=self._dp.scrub(item.error.message)
+                    )
+                    continue
+                if item.response is None:
+                    if not (item.final and empty_final):
+                        continue
+                    message = pb.ModelInferResponse(
+                        model_name=decoded.model_name,
+                        model_version=decoded.model_version or "",
+                        id=request.id or "",
+                    )
+                else:
+                    message = grpc_codec.encode_infer_response(item.response, request)
+                message.parameters["triton_final_response"].bool_param = item.final
+                yield pb.ModelStreamInferResponse(infer_response=message)
+        except AgentError as exc:
+            yield self._stream_error(exc)
+        except Exception as exc:
+            logger.exception("gRPC ModelStreamInfer failed")
+            yield self._stream_error(InternalError.wrap(exc))
+
+    def _stream_error(self, error: AgentError) -> pb.ModelStreamInferResponse:
+        """A request's error as its stream message (the stream goes on)."""
+        return pb.ModelStreamInferResponse(error_message=self._dp.scrub(error.message))
+
+    # Everything else: typed messages --------------------------------------------------------
 
     @_mapped
     async def ServerLive(self, request: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
@@ -185,86 +426,6 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             for tensor in meta[key]:
                 target.add(name=tensor["name"], datatype=tensor["datatype"], shape=tensor["shape"])
         return response
-
-    @_mapped
-    async def ModelInfer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
-        return await self._infer(request)
-
-    async def ModelStreamInfer(
-        self,
-        request_iterator: AsyncIterator[pb.ModelInferRequest],
-        context: grpc.aio.ServicerContext[pb.ModelInferRequest, pb.ModelStreamInferResponse],
-    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """Every response of every request on the stream, requests served concurrently.
-
-        Each response carries Triton's `triton_final_response` parameter; a decoupled model's
-        final flag without a response is sent as an empty response only when the request set
-        `triton_enable_empty_final_response`. An error goes back as error_message and the stream
-        goes on. When the client cancels the stream (or goes away), its requests are cancelled.
-        """
-        _call.set(context)
-        out: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
-        running: set[asyncio.Task[None]] = set()
-
-        async def serve(request: pb.ModelInferRequest) -> None:
-            async for message in self._stream_one(request):
-                out.put_nowait(message)
-
-        async def read() -> None:
-            try:
-                # Tasks start in arrival order and reach their model's queue without waiting,
-                # so requests that share a queue keep the stream's order.
-                async for request in request_iterator:
-                    task = asyncio.ensure_future(serve(request))
-                    running.add(task)
-                    task.add_done_callback(running.discard)
-                while running:  # the client half-closed: finish what it asked for
-                    await asyncio.wait(set(running))
-            finally:
-                out.put_nowait(None)
-
-        reader = asyncio.ensure_future(read())
-        try:
-            while (message := await out.get()) is not None:
-                yield message
-            await reader  # a broken request iterator surfaces here
-        finally:
-            reader.cancel()
-            for task in list(running):
-                task.cancel()  # closes each request's response iterator: the model sees it
-
-    async def _stream_one(
-        self, request: pb.ModelInferRequest
-    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """The stream messages of one request (errors as error_message)."""
-        empty_final = _bool_parameter(request, "triton_enable_empty_final_response")
-        version = request.model_version or None
-        try:
-            infer_request = grpc_codec.decode_infer_request(request, limits=self._limits)
-            async for item in self._dp.infer_stream(request.model_name, version, infer_request):
-                if item.error is not None:
-                    yield pb.ModelStreamInferResponse(
-                        error_message=self._dp.scrub(item.error.message)
-                    )
-                    continue
-                if item.response is None:
-                    if not (item.final and empty_final):
-                        continue
-                    message = pb.ModelInferResponse(
-                        model_name=request.model_name,
-                        model_version=request.model_version,
-                        id=request.id,
-                    )
-                else:
-                    message = grpc_codec.encode_infer_response(item.response, infer_request)
-                message.parameters["triton_final_response"].bool_param = item.final
-                yield pb.ModelStreamInferResponse(infer_response=message)
-        except AgentError as exc:
-            yield pb.ModelStreamInferResponse(error_message=self._dp.scrub(exc.message))
-        except Exception as exc:
-            logger.exception("gRPC ModelStreamInfer failed")
-            text = self._dp.scrub(InternalError.wrap(exc).message)
-            yield pb.ModelStreamInferResponse(error_message=text)
 
     @_mapped
     async def ModelConfig(self, request: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
@@ -419,176 +580,3 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def LogSettings(self, request: pb.LogSettingsRequest) -> pb.LogSettingsResponse:
         settings = self._dp.log_settings.update(grpc_codec.decode_log_settings(request))
         return grpc_codec.encode_log_settings(settings)
-
-    async def infer_serialized(self, data: bytes, context: Any) -> bytes:
-        """ModelInfer from the request's bytes to the response's (the loop engine calls this).
-
-        A request in the shape clients repeat skips the protobuf objects (`grpc_wire`); any
-        other, and every request while tracing is on, is parsed whole and served by ModelInfer.
-        """
-        _call.set(context)
-        decoded = None
-        try:
-            if not self._dp.tracer.active:
-                decoded = grpc_wire.decode_serialized(data, limits=self._limits)
-            if decoded is not None:
-                plan, request = decoded
-                response = await self._dp.infer(
-                    plan.model_name, plan.model_version, request, refusal=_REFUSAL
-                )
-                return grpc_wire.encode_serialized(response, request)
-        except Exception as exc:
-            await _abort(context, exc, self._dp, "ModelInfer")
-            raise
-        try:
-            message = pb.ModelInferRequest.FromString(data)
-        except DecodeError:
-            await context.abort(grpc.StatusCode.INTERNAL, "Exception deserializing request!")
-            raise
-        reply: pb.ModelInferResponse = await self.ModelInfer(message, context)
-        return reply.SerializeToString()
-
-    async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
-        if self._dp.tracer.active:
-            return await self._infer_traced(request)
-        infer_request = grpc_codec.decode_infer_request(request, limits=self._limits)
-        response = await self._dp.infer(
-            request.model_name, request.model_version or None, infer_request, refusal=_REFUSAL
-        )
-        return grpc_codec.encode_infer_response(response, infer_request)
-
-    async def _infer_traced(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
-        """`_infer` with Triton's gRPC timestamps when the request is sampled for tracing."""
-        read = time.perf_counter_ns()
-        trace = self._dp.tracer.start(request.model_name, request.id)
-        infer_request = grpc_codec.decode_infer_request(request, limits=self._limits)
-        version = request.model_version or None
-        if trace is None:
-            response = await self._dp.infer(
-                request.model_name, version, infer_request, refusal=_REFUSAL
-            )
-            return grpc_codec.encode_infer_response(response, infer_request)
-        trace.stamp("GRPC_WAITREAD_END", read)
-        call = _call.get(None)
-        if call is not None:
-            metadata = call.invocation_metadata() or ()
-            trace.propagate({str(k): v for k, v in metadata if isinstance(v, str)})
-        try:
-            response = await self._dp.infer(
-                request.model_name, version, infer_request, trace, refusal=_REFUSAL
-            )
-            trace.stamp("GRPC_SEND_START")
-            message = grpc_codec.encode_infer_response(response, infer_request)
-            trace.stamp("GRPC_SEND_END")
-            return message
-        finally:
-            self._dp.tracer.finish(trace)
-
-
-def _bool_parameter(request: pb.ModelInferRequest, key: str) -> bool:
-    param = request.parameters.get(key)
-    return (
-        param is not None
-        and param.WhichOneof("parameter_choice") == "bool_param"
-        and (param.bool_param)
-    )
-
-
-class _RestrictionInterceptor(grpc.aio.ServerInterceptor):
-    """Refuses calls to a restricted protocol group without its metadata (`agent.api.access`)."""
-
-    def __init__(self, access: ApiAccess) -> None:
-        self._access = access
-
-    async def intercept_service(
-        self,
-        continuation: Callable[
-            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
-        ],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        pairs = details.invocation_metadata or ()
-        metadata = {str(k).lower(): v for k, v in pairs if isinstance(v, str)}
-        refusal = self._access.grpc.refusal(grpc_endpoint(details.method), metadata)
-        handler = await continuation(details)
-        if refusal is None or handler is None:
-            return handler
-        return _refusing(handler, refusal)
-
-
-def _refusing(
-    handler: grpc.RpcMethodHandler[Any, Any], message: str
-) -> grpc.RpcMethodHandler[Any, Any]:
-    """A handler of the same shape that answers Triton's refusal without running the method."""
-
-    async def refuse(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        await context.abort(status_for(RestrictedApiError(message)), message)
-
-    codec = {
-        "request_deserializer": handler.request_deserializer,
-        "response_serializer": handler.response_serializer,
-    }
-    if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(refuse, **codec)
-    if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(refuse, **codec)
-    if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(refuse, **codec)
-    return grpc.unary_unary_rpc_method_handler(refuse, **codec)
-
-
-async def start_grpc_server(
-    dataplane: DataPlane,
-    host: str,
-    port: int,
-    *,
-    max_message_bytes: int,
-    tensor_limits: TensorLimits | None = None,
-    connection_limits: ConnectionLimits | None = None,
-    access: ApiAccess | None = None,
-    tls: ServerTls | None = None,
-) -> tuple[grpc.aio.Server, int]:
-    """Start the gRPC server; returns it and the bound port (useful with port 0).
-
-    `access`: Triton's restricted protocol groups (`access.grpc`); `tls`: serve TLS (mutual TLS
-    when it has a client CA), its certificate reloaded in place.
-
-    Raises:
-        OSError: the port cannot be bound.
-    """
-    server = grpc.aio.server(
-        interceptors=[_RestrictionInterceptor(access)] if access is not None else None,
-        options=[
-            # A message over the limit is refused (RESOURCE_EXHAUSTED) from its length prefix.
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-            *_connection_options(connection_limits or ConnectionLimits()),
-        ],
-    )
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(  # type: ignore[no-untyped-call]
-        InferenceService(dataplane, tensor_limits), server
-    )
-    try:
-        address = f"{host}:{port}"
-        if tls is None:
-            bound = server.add_insecure_port(address)
-        else:
-            bound = server.add_secure_port(address, tls.grpc_credentials())
-    except RuntimeError:  # grpcio >= 1.60 raises where older versions returned port 0
-        bound = 0
-    if bound == 0:
-        raise OSError(errno.EADDRINUSE, f"cannot bind gRPC on {host}:{port}")
-    await server.start()
-    return server, bound
-
-
-def _connection_options(limits: ConnectionLimits) -> list[tuple[str, int]]:
-    """grpc core's counterparts of the HTTP connection limits."""
-    return [
-        # Connections over the cap are closed as they are accepted.
-        ("grpc.max_allowed_incoming_connections", limits.max_connections),
-        # A client that does not finish the HTTP/2 handshake (preface, SETTINGS) in time: cut.
-        ("grpc.server_handshake_timeout_ms", int(limits.header_timeout_s * 1000)),
-        # A connection without RPCs for this long gets GOAWAY (then closes).
-        ("grpc.max_connection_idle_ms", int(limits.idle_timeout_s * 1000)),
-    ]

@@ -9,6 +9,8 @@ Anything else (typed contents, shared memory, raw buffers that do not match the 
 out of order or unknown, a description that fails a check) returns None and the caller parses
 the message whole, so its answer, errors included, is the full decoder's.
 
+`decode_infer` is the one decode of a ModelInferRequest's bytes, on both engines and for both
+infer RPCs: `decode_serialized`, or when it declines, the full parse through `grpc_codec`.
 `encode_serialized` writes a ModelInferResponse's bytes directly, the same bytes as
 `grpc_codec.encode_infer_response(...).SerializeToString()`.
 """
@@ -41,9 +43,11 @@ from agent.tensors.request import (
 )
 
 __all__ = [
+    "DecodedInfer",
     "PlanCacheInfo",
     "PlannedInput",
     "RequestPlan",
+    "decode_infer",
     "decode_serialized",
     "encode_serialized",
     "plan_cache_info",
@@ -91,6 +95,33 @@ class RequestPlan:
     id: str | None
     outputs: tuple[RequestedOutput, ...] | None
     parameters: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedInfer:
+    """A ModelInferRequest read: the model it is for and the agent's request."""
+
+    model_name: str
+    model_version: str | None
+    request: InferRequest
+
+
+def decode_infer(data: bytes, *, limits: TensorLimits | None = None) -> DecodedInfer:
+    """A serialized ModelInferRequest, whatever its shape: from its plan when it has the common
+    shape, else parsed whole (the same request, or the same error, either way).
+
+    Raises:
+        DecodeError: the bytes are not a ModelInferRequest.
+        InvalidInputError: as `grpc_codec.decode_infer_request`.
+        PayloadTooLargeError: an input's declared shape is over `limits`.
+    """
+    planned = decode_serialized(data, limits=limits)
+    if planned is not None:
+        plan, request = planned
+        return DecodedInfer(plan.model_name, plan.model_version, request)
+    message = pb.ModelInferRequest.FromString(data)
+    request = grpc_codec.decode_infer_request(message, limits=limits)
+    return DecodedInfer(message.model_name, message.model_version or None, request)
 
 
 def decode_serialized(

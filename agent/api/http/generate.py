@@ -16,7 +16,7 @@ more as a flat list, BYTES as text.
   before the model takes it is an ordinary JSON error with its status. A client that closes the
   connection cancels the request (the model's `request.is_cancelled()` turns true).
 
-Both serve any model; `/infer` refuses decoupled models (`REFUSAL`, Triton's wording).
+Both serve any model; `/infer` refuses decoupled models (`agent.api.http.infer.REFUSAL`).
 """
 
 from __future__ import annotations
@@ -33,9 +33,6 @@ from agent.errors import AgentError, InvalidInputError
 from agent.serving.dataplane import DataPlane
 from agent.serving.response_stream import StreamedResponse
 from agent.tensors.request import InferInput, InferRequest, InferResponse
-
-# Triton's answer to /infer on a decoupled model (501).
-REFUSAL = "HTTP end point doesn't support models with decoupled transaction policy"
 
 
 def generate_routes(dataplane: DataPlane, model: str, version: str) -> list[web.RouteDef]:

@@ -4,25 +4,32 @@ aiohttp's per-request machinery (its parser objects, request and response object
 the middleware chain, a task hand-off per request) costs more CPU than the rest of a small
 inference. The lane reads the commonest request shape itself: `POST /v2/models/M[/versions/V]/infer`
 over HTTP/1.1, with a `Content-Length` body and nothing unusual in its head, and answers it with
-the same codec, data plane and error table as the aiohttp handler.
+the same handler (`agent.api.http.infer`), the same policy (`agent.api.http.policy`) and the
+same error table (`agent.api.http.errors`) as aiohttp's door, so a client reads the same status
+and bytes from either.
 
-Anything else is handed over, at a request boundary and with every byte already received, to
-aiohttp's own protocol for the rest of the connection's life: other routes, chunked or encoded
-bodies, `Expect`, upgrades, HTTP/1.0, a percent-encoded path, restricted API groups, a body over
-`max_request_bytes` or one that arrives slowly, the agent stopping. So every HTTP-level error,
-limit and edge case stays aiohttp's, and a client sees no difference but the CPU spent.
-The lane's head parser only ever accepts; when in doubt it hands over.
+The lane skips work, never rules: for each request it asks the app's `HttpPolicy` what aiohttp's
+middleware asks (restricted API groups, the declared body length, the stop). A refusal that
+keeps the connection (a restricted group: 403) it answers itself once the body is in; one whose
+body will never be read (413, a body still arriving at the stop: 503) it hands to aiohttp's
+door, which answers it from the same policy and error table and lingers, reading the rest, so
+the client sees the answer before the close.
+
+Anything else is handed over too, at a request boundary and with every byte already received,
+to aiohttp's own protocol for the rest of the connection's life: other routes, chunked or
+encoded bodies, `Expect`, upgrades, HTTP/1.0, a percent-encoded path, a body that arrives slowly
+(aiohttp times it), buffered requests when the agent stops. The lane's head parser only ever
+accepts; when in doubt it hands over.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from email.utils import formatdate
 from http import HTTPStatus
 from types import MappingProxyType
@@ -30,9 +37,12 @@ from typing import Protocol, cast
 
 from aiohttp import web
 
-from agent.api.access import ApiAccess
-from agent.api.http.codec import HEADER_LENGTH, decode_infer_request, encode_infer_response
-from agent.api.http.generate import REFUSAL
+from agent.api.http.codec import HEADER_LENGTH
+from agent.api.http.errors import error_answer, error_body
+from agent.api.http.infer import answer_infer
+from agent.api.http.limits import must_close
+from agent.api.http.policy import HttpPolicy
+from agent.errors import AgentError
 from agent.serving.dataplane import DataPlane
 from agent.tensors.limits import TensorLimits
 from agent.tracing.tracer import PROPAGATED
@@ -59,9 +69,15 @@ _HEADER_LENGTH = HEADER_LENGTH.lower().encode()
 _TRACE_HEADERS = frozenset(name.encode() for name in PROPAGATED)
 
 
-@dataclass(frozen=True, slots=True)
+# The lane's two routes, as the app's router names them (the policy judges requests by route).
+INFER_ROUTE = "/v2/models/{model}/infer"
+VERSION_INFER_ROUTE = "/v2/models/{model}/versions/{version}/infer"
+
+
+@dataclass(slots=True)
 class InferHead:
-    """The parts of an infer request's head the lane uses."""
+    """The parts of an infer request's head the lane uses (one object per distinct head bytes,
+    shared by the requests that repeat them: see `cached_infer_head`)."""
 
     model: str
     version: str | None
@@ -69,6 +85,35 @@ class InferHead:
     header_length: int | None  # Inference-Header-Content-Length
     keep_alive: bool
     trace_headers: Mapping[str, str]  # traceparent / tracestate, when sent
+    fields: bytes = field(repr=False)  # the header lines as received, each after its "\r\n"
+    _headers: Mapping[str, str] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def route(self) -> str:
+        return INFER_ROUTE if self.version is None else VERSION_INFER_ROUTE
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """Every header by its lower-case name (the first of repeated ones, as aiohttp's
+        `headers.get`), read as aiohttp reads them; parsed on first use only."""
+        if self._headers is None:
+            self._headers = _header_map(self.fields)
+        return self._headers
+
+    def get(self, name: str, /) -> str | None:
+        """A header's value by its lower-case name (`agent.api.access.Headers`): the policy
+        reads the head's headers only when it has restricted groups to check."""
+        return self.headers.get(name)
+
+
+def _header_map(fields: bytes) -> Mapping[str, str]:
+    headers: dict[str, str] = {}
+    for line in fields.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        headers.setdefault(
+            name.lower().decode("ascii"), value.strip(b" \t").decode("utf-8", "surrogateescape")
+        )
+    return MappingProxyType(headers)
 
 
 def parse_infer_head(head: bytes) -> InferHead | None:
@@ -119,6 +164,7 @@ def parse_infer_head(head: bytes) -> InferHead | None:
         header_length=header_length,
         keep_alive=keep_alive,
         trace_headers=MappingProxyType(trace),  # a head is shared by the requests that repeat it
+        fields=fields,
     )
 
 
@@ -140,66 +186,26 @@ def cached_infer_head(head: bytes) -> InferHead | None:
     return parsed
 
 
-async def answer_infer(
-    dataplane: DataPlane,
-    limits: TensorLimits,
-    target: tuple[str, str | None],
-    body: bytes | memoryview,
-    header_length: int | None,
-    headers: Mapping[str, str],
-    received_ns: int,
-) -> tuple[bytes, int | None]:
-    """One `/infer` request, from its body to the response body and its JSON header's length
-    (None: all JSON); the one path of both the lane and the aiohttp handler.
-
-    `headers` are read for the trace context only; `received_ns` is the HTTP_RECV_START stamp.
-    Raises the data plane's and the codec's `AgentError`s.
-    """
-    infer_request = decode_infer_request(body, header_length, limits=limits)
-    tracer = dataplane.tracer
-    trace = tracer.start(target[0], infer_request.id or "") if tracer.active else None
-    if trace is None:
-        response = await dataplane.infer(*target, infer_request, refusal=REFUSAL)
-        return encode_infer_response(response, infer_request)
-    trace.stamp("HTTP_RECV_START", received_ns)
-    trace.stamp("HTTP_RECV_END")
-    trace.propagate(headers)
-    try:
-        response = await dataplane.infer(*target, infer_request, trace, refusal=REFUSAL)
-        trace.stamp("HTTP_SEND_START")
-        answer = encode_infer_response(response, infer_request)
-        trace.stamp("HTTP_SEND_END")
-        return answer
-    finally:
-        tracer.finish(trace)
-
-
-# An error becomes (status, message, close the connection): the HTTP app's error table.
-ErrorAnswer = Callable[[BaseException], tuple[int, str, bool]]
-
-
 @dataclass(slots=True)
 class InferLane:
     """What every lane connection of one listener shares, and what they did."""
 
     dataplane: DataPlane
     tensor_limits: TensorLimits
-    max_request_bytes: int
-    access: ApiAccess | None
-    error_answer: ErrorAnswer
-    served: int = 0  # requests answered by the lane
+    policy: HttpPolicy  # the app's: the same object its middleware asks
+    served: int = 0  # requests answered by the lane (refusals included)
     handed_over: int = 0  # connections handed to aiohttp
 
     def open_to(self, owner: LaneOwner) -> LaneConnection:
         return LaneConnection(self, owner)
 
 
-# The app's lane: its listener puts it first on every connection (`agent.api.http.limits`).
+# The app's lane: its connection guard puts it first on every connection.
 INFER_LANE = web.AppKey("infer_lane", InferLane)
 
 
 class LaneOwner(Protocol):
-    """The connection a lane serves (`agent.api.http.limits`'s tracker)."""
+    """The connection a lane serves (`agent.api.http.connection`'s tracker)."""
 
     def request_started(self) -> None: ...
 
@@ -233,6 +239,7 @@ class LaneConnection:
         self._size = 0
         self._head: InferHead | None = None
         self._head_size = 0
+        self._refusal: AgentError | None = None  # the policy's answer to the head being read
         self._body_since: float | None = None  # loop time the lane began to wait for a body
         self._task: asyncio.Task[None] | None = None
         self._paused = False  # the transport's write buffer is full
@@ -256,7 +263,10 @@ class LaneConnection:
         self._size += len(data)
         if self._task is None:
             self._advance()
-        elif self._size > self._lane.max_request_bytes + HEAD_MAX and self._transport is not None:
+        elif (
+            self._size > self._lane.policy.max_request_bytes + HEAD_MAX
+            and self._transport is not None
+        ):
             # A client pipelining faster than it is served waits in its socket, not in our memory.
             self._reading = False
             self._transport.pause_reading()
@@ -276,13 +286,14 @@ class LaneConnection:
             self._task.cancel()  # as aiohttp's handler_cancellation: a queued request never runs
 
     def give_up(self) -> None:
-        """Hand the connection over now (a slow body, the agent stopping); not while busy."""
+        """Hand the connection over now (a slow body: aiohttp times it); not while busy."""
         if not self.done and self._task is None:
             self._hand_over()
 
     def stop(self) -> None:
-        """The agent is stopping: an idle connection closes, a running request's answer closes
-        its connection, buffered bytes go to aiohttp (whose stop refuses them properly)."""
+        """The agent is stopping (the policy knows it): an idle connection closes, a running
+        request's answer closes its connection, buffered bytes go to aiohttp, whose door
+        refuses a body still arriving as the policy says (503)."""
         self._closing = True
         if self.done or self._task is not None:
             return
@@ -300,50 +311,67 @@ class LaneConnection:
     def _hand_over(self) -> None:
         received = self._buffered()
         self._pieces, self._size, self._head, self._body_since = [], 0, None, None
+        self._refusal = None
         self.done = True
         self._lane.handed_over += 1
         self._owner.hand_over(received)
 
     def _advance(self) -> None:
-        """Start serving the next complete request in the buffer, if any."""
+        """Serve the buffered requests in order: start the next complete one, answer the
+        policy's refusals on the way (a loop, not recursion: a client may pipeline many)."""
         if not self._reading and self._transport is not None:
             self._reading = True
             self._transport.resume_reading()
-        if self.done or self._paused or not self._size:
-            return
-        if self._closing:
-            self._hand_over()  # aiohttp answers or drops it as its stop decides
-            return
-        if self._head is None:
-            buffered = self._buffered()
-            end = buffered.find(b"\r\n\r\n", 0, HEAD_MAX + 4)
-            if end < 0:
-                if self._size > HEAD_MAX:
+        lane = self._lane
+        while not (self.done or self._paused or not self._size):
+            if self._closing:
+                self._hand_over()  # aiohttp answers or drops it as its stop decides
+                return
+            if self._head is None:
+                buffered = self._buffered()
+                end = buffered.find(b"\r\n\r\n", 0, HEAD_MAX + 4)
+                if end < 0:
+                    if self._size > HEAD_MAX:
+                        self._hand_over()
+                    return
+                head = cached_infer_head(buffered[:end])
+                if head is None:
                     self._hand_over()
+                    return
+                refusal = lane.policy.refusal("POST", head.route, head, head.content_length)
+                if refusal is not None and must_close(refusal):
+                    # The body is never read: aiohttp's door answers (the same policy, the same
+                    # error table) and lingers, reading the rest, so the client sees the answer.
+                    self._hand_over()
+                    return
+                self._head, self._head_size = head, end + 4
+                self._refusal = refusal  # answered once its body is in (the connection goes on)
+            head = self._head
+            needed = self._head_size + head.content_length
+            if self._size < needed:
+                if lane.policy.stopping:
+                    self._hand_over()  # a body still arriving: refused there (503), lingering
+                elif self._body_since is None:
+                    self._body_since = asyncio.get_running_loop().time()
                 return
-            head = cached_infer_head(buffered[:end])
-            lane = self._lane
-            if (
-                head is None
-                or head.content_length > lane.max_request_bytes
-                or (lane.access is not None and lane.access.http)  # aiohttp checks them
-            ):
-                self._hand_over()
+            buffered = self._buffered()
+            body = memoryview(buffered)[self._head_size : needed]  # no copy: a view of the bytes
+            rest = buffered[needed:]
+            self._pieces, self._size = ([rest], len(rest)) if rest else ([], 0)
+            self._head, self._body_since = None, None
+            self._owner.request_started()
+            if self._refusal is None:
+                self._task = asyncio.get_running_loop().create_task(self._serve(head, body))
                 return
-            self._head, self._head_size = head, end + 4
-        head = self._head
-        needed = self._head_size + head.content_length
-        if self._size < needed:
-            if self._body_since is None:
-                self._body_since = asyncio.get_running_loop().time()
-            return
-        buffered = self._buffered()
-        body = memoryview(buffered)[self._head_size : needed]  # no copy: a view of the bytes
-        rest = buffered[needed:]
-        self._pieces, self._size = ([rest], len(rest)) if rest else ([], 0)
-        self._head, self._body_since = None, None
-        self._owner.request_started()
-        self._task = asyncio.get_running_loop().create_task(self._serve(head, body))
+            refusal, self._refusal = self._refusal, None
+            self._owner.request_finished()
+            if not self._answer_error(refusal, not head.keep_alive):
+                return
+
+    def _answer_error(self, error: BaseException, close: bool) -> bool:
+        """Send the error table's answer to `error`; returns whether the connection goes on."""
+        status, message, must = error_answer(self._lane.dataplane, error)
+        return self._send(status, error_body(message), None, close or must)
 
     async def _serve(self, head: InferHead, body: memoryview) -> None:
         lane = self._lane
@@ -363,17 +391,22 @@ class LaneConnection:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - the app's error table; a bug is a 500
-            status, message, must_close = lane.error_answer(exc)
-            payload, json_length = json.dumps({"error": message}).encode(), None
-            close = close or must_close
+            status, message, must = error_answer(lane.dataplane, exc)
+            payload, json_length = error_body(message), None
+            close = close or must
         finally:
             self._task = None
             self._owner.request_finished()
-        lane.served += 1
+        if self._send(status, payload, json_length, close):
+            self._advance()
+
+    def _send(self, status: int, payload: bytes, json_length: int | None, close: bool) -> bool:
+        """Write one answer; returns whether the connection goes on (not closed, not closing)."""
+        self._lane.served += 1
         close = close or self._closing
         transport = self._transport
         if transport is None or transport.is_closing():
-            return
+            return False
         head_bytes = _response_head(status, len(payload), json_length, close)
         if len(payload) < 16384:
             transport.write(head_bytes + payload)
@@ -383,8 +416,8 @@ class LaneConnection:
         if close:
             self.done = True
             transport.close()
-        else:
-            self._advance()
+            return False
+        return True
 
 
 _JSON_TYPE = b"Content-Type: application/json\r\n"

@@ -58,6 +58,15 @@ from typing import NoReturn
 
 import numpy as np
 
+from agent.backends.base import (
+    Backend,
+    DeclaresConfig,
+    DecoupledRequest,
+    HoldsWorkerMemory,
+    RequestFeeds,
+    RunsDecoupled,
+    RunsRequests,
+)
 from agent.backends.cancellation import CancelSignal
 from agent.backends.python import ipc
 from agent.backends.python.autocomplete import auto_complete_in_worker
@@ -73,7 +82,7 @@ from agent.backends.python.instances import WorkerSite, start_workers
 from agent.backends.python.outputs import checked_output
 from agent.backends.python.process import Launcher, Worker, exit_reason, kill_worker, reap_worker
 from agent.backends.python.side_messages import SideMessages
-from agent.backends.python.stream import DecoupledChannel, DecoupledRequest
+from agent.backends.python.stream import DecoupledChannel
 from agent.errors import AgentError, BackendError, ModelInstanceFailedError, ModelLoadError
 from agent.proto import model_config_pb2 as mc
 from agent.repository.autocomplete import complete_config
@@ -82,7 +91,7 @@ from agent.tensors.datatypes import ModelTensor
 logger = logging.getLogger(__name__)
 
 
-class PythonBackend:
+class PythonBackend(Backend, RunsRequests, RunsDecoupled, DeclaresConfig, HoldsWorkerMemory):
     """A Python model version: its worker processes and the config's tensors."""
 
     def __init__(
@@ -195,7 +204,7 @@ class PythonBackend:
 
     def run_requests(
         self,
-        requests: Sequence[tuple[Mapping[str, np.ndarray], Sequence[str]]],
+        requests: Sequence[RequestFeeds],
         cancelled: Sequence[CancelSignal] = (),
         *,
         traces: Sequence[object | None] = (),
@@ -348,7 +357,7 @@ class PythonBackend:
     def _run_on(
         self,
         worker: Worker,
-        requests: Sequence[tuple[Mapping[str, np.ndarray], Sequence[str]]],
+        requests: Sequence[RequestFeeds],
         cancelled: Sequence[CancelSignal],
         traces: Sequence[object | None] = (),
     ) -> list[list[np.ndarray] | AgentError]:

@@ -22,20 +22,17 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 import numpy as np
 
-from agent.backends.base import ResponseSink
+from agent.backends.base import DecoupledRequest, ResponseSink
 from agent.backends.python import ipc
 from agent.errors import AgentError, BackendError, ModelInstanceFailedError, ModelNotReadyError
 
 logger = logging.getLogger(__name__)
-
-# One request of a decoupled model: its inputs, the outputs it asks for, where responses go.
-DecoupledRequest = tuple[Mapping[str, np.ndarray], Sequence[str], ResponseSink]
 
 # The requested outputs of a response, checked (dtype, shape); raises BackendError.
 OutputCheck = Callable[[Sequence[str], dict[str, np.ndarray]], list[np.ndarray]]

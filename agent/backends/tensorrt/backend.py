@@ -18,9 +18,9 @@ result from `declared_config`.
 Each backend owns one execution context, one CUDA stream and device buffers sized for the
 optimization profile's largest batch (max_batch_size), allocated once at load: `run` only copies
 in, enqueues and copies out. `run` is blocking (the scheduler calls it off the event loop) and
-serialized by a lock, since an execution context is not thread-safe. `device_memory_bytes` (the
-engine's activation memory plus the I/O buffers) is what the registry charges to the memory budget:
-on a Jetson, GPU memory is the same RAM the budget covers.
+serialized by a lock, since an execution context is not thread-safe. `device_memory_bytes` is the
+engine's activation memory plus the I/O buffers (on a Jetson, GPU memory is the same RAM the
+memory budget covers).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from agent.backends.base import Backend, DeclaresConfig, ReportsProviders
 from agent.backends.cuda import cuda_check, cuda_runtime
 from agent.backends.tensorrt.api import ICudaEngine, IExecutionContext, TensorRT
 from agent.backends.tensorrt.build import import_tensorrt
@@ -56,7 +57,7 @@ def _activation_bytes(engine: ICudaEngine) -> int:
     return int(size or 0)
 
 
-class TensorRTBackend:
+class TensorRTBackend(Backend, DeclaresConfig, ReportsProviders):
     """A model version running a serialized TensorRT engine on one CUDA device."""
 
     def __init__(
@@ -121,7 +122,8 @@ class TensorRTBackend:
             self.close()
             raise
         self.device_memory_bytes = _activation_bytes(self._engine) + io_bytes
-        self.providers = ("TensorRT",)
+        self.providers: tuple[str, ...] = ("TensorRT",)
+        self.missing_providers: tuple[str, ...] = ()
 
     def _names(self) -> list[str]:
         return [self._engine.get_tensor_name(i) for i in range(self._engine.num_io_tensors)]

@@ -18,6 +18,7 @@ from agent.api.access import (
     parse_restrictions,
 )
 from agent.api.http.app import create_app
+from agent.config.choices import ModelControlMode
 from agent.config.loader import load_config
 from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.config.security import exposure_problems
@@ -35,7 +36,7 @@ def empty_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningAge
     repo = tmp_path_factory.mktemp("empty")
     config = AgentConfig(
         server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1),
-        models=ModelsConfig(repository=repo, control_mode="explicit"),
+        models=ModelsConfig(repository=repo, control_mode=ModelControlMode.EXPLICIT),
     )
     with running_agent(config) as agent:
         yield agent

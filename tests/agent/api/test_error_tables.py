@@ -6,12 +6,12 @@ import importlib
 import pkgutil
 from collections.abc import Iterator, Mapping
 
-import grpc
 import pytest
 
 import agent
 from agent.api.grpc import service as grpc_server
-from agent.api.http import app as http
+from agent.api.grpc.status import Status
+from agent.api.http import errors as http
 from agent.errors import (
     AgentError,
     InternalError,
@@ -84,7 +84,7 @@ def test_transport_functions_go_through_the_lookup() -> None:
 def test_unexpected_exceptions_map_as_internal_errors() -> None:
     boom = RuntimeError("boom")
     assert http.status_for(boom) == 500
-    assert grpc_server.status_for(boom) is grpc.StatusCode.INTERNAL
+    assert grpc_server.status_for(boom) is Status.INTERNAL
     assert executor.error_code(boom) == "internal"
     wrapped = InternalError.wrap(boom)
     assert isinstance(wrapped, InternalError)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.config.choices import GrpcEngine
 from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.runtime.daemon import RunningAgent
 from tests.agent.api.test_grpc_tritonclient import *  # noqa: F403 - the same behaviours, grpcio engine
@@ -25,7 +26,7 @@ def agent(model_repo: Path) -> Iterator[RunningAgent]:
             grpc_port=0,
             metrics_port=0,
             max_request_bytes=1 << 20,
-            grpc_engine="grpcio",
+            grpc_engine=GrpcEngine.GRPCIO,
         ),
         models=ModelsConfig(repository=model_repo, intra_op_threads=1),
     )

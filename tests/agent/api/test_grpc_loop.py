@@ -24,6 +24,7 @@ from agent.api.grpc import wire as grpc_wire
 from agent.api.grpc.loop import frames
 from agent.api.grpc.loop.server import LoopGrpcServer, Method
 from agent.api.http.limits import ConnectionLimits
+from agent.config.choices import GrpcEngine, ModelControlMode
 from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.proto import grpc_service_pb2 as pb
 from agent.proto import grpc_service_pb2_grpc as pb_grpc
@@ -42,7 +43,8 @@ X = np.arange(4, dtype=np.float32).reshape(1, 4)
 
 
 def loop_server(**options: object) -> ServerConfig:
-    return ServerConfig(http_port=0, grpc_port=0, metrics_port=-1, grpc_engine="loop", **options)  # type: ignore[arg-type]
+    engine = GrpcEngine.LOOP
+    return ServerConfig(http_port=0, grpc_port=0, metrics_port=-1, grpc_engine=engine, **options)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")
@@ -335,7 +337,10 @@ def secure(tmp_path_factory: pytest.TempPathFactory, pki: TestPki) -> Iterator[R
             grpc_restricted_protocol=(ADMIN,),
         ),
         models=ModelsConfig(
-            repository=repo, intra_op_threads=1, control_mode="explicit", load_models=("s",)
+            repository=repo,
+            intra_op_threads=1,
+            control_mode=ModelControlMode.EXPLICIT,
+            load_models=("s",),
         ),
     )
     with running_agent(config) as running:
@@ -417,9 +422,7 @@ def test_stop_refuses_new_connections_and_lets_open_calls_finish() -> None:
             slow_live, pb.ServerLiveRequest, streaming=False
         )
     }
-    server = LoopGrpcServer(
-        methods, max_message_bytes=LIMIT, limits=ConnectionLimits(), access=None
-    )
+    server = LoopGrpcServer(methods, max_message_bytes=LIMIT, limits=ConnectionLimits())
     try:
         port = asyncio.run_coroutine_threadsafe(server.start("127.0.0.1", 0, None), loop).result(30)
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:

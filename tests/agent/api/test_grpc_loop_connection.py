@@ -10,6 +10,7 @@ import pytest
 
 from agent.api.grpc.loop import connection as c
 from agent.api.grpc.loop import frames as f
+from agent.api.grpc.status import Status
 
 PATH = "/inference.GRPCInferenceService/ModelInfer"
 
@@ -68,13 +69,13 @@ def test_padding_and_priority_are_stripped() -> None:
 
 
 def test_hand_written_header_blocks_decode_with_hpack() -> None:
-    block = f.RESPONSE_HEADERS + f.trailers_block(5, "model 'x' not found: 100% é")
+    block = f.RESPONSE_HEADERS + f.trailers_block(Status.NOT_FOUND, "model 'x' not found: 100% é")
     headers = decoded_headers(block)
     assert headers[":status"] == "200"
     assert headers["content-type"] == "application/grpc"
     assert headers["grpc-status"] == "5"
     assert headers["grpc-message"] == "model 'x' not found: 100%25 %C3%A9"
-    long = f.trailers_block(13, "m" * 5000)  # multi-byte HPACK lengths
+    long = f.trailers_block(Status.INTERNAL, "m" * 5000)  # multi-byte HPACK lengths
     assert decoded_headers(long)["grpc-message"] == "m" * 5000
 
 
@@ -102,7 +103,7 @@ def test_a_unary_call_in_and_its_answer_out() -> None:
         c.InputEnded(1),
     ]
     conn.send_message(1, b"world")
-    conn.finish(1, 0)
+    conn.finish(1, Status.OK)
     out = parse_all(conn.data_to_send())
     assert [(kind, flags) for kind, flags, *_ in out] == [
         (f.HEADERS, f.END_HEADERS),
@@ -168,7 +169,7 @@ def test_a_response_over_the_peer_window_waits_for_window_updates() -> None:
     )
     conn.data_to_send()
     conn.send_message(1, b"r" * 3000)
-    conn.finish(1, 0)
+    conn.finish(1, Status.OK)
     sent = parse_all(conn.data_to_send())
     assert sum(len(p) for kind, _, _, p in sent if kind == f.DATA) == 1000
     assert all(not flags & f.END_STREAM for _, flags, _, _ in sent)  # trailers wait
@@ -249,7 +250,7 @@ def test_a_client_reset_ends_the_call() -> None:
     conn.receive(f.frame(f.HEADERS, f.END_HEADERS, 1, request_headers(hpack.Encoder())))
     assert conn.receive(f.rst_stream_frame(1, f.CANCEL)) == [c.StreamReset(1)]
     conn.data_to_send()
-    conn.finish(1, 0)  # the handler's late answer goes nowhere
+    conn.finish(1, Status.OK)  # the handler's late answer goes nowhere
     assert conn.data_to_send() == b""
 
 

@@ -32,6 +32,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from agent.api.openapi import openapi_document
+from agent.config.choices import ModelControlMode
 from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.runtime.daemon import RunningAgent
 from tests.models import build_test_repository
@@ -86,7 +87,7 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningAgent]:
             repository=repo,
             intra_op_threads=1,
             exit_on_error=False,
-            control_mode="explicit",
+            control_mode=ModelControlMode.EXPLICIT,
             load_models=("*",),
         ),
     )

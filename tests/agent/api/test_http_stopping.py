@@ -1,7 +1,8 @@
 """A request whose body is still arriving when the agent stops is answered 503 at once.
 
 aiohttp drops what a connection sends once its server starts to stop, so such a body never
-completes; without `STOPPING` the request held the stop for the whole body timeout.
+completes; without the policy's stop (`HttpPolicy.begin_stop`) the request held the stop for the
+whole body timeout.
 """
 
 from __future__ import annotations
@@ -11,13 +12,8 @@ import json
 
 from aiohttp import web
 
-from agent.api.http.limits import (
-    STOPPING,
-    ClientTimeoutError,
-    StoppingError,
-    must_close,
-    read_body_up_front,
-)
+from agent.api.http.limits import ClientTimeoutError, StoppingError, must_close
+from agent.api.http.policy import HttpPolicy
 
 BODY_TIMEOUT_S = 60.0  # far longer than the test: only the stop can end the wait
 
@@ -25,20 +21,20 @@ BODY_TIMEOUT_S = 60.0  # far longer than the test: only the stop can end the wai
 async def _serve_one_partial_body(stop_first: bool) -> BaseException | None:
     entered = asyncio.Event()
     outcome: list[BaseException | None] = []
+    policy = HttpPolicy(max_request_bytes=1 << 20, body_timeout_s=BODY_TIMEOUT_S)
 
     async def handler(request: web.Request) -> web.Response:
         entered.set()
         try:
-            await read_body_up_front(request, 1 << 20, BODY_TIMEOUT_S)
+            await policy.read_body(request)
             outcome.append(None)
         except Exception as exc:
             outcome.append(exc)
         return web.json_response({})
 
     app = web.Application()
-    app[STOPPING] = asyncio.Event()
     if stop_first:
-        app[STOPPING].set()
+        policy.begin_stop()
     app.router.add_post("/infer", handler)
     runner = web.AppRunner(app, shutdown_timeout=1.0)  # what is left to close: not under test
     await runner.setup()
@@ -54,7 +50,7 @@ async def _serve_one_partial_body(stop_first: bool) -> BaseException | None:
     )
     await writer.drain()
     await asyncio.wait_for(entered.wait(), 30)
-    app[STOPPING].set()
+    policy.begin_stop()
     await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)  # the handler answered
     writer.close()
     await runner.cleanup()

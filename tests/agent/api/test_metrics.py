@@ -17,28 +17,15 @@ from agent.api.metrics import (
     render,
 )
 from agent.scheduling.statistics import StatisticsRegistry
+from tests.fakes import FakeHostProbe, FakeMemoryBudget
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
-class FakeMemory:
-    def budget_bytes(self) -> int:
-        return 4_000_000
-
-    def used_bytes(self) -> int:
-        return 1_500_000
-
-
-class FakeHost:
-    def cpu_utilization(self) -> float:
-        return 0.25
-
-    def memory_bytes(self) -> tuple[int, int]:
-        return 8_000, 3_000
-
-
-def scrape(stats: StatisticsRegistry, memory: FakeMemory | None = None) -> tuple[str, Samples]:
-    body, _ = render(build_registry(stats, memory, host=FakeHost()))
+def scrape(
+    stats: StatisticsRegistry, memory: FakeMemoryBudget | None = None
+) -> tuple[str, Samples]:
+    body, _ = render(build_registry(stats, memory, host=FakeHostProbe()))
     text = body.decode()
     samples: Samples = {}
     for family in text_string_to_metric_families(text):
@@ -150,7 +137,7 @@ def test_exact_triton_names_without_total_suffix() -> None:
 
 
 def test_memory_source_and_host_gauges() -> None:
-    _, s = scrape(populated(), FakeMemory())
+    _, s = scrape(populated(), FakeMemoryBudget())
     assert s["edge_agent_memory_budget_bytes", frozenset()] == 4_000_000
     assert s["edge_agent_memory_used_bytes", frozenset()] == 1_500_000
     assert s["nv_cpu_utilization", frozenset()] == 0.25
@@ -173,7 +160,7 @@ def test_psutil_host_probe_reports_plausible_values() -> None:
 
 def test_scrape_reads_statistics_live_and_drops_removed_models() -> None:
     stats = StatisticsRegistry()
-    registry = build_registry(stats, None, host=FakeHost())
+    registry = build_registry(stats, None, host=FakeHostProbe())
     m = stats.get("mlp", "1")
     m.pending_inc()
     first = render(registry)[0].decode()
@@ -200,7 +187,7 @@ def test_two_registries_do_not_interfere() -> None:
 
 
 def test_render_content_type() -> None:
-    body, content_type = render(build_registry(StatisticsRegistry(), None, host=FakeHost()))
+    body, content_type = render(build_registry(StatisticsRegistry(), None, host=FakeHostProbe()))
     assert content_type == CONTENT_TYPE
     assert content_type.startswith("text/plain; version=0.0.4")
     assert b"nv_cpu_utilization 0.25" in body
@@ -208,7 +195,7 @@ def test_render_content_type() -> None:
 
 def test_metrics_app_serves_prometheus_text() -> None:
     async def fetch() -> tuple[int, str, str]:
-        registry = build_registry(populated(), FakeMemory(), host=FakeHost())
+        registry = build_registry(populated(), FakeMemoryBudget(), host=FakeHostProbe())
         async with TestClient(TestServer(create_metrics_app(registry))) as client:
             resp = await client.get("/metrics")
             return resp.status, resp.headers["Content-Type"], await resp.text()

@@ -26,6 +26,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.http import InferenceServerClient as Http
 from tritonclient.utils import InferenceServerException
 
+from agent.config.choices import ModelControlMode
 from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.runtime.daemon import RunningAgent
 from agent.runtime.demo import mlp_model
@@ -51,7 +52,7 @@ def agent(repo: Path) -> Iterator[RunningAgent]:
             repository=repo,
             intra_op_threads=1,
             exit_on_error=False,
-            control_mode="explicit",
+            control_mode=ModelControlMode.EXPLICIT,
             load_models=("m", "gone"),
         ),
     )

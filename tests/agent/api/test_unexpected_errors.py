@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 import grpc
 import pytest
 
+from agent.config.choices import ModelControlMode
 from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.proto import grpc_service_pb2 as pb
 from agent.proto import grpc_service_pb2_grpc as pb_grpc
@@ -34,7 +35,10 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningAgent]:
     config = AgentConfig(
         server=ServerConfig(http_port=0, grpc_port=0, metrics_port=-1),
         models=ModelsConfig(
-            repository=repo, control_mode="explicit", load_models=("*",), intra_op_threads=1
+            repository=repo,
+            control_mode=ModelControlMode.EXPLICIT,
+            load_models=("*",),
+            intra_op_threads=1,
         ),
     )
     with running_agent(config) as running:

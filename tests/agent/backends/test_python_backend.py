@@ -15,6 +15,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from agent.backends.python.backend import PythonBackend
+from agent.config.choices import ModelControlMode
 from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.repository.model_config import load_model_config
 from agent.runtime.daemon import RunningAgent
@@ -87,7 +88,7 @@ def agent(repo: Path) -> Iterator[RunningAgent]:
             repository=repo,
             intra_op_threads=1,
             exit_on_error=False,
-            control_mode="explicit",
+            control_mode=ModelControlMode.EXPLICIT,
             load_models=("*",),
         ),
     )

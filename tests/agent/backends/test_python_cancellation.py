@@ -22,6 +22,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from agent.config.choices import ModelControlMode
 from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.runtime.daemon import RunningAgent
 from tests.python_models import write_python_model
@@ -201,7 +202,7 @@ def agent(tmp_path_factory: pytest.TempPathFactory, markers: Path) -> Iterator[R
             repository=repo,
             intra_op_threads=1,
             exit_on_error=False,
-            control_mode="explicit",
+            control_mode=ModelControlMode.EXPLICIT,
             load_models=("*",),
         ),
     )

@@ -8,9 +8,12 @@ from typing import Any
 
 import pytest
 
+from agent.config.choices import GrpcEngine, LogLevel, ModelControlMode, Protocol, TraceMode
 from agent.config.loader import load_config
+from agent.config.render import render_toml
 from agent.config.schema import AgentConfig, LogConfig, ModelsConfig, ServerConfig
 from agent.errors import AgentConfigError
+from agent.fleet.config import MqttConfig
 
 
 def write_toml(tmp_path: Path, text: str) -> Path:
@@ -42,7 +45,7 @@ def test_defaults(tmp_path: Path, repo: Path) -> None:
     assert config.models.strict_model_config is False
     assert config.models.exit_on_error is True
     assert config.models.intra_op_threads == 0
-    assert config.log == LogConfig(level="info")
+    assert config.log == LogConfig(level=LogLevel.INFO)
 
 
 def test_values_are_read(tmp_path: Path, repo: Path) -> None:
@@ -72,7 +75,7 @@ level = "debug"
         models=ModelsConfig(
             repository=repo, strict_model_config=True, exit_on_error=False, intra_op_threads=3
         ),
-        log=LogConfig(level="debug"),
+        log=LogConfig(level=LogLevel.DEBUG),
     )
 
 
@@ -139,7 +142,7 @@ def test_overrides_win_over_the_file(tmp_path: Path, repo: Path) -> None:
     assert config.server.host == "0.0.0.0"
     assert config.models.repository == other
     assert config.models.strict_model_config is True
-    assert config.log.level == "debug"
+    assert config.log.level is LogLevel.DEBUG
 
 
 def test_none_overrides_leave_the_file_value(tmp_path: Path, repo: Path) -> None:
@@ -243,18 +246,23 @@ def test_max_request_bytes_too_small(tmp_path: Path, repo: Path) -> None:
 def test_invalid_log_level(tmp_path: Path, repo: Path) -> None:
     path = repo_toml(tmp_path, '[log]\nlevel = "verbose"\n')
 
-    with pytest.raises(AgentConfigError, match=r"log\.level must be one of .*'verbose'"):
+    with pytest.raises(
+        AgentConfigError,
+        match=r"'log\.level' must be one of debug, info, warning, error, critical, got 'verbose'",
+    ):
         load_config(path, {})
 
 
 def test_grpc_engine_is_checked_and_read_from_the_environment(tmp_path: Path, repo: Path) -> None:
     path = repo_toml(tmp_path, '[server]\ngrpc_engine = "h2"\n')
-    with pytest.raises(AgentConfigError, match=r"server\.grpc_engine must be one of grpcio, loop"):
+    with pytest.raises(
+        AgentConfigError, match=r"'server\.grpc_engine' must be one of loop, grpcio, got 'h2'"
+    ):
         load_config(path, {})
     path = repo_toml(tmp_path, "")
-    assert load_config(path, {}).server.grpc_engine == "loop"
+    assert load_config(path, {}).server.grpc_engine is GrpcEngine.LOOP
     environ = {"EDGE_AGENT_SERVER_GRPC_ENGINE": "grpcio"}
-    assert load_config(path, {}, environ).server.grpc_engine == "grpcio"
+    assert load_config(path, {}, environ).server.grpc_engine is GrpcEngine.GRPCIO
 
 
 def test_the_http_infer_lane_is_on_unless_turned_off(tmp_path: Path, repo: Path) -> None:
@@ -271,7 +279,7 @@ def test_the_http_infer_lane_is_on_unless_turned_off(tmp_path: Path, repo: Path)
 def test_log_level_is_case_insensitive(tmp_path: Path, repo: Path) -> None:
     path = repo_toml(tmp_path, '[log]\nlevel = "WARNING"\n')
 
-    assert load_config(path, {}).log.level == "WARNING"
+    assert load_config(path, {}).log.level is LogLevel.WARNING
 
 
 def test_negative_intra_op_threads(tmp_path: Path, repo: Path) -> None:
@@ -394,3 +402,71 @@ def test_server_name_is_read_and_must_not_be_empty(tmp_path: Path, repo: Path) -
     assert named.server.name == "triton"
     with pytest.raises(AgentConfigError, match=r"server\.name must not be empty"):
         load_config(repo_toml(tmp_path, '[server]\nname = " "\n'), {})
+
+
+CHOICES = [
+    ("server", "grpc_engine", GrpcEngine, "grpcio", "loop, grpcio"),
+    ("log", "level", LogLevel, "error", "debug, info, warning, error, critical"),
+    ("log", "trace_mode", TraceMode, "opentelemetry", "triton, opentelemetry"),
+    ("models", "control_mode", ModelControlMode, "explicit", "none, poll, explicit"),
+    ("mqtt", "protocol", Protocol, "3.1.1", "auto, 5, 3.1.1"),
+]
+
+
+def toml_file(path: Path, sections: dict[str, dict[str, str]]) -> Path:
+    """A config file serving `models` beside it, with these string keys."""
+    tables = {"models": {"repository": "models"}}
+    for section, keys in sections.items():
+        tables[section] = {**tables.get(section, {}), **keys}
+    text = "".join(
+        f"[{name}]\n" + "".join(f'{k} = "{v}"\n' for k, v in keys.items())
+        for name, keys in tables.items()
+    )
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(("section", "key", "choice", "spelling", "values"), CHOICES)
+def test_a_closed_choice_is_its_enum_from_every_layer(
+    tmp_path: Path,
+    repo: Path,
+    section: str,
+    key: str,
+    choice: type[Any],
+    spelling: str,
+    values: str,
+) -> None:
+    member = choice(spelling)
+    broker = {"mqtt": {"host": "broker", "device_id": "d"}}  # an [mqtt] section is checked on
+    plain = toml_file(tmp_path / "plain.toml", broker)
+    in_file = toml_file(tmp_path / "set.toml", {**broker, section: {key: spelling}})
+    env = {f"EDGE_AGENT_{section.upper()}_{key.upper()}": spelling}
+    for config in (
+        load_config(in_file, {}),
+        load_config(plain, {}, env),
+        load_config(plain, {f"{section}.{key}": spelling}),
+    ):
+        assert getattr(getattr(config, section), key) is member
+        # `config show` writes the TOML spelling, which reads back as the same member
+        shown = tmp_path / "shown.toml"
+        shown.write_text(render_toml(config), encoding="utf-8")
+        assert getattr(getattr(load_config(shown, {}), section), key) is member
+    refused = rf"config key '{section}\.{key}' must be one of {re.escape(values)}, got 'nope'"
+    with pytest.raises(AgentConfigError, match=refused):
+        load_config(plain, {f"{section}.{key}": "nope"})
+    with pytest.raises(AgentConfigError, match=refused):
+        load_config(toml_file(tmp_path / "bad.toml", {**broker, section: {key: "nope"}}), {})
+
+
+def test_a_spelling_given_in_code_becomes_its_member() -> None:
+    """A config built in code (a test, a tool) holds members too, so `is` comparisons hold."""
+    spelled: dict[str, Any] = {"grpc": "grpcio", "level": "WARNING", "mode": "poll", "v": "5"}
+    assert ServerConfig(grpc_engine=spelled["grpc"]).grpc_engine is GrpcEngine.GRPCIO
+    assert LogConfig(level=spelled["level"]).level is LogLevel.WARNING
+    assert ModelsConfig(control_mode=spelled["mode"]).control_mode is ModelControlMode.POLL
+    assert MqttConfig(protocol=spelled["v"]).protocol is Protocol.V5
+    bad: Any = "zipkin"
+    with pytest.raises(AgentConfigError, match=r"'log\.trace_mode' must be one of triton, opentel"):
+        LogConfig(trace_mode=bad)
+    with pytest.raises(AgentConfigError, match=r"'mqtt\.protocol' must be one of auto, 5, 3\.1\.1"):
+        MqttConfig(protocol=bad)

@@ -6,9 +6,7 @@ tests/gpu/test_nvml_metrics.py."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
@@ -21,86 +19,7 @@ from agent.fleet.telemetry import TelemetrySampler
 from agent.models.loader import LoadSettings
 from agent.models.registry import ModelRegistry
 from agent.scheduling.statistics import StatisticsRegistry
-
-
-class FakeNvmlError(Exception):
-    pass
-
-
-@dataclass
-class FakeGpu:
-    uuid: str
-    busy_percent: int
-    total: int
-    used: int
-    power_mw: int | None  # None: NVML_ERROR_NOT_SUPPORTED
-    limit_mw: int | None
-    energy_mj: int | None
-    name: str | bytes | None = None  # bytes: nvidia-ml-py before 11.5; None: not supported
-
-
-@dataclass
-class FakeUtil:
-    gpu: int
-    memory: int = 0
-
-
-@dataclass
-class FakeMemory:
-    total: int
-    used: int
-    free: int = 0
-
-
-@dataclass
-class FakeNvml:
-    """The pynvml calls `NvmlReader` makes, over a list of fake GPUs (NVML's units)."""
-
-    gpus: list[FakeGpu]
-    start_fails: bool = False
-    NVMLError: type[Exception] = FakeNvmlError
-    calls: list[str] = field(default_factory=list)
-
-    def nvmlInit(self) -> None:
-        if self.start_fails:
-            raise FakeNvmlError("Driver Not Loaded")
-
-    def nvmlDeviceGetCount(self) -> int:
-        self.calls.append("count")
-        return len(self.gpus)
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:
-        return self.gpus[index]
-
-    def nvmlDeviceGetUUID(self, handle: FakeGpu) -> str:
-        return handle.uuid
-
-    def nvmlDeviceGetName(self, handle: FakeGpu) -> str | bytes:
-        if handle.name is None:
-            raise FakeNvmlError("Not Supported")
-        return handle.name
-
-    def nvmlDeviceGetUtilizationRates(self, handle: FakeGpu) -> FakeUtil:
-        return FakeUtil(handle.busy_percent)
-
-    def nvmlDeviceGetMemoryInfo(self, handle: FakeGpu) -> FakeMemory:
-        return FakeMemory(handle.total, handle.used)
-
-    def nvmlDeviceGetPowerUsage(self, handle: FakeGpu) -> int:
-        return _supported(handle.power_mw)
-
-    def nvmlDeviceGetPowerManagementLimit(self, handle: FakeGpu) -> int:
-        return _supported(handle.limit_mw)
-
-    def nvmlDeviceGetTotalEnergyConsumption(self, handle: FakeGpu) -> int:
-        return _supported(handle.energy_mj)
-
-
-def _supported(value: int | None) -> int:
-    if value is None:
-        raise FakeNvmlError("Not Supported")
-    return value
-
+from tests.fakes import FakeClock, FakeNvml, FakeNvmlGpu
 
 H200 = "GPU-6f1c0a2e-0000-4000-8000-000000000001"
 OLD = "GPU-6f1c0a2e-0000-4000-8000-000000000002"
@@ -109,20 +28,12 @@ OLD = "GPU-6f1c0a2e-0000-4000-8000-000000000002"
 def two_gpus() -> FakeNvml:
     return FakeNvml(
         [
-            FakeGpu(
+            FakeNvmlGpu(
                 H200, 37, 150_000 << 20, 2_000 << 20, 123_456, 700_000, 5_000_000, "NVIDIA H200"
             ),
-            FakeGpu(OLD, 0, 16_000 << 20, 300 << 20, None, None, None, b"Tesla T4"),
+            FakeNvmlGpu(OLD, 0, 16_000 << 20, 300 << 20, None, None, None, b"Tesla T4"),
         ]
     )
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def open_reader(nvml: FakeNvml) -> NvmlReader:
@@ -161,7 +72,7 @@ def test_fake_nvml_energy_counts_from_the_first_reading() -> None:
 
 def test_fake_nvml_metrics_scraped_over_http() -> None:
     nvml = two_gpus()
-    clock = Clock()
+    clock = FakeClock(start=0.0, step=0.0)
     gpu = CachedGpuReader(open_reader(nvml), clock, 2.0)
     registry = build_registry(StatisticsRegistry(), None, gpu=gpu)
 

@@ -78,7 +78,6 @@ def test_config_validation(tmp_path: Path) -> None:
         MqttConfig(host="b", device_id="d", tls_cert=tmp_path / "c"),
         MqttConfig(host="b", device_id="d", tls_ca=tmp_path / "missing"),
         MqttConfig(host="b", device_id="d", slo=("m:p95=1",)),
-        MqttConfig(host="b", device_id="d", protocol="4"),
         MqttConfig(host="b", device_id="d", outbox_max_messages=2),
     ):
         with pytest.raises(AgentConfigError, match="mqtt"):

@@ -20,22 +20,10 @@ from agent.models.device_memory import (
 from agent.models.loader import LoadSettings
 from agent.models.registry import ModelRegistry
 from agent.repository.model_config import parse_model_config
+from tests.fakes import FakeGpuMemory
 from tests.models import VERSIONED_CONFIG, scale_model, write_model
 
 MIB = 1 << 20
-
-
-class FakeGpuMemory:
-    """A fake probe: fixed figures per device, as NVML or cudaMemGetInfo would give them."""
-
-    def __init__(self, free: int, total: int, kind: MemoryKind = MemoryKind.DISCRETE) -> None:
-        self.kind = kind
-        self._free, self._total = free, total
-        self.read_devices: list[int] = []
-
-    def read(self, device_id: int) -> DeviceMemory | None:
-        self.read_devices.append(device_id)
-        return DeviceMemory(device_id, self._total, self._free)
 
 
 def test_fits_within_free_memory_less_headroom() -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from agent.config.choices import ModelControlMode
 from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.runtime.daemon import RunningAgent
 from agent.runtime.demo import mlp_model
@@ -41,7 +42,10 @@ def swap_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningAgen
     config = AgentConfig(
         server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1),
         models=ModelsConfig(
-            repository=repo, control_mode="explicit", load_models=("swap",), intra_op_threads=1
+            repository=repo,
+            control_mode=ModelControlMode.EXPLICIT,
+            load_models=("swap",),
+            intra_op_threads=1,
         ),
     )
     with running_agent(config) as agent:

@@ -17,6 +17,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException
 
+from agent.config.choices import ModelControlMode
 from agent.config.schema import AgentConfig, CacheConfig, ModelsConfig, ServerConfig
 from agent.errors import InvalidInputError
 from agent.models.pushed import PushedModels, parse_file_parameters
@@ -49,7 +50,7 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningAgent]:
         models=ModelsConfig(
             repository=repo,
             intra_op_threads=1,
-            control_mode="explicit",
+            control_mode=ModelControlMode.EXPLICIT,
             load_models=("*",),
         ),
     )
@@ -215,7 +216,7 @@ def test_with_a_model_cache_pushed_files_live_in_its_folder_and_are_cleared(
     leftover.mkdir(parents=True)  # a push cut short by kill -9
     config = AgentConfig(
         server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1),
-        models=ModelsConfig(intra_op_threads=1, control_mode="explicit"),
+        models=ModelsConfig(intra_op_threads=1, control_mode=ModelControlMode.EXPLICIT),
         cache=CacheConfig(dir=cache_dir),
     )
     with running_agent(config) as running:

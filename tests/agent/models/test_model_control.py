@@ -19,6 +19,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from agent.config.choices import ModelControlMode
 from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.runtime.demo import mlp_model
 from tests.models import M_CONFIG, save_ready, write_model
@@ -56,7 +57,7 @@ def test_poll_mode_serves_a_slowly_copied_version_only_once_complete(tmp_path: P
     write_model(repo, "m", mlp_model(seed=1), M_CONFIG, (1,))
     config = AgentConfig(
         server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1),
-        models=ModelsConfig(repository=repo, control_mode="poll", poll_quiet_ms=150),
+        models=ModelsConfig(repository=repo, control_mode=ModelControlMode.POLL, poll_quiet_ms=150),
     )
     payload = mlp_model(seed=2).SerializeToString()
     with running_agent(config) as agent:
@@ -104,7 +105,9 @@ def test_explicit_mode_loads_only_what_it_is_told(tmp_path: Path) -> None:
     write_model(repo, "other", mlp_model(), M_CONFIG.replace('"m"', '"other"'))
     config = AgentConfig(
         server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1),
-        models=ModelsConfig(repository=repo, control_mode="explicit", load_models=("m",)),
+        models=ModelsConfig(
+            repository=repo, control_mode=ModelControlMode.EXPLICIT, load_models=("m",)
+        ),
     )
     with running_agent(config) as agent:
         port = agent.http_port

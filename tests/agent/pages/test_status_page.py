@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+from agent.config.choices import ModelControlMode
 from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.pages import UNAUTHORIZED
 from agent.runtime.daemon import RunningAgent
@@ -46,7 +47,7 @@ def demo_agent(demo_repo: Path) -> Iterator[RunningAgent]:
         models=ModelsConfig(
             repository=demo_repo,
             intra_op_threads=1,
-            control_mode="explicit",
+            control_mode=ModelControlMode.EXPLICIT,
             load_models=("*",),
         ),
     )

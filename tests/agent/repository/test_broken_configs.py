@@ -15,6 +15,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from agent.config.choices import ModelControlMode
 from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.runtime.demo import mlp_model
 from tests.models import write_model
@@ -101,7 +102,7 @@ def broken_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return repo
 
 
-def _config(repo: Path, mode: str = "none") -> AgentConfig:
+def _config(repo: Path, mode: ModelControlMode = ModelControlMode.NONE) -> AgentConfig:
     return AgentConfig(
         server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1),
         models=ModelsConfig(
@@ -149,7 +150,7 @@ def test_each_broken_config_fails_its_model_and_the_good_one_serves(
 def test_a_bad_config_override_in_a_load_request_is_a_400_and_the_old_model_serves(
     broken_repository: Path,
 ) -> None:
-    with running_agent(_config(broken_repository, mode="explicit")) as agent:
+    with running_agent(_config(broken_repository, mode=ModelControlMode.EXPLICIT)) as agent:
         client = httpclient.InferenceServerClient(f"127.0.0.1:{agent.http_port}")
         for override in ({"max_batch_size": -2}, {"max_batch_size": 2000000000}):
             with pytest.raises(InferenceServerException) as caught:

@@ -1,6 +1,6 @@
 """TensorRT auto-complete against a fake engine (TensorRT is not installable here: no GPU).
 
-`FakeEngine` answers the part of TensorRT's Python API (`tensorrt.ICudaEngine`, TensorRT 10) that
+`FakeTrtEngine` answers the part of TensorRT's Python API (`tensorrt.ICudaEngine`, TensorRT 10) that
 `complete_from_engine` reads, with enums whose member names are TensorRT's. Each expected config
 or message is Triton's, from tensorrt_backend `src/model_state.cc` (`AutoCompleteConfigHelper`,
 `GetMaxSupportedBatchSize`, `GetProfileMaxBatchSize`, `ExtractBatchHintFromIOConfig`,
@@ -10,9 +10,7 @@ and core `src/model_config_utils.cc` (`CheckAllowedModelInput`).
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import pytest
 from google.protobuf import text_format
@@ -23,106 +21,27 @@ from agent.proto import model_config_pb2 as mc
 from agent.repository.autocomplete import complete_config
 from agent.tensors import datatypes
 from agent.tensors.datatypes import ModelTensor
+from tests.fakes import (
+    FakeTrtDataType,
+    FakeTrtEngine,
+    FakeTrtImplicitBatchEngine,
+    FakeTrtTensor,
+    FakeTrtTensorFormat,
+    FakeTrtTensorIOMode,
+)
 
 
-class TensorIOMode(enum.Enum):  # tensorrt.TensorIOMode
-    NONE = 0
-    INPUT = 1
-    OUTPUT = 2
-
-
-class DataType(enum.Enum):  # tensorrt.DataType
-    FLOAT = 0
-    HALF = 1
-    INT8 = 2
-    INT32 = 3
-    BOOL = 4
-    UINT8 = 5
-    FP8 = 6
-    BF16 = 7
-    INT64 = 8
-
-
-class TensorFormat(enum.Enum):  # tensorrt.TensorFormat
-    LINEAR = 0
-    CHW4 = 1
-
-
-@dataclass
-class FakeTensor:
-    name: str
-    mode: TensorIOMode
-    shape: tuple[int, ...]
-    dtype: DataType = DataType.FLOAT
-    # kMIN, kOPT, kMAX per profile: shapes for execution tensors, values for shape tensors.
-    profiles: Sequence[Sequence[tuple[int, ...]]] = field(default_factory=list)
-    shape_tensor: bool = False
-    io_format: TensorFormat = TensorFormat.LINEAR
-
-
-class FakeEngine:
-    """A deserialized engine as TensorRT's Python API shows it (no GPU, no TensorRT)."""
-
-    def __init__(self, *tensors: FakeTensor, profiles: int = 1) -> None:
-        self._tensors = {t.name: t for t in tensors}
-        self._order = [t.name for t in tensors]
-        self.num_optimization_profiles = profiles
-
-    @property
-    def num_io_tensors(self) -> int:
-        return len(self._order)
-
-    def get_tensor_name(self, index: int) -> str:
-        return self._order[index]
-
-    def get_tensor_mode(self, name: str) -> TensorIOMode:
-        return self._tensors[name].mode
-
-    def get_tensor_shape(self, name: str) -> tuple[int, ...]:
-        return self._tensors[name].shape
-
-    def get_tensor_dtype(self, name: str) -> DataType:
-        return self._tensors[name].dtype
-
-    def get_tensor_format(self, name: str) -> TensorFormat:
-        return self._tensors[name].io_format
-
-    def is_shape_inference_io(self, name: str) -> bool:
-        return self._tensors[name].shape_tensor
-
-    def get_tensor_profile_shape(self, name: str, profile_index: int) -> Sequence[tuple[int, ...]]:
-        tensor = self._tensors[name]
-        assert tensor.mode is TensorIOMode.INPUT
-        assert not tensor.shape_tensor
-        return tensor.profiles[profile_index]
-
-    def get_tensor_profile_values(self, profile_index: int, name: str) -> Sequence[tuple[int, ...]]:
-        tensor = self._tensors[name]
-        assert tensor.shape_tensor
-        return tensor.profiles[profile_index]
-
-
-class FakeImplicitBatchEngine(FakeEngine):
-    """A TensorRT 8 implicit-batch engine: shapes without the batch dimension."""
-
-    has_implicit_batch_dimension = True
-
-    def __init__(self, *tensors: FakeTensor, max_batch_size: int) -> None:
-        super().__init__(*tensors)
-        self.max_batch_size = max_batch_size
-
-
-def dynamic_engine(*max_batches: int) -> FakeEngine:
+def dynamic_engine(*max_batches: int) -> FakeTrtEngine:
     """INPUT0 FP32 [-1, 16] -> OUTPUT0 FP32 [-1, 16]; one profile per max batch."""
     profiles = [((1, 16), (max(1, b // 2), 16), (b, 16)) for b in max_batches]
-    return FakeEngine(
-        FakeTensor("INPUT0", TensorIOMode.INPUT, (-1, 16), profiles=profiles),
-        FakeTensor("OUTPUT0", TensorIOMode.OUTPUT, (-1, 16)),
+    return FakeTrtEngine(
+        FakeTrtTensor("INPUT0", FakeTrtTensorIOMode.INPUT, (-1, 16), profiles=profiles),
+        FakeTrtTensor("OUTPUT0", FakeTrtTensorIOMode.OUTPUT, (-1, 16)),
         profiles=len(max_batches),
     )
 
 
-def complete(text: str, engine: FakeEngine) -> mc.ModelConfig:
+def complete(text: str, engine: FakeTrtEngine) -> mc.ModelConfig:
     config = text_format.Parse('platform: "tensorrt_plan" ' + text, mc.ModelConfig())
     return complete_from_engine(config, engine, "trt")
 
@@ -135,7 +54,7 @@ def tensors(
     ]
 
 
-def refusal(text: str, engine: FakeEngine) -> str:
+def refusal(text: str, engine: FakeTrtEngine) -> str:
     with pytest.raises(ModelConfigError) as caught:
         complete(text, engine)
     return caught.value.message
@@ -165,10 +84,10 @@ def test_fake_engine_profiles_named_by_instance_groups_set_the_max_batch() -> No
 
 
 def test_fake_engine_smallest_input_max_batch_wins() -> None:
-    engine = FakeEngine(
-        FakeTensor("A", TensorIOMode.INPUT, (-1, 2), profiles=[((1, 2), (2, 2), (8, 2))]),
-        FakeTensor("B", TensorIOMode.INPUT, (-1, 3), profiles=[((1, 3), (2, 3), (6, 3))]),
-        FakeTensor("Y", TensorIOMode.OUTPUT, (-1, 2)),
+    engine = FakeTrtEngine(
+        FakeTrtTensor("A", FakeTrtTensorIOMode.INPUT, (-1, 2), profiles=[((1, 2), (2, 2), (8, 2))]),
+        FakeTrtTensor("B", FakeTrtTensorIOMode.INPUT, (-1, 3), profiles=[((1, 3), (2, 3), (6, 3))]),
+        FakeTrtTensor("Y", FakeTrtTensorIOMode.OUTPUT, (-1, 2)),
     )
 
     assert complete("", engine).max_batch_size == 6
@@ -211,9 +130,9 @@ def test_fake_engine_dims_without_batch_hint_batching() -> None:
 
 def test_fake_engine_implicit_batch_engine_uses_its_max_batch_size() -> None:
     # TensorRT 8 engines: has_implicit_batch_dimension, getMaxBatchSize, shapes without batch.
-    engine = FakeImplicitBatchEngine(
-        FakeTensor("X", TensorIOMode.INPUT, (3, 4)),
-        FakeTensor("Y", TensorIOMode.OUTPUT, (4,), dtype=DataType.HALF),
+    engine = FakeTrtImplicitBatchEngine(
+        FakeTrtTensor("X", FakeTrtTensorIOMode.INPUT, (3, 4)),
+        FakeTrtTensor("Y", FakeTrtTensorIOMode.OUTPUT, (4,), dtype=FakeTrtDataType.HALF),
         max_batch_size=32,
     )
 
@@ -228,11 +147,19 @@ def test_fake_engine_implicit_batch_engine_uses_its_max_batch_size() -> None:
 
 
 def test_fake_engine_data_types_map_as_tritons() -> None:
-    engine = FakeEngine(
-        FakeTensor("I", TensorIOMode.INPUT, (-1, 1), DataType.INT64, [((1, 1), (1, 1), (2, 1))]),
-        FakeTensor("B", TensorIOMode.OUTPUT, (-1, 1), DataType.BOOL),
-        FakeTensor("H", TensorIOMode.OUTPUT, (-1, 1), DataType.BF16),
-        FakeTensor("Q", TensorIOMode.OUTPUT, (-1, 1), DataType.FP8),  # no config type
+    engine = FakeTrtEngine(
+        FakeTrtTensor(
+            "I",
+            FakeTrtTensorIOMode.INPUT,
+            (-1, 1),
+            FakeTrtDataType.INT64,
+            [((1, 1), (1, 1), (2, 1))],
+        ),
+        FakeTrtTensor("B", FakeTrtTensorIOMode.OUTPUT, (-1, 1), FakeTrtDataType.BOOL),
+        FakeTrtTensor("H", FakeTrtTensorIOMode.OUTPUT, (-1, 1), FakeTrtDataType.BF16),
+        FakeTrtTensor(
+            "Q", FakeTrtTensorIOMode.OUTPUT, (-1, 1), FakeTrtDataType.FP8
+        ),  # no config type
     )
 
     config = complete("", engine)
@@ -245,9 +172,9 @@ def test_fake_engine_data_types_map_as_tritons() -> None:
 
 
 def test_fake_engine_batch_only_tensor_gets_dims_one_and_an_empty_reshape() -> None:
-    engine = FakeEngine(
-        FakeTensor("X", TensorIOMode.INPUT, (-1, 3), profiles=[((1, 3), (2, 3), (4, 3))]),
-        FakeTensor("CLASS", TensorIOMode.OUTPUT, (-1,), DataType.INT32),
+    engine = FakeTrtEngine(
+        FakeTrtTensor("X", FakeTrtTensorIOMode.INPUT, (-1, 3), profiles=[((1, 3), (2, 3), (4, 3))]),
+        FakeTrtTensor("CLASS", FakeTrtTensorIOMode.OUTPUT, (-1,), FakeTrtDataType.INT32),
     )
 
     config = complete("", engine)
@@ -258,19 +185,22 @@ def test_fake_engine_batch_only_tensor_gets_dims_one_and_an_empty_reshape() -> N
 
 def test_fake_engine_shape_tensor_dims_are_its_length_less_the_batch() -> None:
     # InitIODims for a shape tensor: [len - 1] when batching; profile values give the batch.
-    engine = FakeEngine(
-        FakeTensor(
-            "X", TensorIOMode.INPUT, (-1, -1, -1), profiles=[((1, 1, 1), (2, 4, 4), (8, 8, 8))]
+    engine = FakeTrtEngine(
+        FakeTrtTensor(
+            "X",
+            FakeTrtTensorIOMode.INPUT,
+            (-1, -1, -1),
+            profiles=[((1, 1, 1), (2, 4, 4), (8, 8, 8))],
         ),
-        FakeTensor(
+        FakeTrtTensor(
             "SHAPE",
-            TensorIOMode.INPUT,
+            FakeTrtTensorIOMode.INPUT,
             (3,),
-            DataType.INT32,
+            FakeTrtDataType.INT32,
             [((1, 1, 1), (4, 4, 4), (6, 8, 8))],
             shape_tensor=True,
         ),
-        FakeTensor("Y", TensorIOMode.OUTPUT, (-1, -1, -1)),
+        FakeTrtTensor("Y", FakeTrtTensorIOMode.OUTPUT, (-1, -1, -1)),
     )
 
     config = complete("", engine)
@@ -282,16 +212,16 @@ def test_fake_engine_shape_tensor_dims_are_its_length_less_the_batch() -> None:
 
 def test_fake_engine_listed_tensors_get_what_they_leave_out() -> None:
     # FixIO: data_type and dims filled, flags taken from the engine; the list is not extended.
-    engine = FakeEngine(
-        FakeTensor(
+    engine = FakeTrtEngine(
+        FakeTrtTensor(
             "X",
-            TensorIOMode.INPUT,
+            FakeTrtTensorIOMode.INPUT,
             (-1, 4),
             profiles=[((1, 4), (2, 4), (8, 4))],
-            io_format=TensorFormat.CHW4,
+            io_format=FakeTrtTensorFormat.CHW4,
         ),
-        FakeTensor("Y", TensorIOMode.OUTPUT, (-1, 4)),
-        FakeTensor("Z", TensorIOMode.OUTPUT, (-1, 4)),
+        FakeTrtTensor("Y", FakeTrtTensorIOMode.OUTPUT, (-1, 4)),
+        FakeTrtTensor("Z", FakeTrtTensorIOMode.OUTPUT, (-1, 4)),
     )
 
     config = complete('output [ { name: "Z" } ]', engine)
@@ -335,10 +265,10 @@ def test_fake_engine_contradicting_batch_hints_are_refused() -> None:
 
 
 def test_fake_engine_batch_hint_on_an_engine_that_cannot_batch_is_refused() -> None:
-    engine = FakeEngine(
-        FakeTensor("S", TensorIOMode.INPUT, (), profiles=[((), (), ())]),
-        FakeTensor("X", TensorIOMode.INPUT, (-1, 4), profiles=[((1, 4), (2, 4), (8, 4))]),
-        FakeTensor("Y", TensorIOMode.OUTPUT, (-1, 4)),
+    engine = FakeTrtEngine(
+        FakeTrtTensor("S", FakeTrtTensorIOMode.INPUT, (), profiles=[((), (), ())]),
+        FakeTrtTensor("X", FakeTrtTensorIOMode.INPUT, (-1, 4), profiles=[((1, 4), (2, 4), (8, 4))]),
+        FakeTrtTensor("Y", FakeTrtTensorIOMode.OUTPUT, (-1, 4)),
     )
 
     assert refusal('input [ { name: "X" dims: [ 4 ] } ]', engine) == (
@@ -387,9 +317,9 @@ def test_fake_engine_completed_config_passes_the_servers_completion() -> None:
 def test_fake_engine_fixed_first_dimension_batches_as_in_triton() -> None:
     # A static engine: its profile's kMAX first dimension (2) is the max batch, and
     # tensorrt_backend CompareDimsSupported accepts the fixed first dimension as the batch one.
-    engine = FakeEngine(
-        FakeTensor("X", TensorIOMode.INPUT, (2, 6), profiles=[((2, 6), (2, 6), (2, 6))]),
-        FakeTensor("Y", TensorIOMode.OUTPUT, (2, 6)),
+    engine = FakeTrtEngine(
+        FakeTrtTensor("X", FakeTrtTensorIOMode.INPUT, (2, 6), profiles=[((2, 6), (2, 6), (2, 6))]),
+        FakeTrtTensor("Y", FakeTrtTensorIOMode.OUTPUT, (2, 6)),
     )
     declared = complete("", engine)
     fp32 = datatypes.BY_KSERVE["FP32"]

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from watchdog.observers.api import BaseObserver
 
+from agent.config.choices import ModelControlMode
 from agent.config.schema import AgentConfig, CacheConfig, ModelsConfig, ServerConfig
 from agent.errors import AgentError
 from agent.fleet.config import MqttConfig
@@ -77,7 +78,7 @@ def test_a_port_in_use_after_http_and_the_watcher_started(tmp_path: Path, busy_p
     http = free_port()
     config = AgentConfig(
         server=ServerConfig(http_port=http, grpc_port=busy_port, metrics_port=-1),
-        models=ModelsConfig(repository=repo, control_mode="poll"),
+        models=ModelsConfig(repository=repo, control_mode=ModelControlMode.POLL),
     )
     _start_fails(config, OSError, str(busy_port))
     _assert_released(http)

@@ -16,7 +16,8 @@ from agent.errors import PayloadTooLargeError
 from agent.proto import model_config_pb2 as mc
 from agent.runtime.demo import mlp_model
 from agent.scheduling.batching import BatchingPolicy
-from agent.scheduling.scheduler import ExecutionResult, ModelScheduler
+from agent.scheduling.protocol import ExecutionResult
+from agent.scheduling.scheduler import ModelScheduler
 from agent.tensors.limits import output_row_bytes, rows_within, tensor_bytes
 from agent.tensors.signature import ModelSignature, ValidatedRequest
 

@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 import pytest
 
+from agent.backends.base import Backend, ReleasesMemory
 from agent.backends.onnx import OnnxBackend
 from agent.proto import model_config_pb2 as mc
 from agent.runtime.demo import mlp_model
@@ -23,7 +24,7 @@ from agent.tensors.signature import ValidatedRequest
 from tests.support import wait_until_async
 
 
-class ReleaseRecordingBackend:
+class ReleaseRecordingBackend(Backend, ReleasesMemory):
     """The real ONNX backend, noting the thread of each `release_memory` call."""
 
     def __init__(self, inner: OnnxBackend) -> None:

@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import pytest
 
-from agent.backends.base import Backend
+from agent.backends.base import Backend, RequestFeeds, RunsRequests
 from agent.backends.cancellation import CancelSignal
 from agent.backends.onnx import OnnxBackend
 from agent.errors import AgentError, BackendError
@@ -26,7 +26,7 @@ from agent.tensors.datatypes import ModelTensor
 from agent.tensors.signature import ValidatedRequest
 
 
-class RecordingBackend:
+class RecordingBackend(Backend):
     """The real ONNX backend, noting which thread ran each execution; `burn_ns` adds CPU work."""
 
     def __init__(self, inner: OnnxBackend) -> None:
@@ -223,7 +223,7 @@ def test_a_model_that_waits_without_cpu_stays_on_the_executor(onnx_backend: Onnx
     assert len(outputs) == 6
 
 
-class GatedRequestsBackend(RecordingBackend):
+class GatedRequestsBackend(RecordingBackend, RunsRequests):
     """Takes a batch's requests unmerged (as the Python backend), holds each execution until
     `gate` opens, and records each request's cancel signal as it finishes."""
 
@@ -235,7 +235,7 @@ class GatedRequestsBackend(RecordingBackend):
 
     def run_requests(
         self,
-        requests: Sequence[tuple[Mapping[str, np.ndarray], Sequence[str]]],
+        requests: Sequence[RequestFeeds],
         cancelled: Sequence[CancelSignal] = (),
         *,
         traces: Sequence[object | None] = (),

@@ -18,6 +18,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from agent import pb_utils
+from agent.config.choices import ModelControlMode
 from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
 from agent.runtime.daemon import RunningAgent
 from agent.scheduling.sequence_scheduler import SequenceScheduler
@@ -188,7 +189,10 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningAgent]:
     settings = AgentConfig(
         server=ServerConfig(http_port=0, grpc_port=0, metrics_port=-1),
         models=ModelsConfig(
-            repository=repo, intra_op_threads=1, control_mode="explicit", load_models=("*",)
+            repository=repo,
+            intra_op_threads=1,
+            control_mode=ModelControlMode.EXPLICIT,
+            load_models=("*",),
         ),
     )
     with running_agent(settings) as running:

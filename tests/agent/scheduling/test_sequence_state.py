@@ -73,9 +73,7 @@ def test_state_from_a_data_file_counts_in_the_memory_budget(tmp_path: Path) -> N
                 request = ValidatedRequest(
                     {"INPUT": np.ones((1, WIDTH), np.float32)}, ("OUTPUT",), 1
                 )
-                result = await scheduler.submit(
-                    request, SequenceRequest(9, start, end), timeout_us=None
-                )
+                result = await scheduler.submit(request, sequence=SequenceRequest(9, start, end))
                 sums.append(float(result.outputs[0][0, -1]))
             return sums
 

@@ -21,53 +21,12 @@ from agent.errors import ConflictError, InvalidInputError, SharedMemoryNotFoundE
 from agent.runtime.daemon import RunningAgent
 from agent.serving.cuda_regions import (
     IPC_HANDLE_SIZE,
-    CudaCallError,
     CudaRegionRegistry,
     CudaRegionStatus,
     register_request_from_json,
 )
 from agent.serving.shared_memory import SharedMemoryRegistry
-
-
-class FakeDeviceMemory:
-    """Host bytes standing in for one device allocation opened through IPC."""
-
-    def __init__(self, memory: bytearray, log: list[str]) -> None:
-        self.memory = memory
-        self.log = log
-
-    def read(self, offset: int, nbytes: int) -> bytes:
-        self.log.append(f"read {offset} {nbytes}")
-        return bytes(self.memory[offset : offset + nbytes])
-
-    def write(self, offset: int, data: memoryview) -> None:
-        self.log.append(f"write {offset} {data.nbytes}")
-        self.memory[offset : offset + data.nbytes] = data
-
-    def close(self) -> None:
-        self.log.append("close")
-
-
-class FakeCudaIpc:
-    """Fake `IpcOpener`: allocations another process "exported", by handle."""
-
-    def __init__(self) -> None:
-        self.exported: dict[bytes, bytearray] = {}
-        self.log: list[str] = []
-
-    def export(self, size: int) -> tuple[bytes, bytearray]:
-        handle = os.urandom(IPC_HANDLE_SIZE)
-        self.exported[handle] = bytearray(size)
-        return handle, self.exported[handle]
-
-    def open(self, raw_handle: bytes, device_id: int, byte_size: int) -> FakeDeviceMemory:
-        if device_id != 0:
-            raise CudaCallError("cudaSetDevice: cudaErrorInvalidDevice")
-        memory = self.exported.get(raw_handle)
-        if memory is None:
-            raise CudaCallError("cudaIpcOpenMemHandle: cudaErrorInvalidValue")
-        self.log.append(f"open {byte_size}")
-        return FakeDeviceMemory(memory, self.log)
+from tests.fakes import FakeCudaIpc
 
 
 def test_fake_cuda_register_status_unregister() -> None:

@@ -27,6 +27,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from agent.cli.commands import build_parser
 from agent.cli.serve_args import config_flags
+from agent.config.choices import TraceMode
 from agent.config.loader import load_config
 from agent.config.schema import AgentConfig, LogConfig, ModelsConfig, ServerConfig, validate
 from agent.errors import AgentConfigError
@@ -137,7 +138,7 @@ def test_spans_reach_the_collector(model_repo: Path, collector: tuple[_Collector
         server=ServerConfig(http_port=0, grpc_port=0, metrics_port=-1, max_request_bytes=1 << 20),
         models=ModelsConfig(repository=model_repo, intra_op_threads=1),
         log=LogConfig(
-            trace_mode="opentelemetry",
+            trace_mode=TraceMode.OPENTELEMETRY,
             trace_otlp_url=endpoint,
             trace_otlp_resource=("service.name=edge-test", "test.key=test.value"),
         ),
@@ -231,7 +232,7 @@ def test_ensemble_steps_and_bls_calls_are_child_spans(
     config = AgentConfig(
         server=ServerConfig(http_port=0, grpc_port=0, metrics_port=-1),
         models=ModelsConfig(repository=repo, intra_op_threads=1),
-        log=LogConfig(trace_mode="opentelemetry", trace_otlp_url=endpoint),
+        log=LogConfig(trace_mode=TraceMode.OPENTELEMETRY, trace_otlp_url=endpoint),
     )
     with agent_on_thread(config) as running:
         http = httpclient.InferenceServerClient(f"127.0.0.1:{running.agent.http_port}")
@@ -342,13 +343,18 @@ def test_resource_pairs() -> None:
 @pytest.mark.parametrize(
     ("log", "message"),
     [
-        (LogConfig(trace_mode="zipkin"), "log.trace_mode must be one of"),
         (LogConfig(trace_otlp_url="http://c:4318/v1/traces"), 'trace_mode = "opentelemetry"'),
         (LogConfig(trace_otlp_resource=("a=b",)), 'trace_mode = "opentelemetry"'),
-        (LogConfig(trace_mode="opentelemetry", trace_otlp_url="c:4318"), "http:// or https://"),
-        (LogConfig(trace_mode="opentelemetry", trace_otlp_resource=("ab",)), "<key>=<value>"),
         (
-            LogConfig(trace_mode="opentelemetry", trace_file=Path("/tmp/t.json")),
+            LogConfig(trace_mode=TraceMode.OPENTELEMETRY, trace_otlp_url="c:4318"),
+            "http:// or https://",
+        ),
+        (
+            LogConfig(trace_mode=TraceMode.OPENTELEMETRY, trace_otlp_resource=("ab",)),
+            "<key>=<value>",
+        ),
+        (
+            LogConfig(trace_mode=TraceMode.OPENTELEMETRY, trace_file=Path("/tmp/t.json")),
             "log.trace_file is for",
         ),
     ],

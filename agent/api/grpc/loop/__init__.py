@@ -10,8 +10,12 @@ machinery. gRPC's use of HTTP/2 is narrow (POST, one fixed response header block
 decompression and nothing else from h2:
 
 * `frames`: frame and message framing, pure bytes;
+* `headers`: a client's header blocks, HPACK-decoded and held to RFC 9113 §8's field rules, pure;
+* `messages`: a call's length-prefixed messages out of its DATA, pure;
 * `connection`: one connection's state (preface, settings, streams, flow control), pure;
-* `server`: the asyncio protocol and listener, calling the same `InferenceService` as grpc.aio.
+* `server`: the asyncio protocol and listener, generic over a method table;
+* `methods`: that table from the shared servicer's `rpcs()` (`agent.api.grpc.service`), and the
+  start-up.
 """
 
 from agent.api.grpc.loop.methods import start_loop_grpc_server

@@ -14,8 +14,13 @@ Invariants:
 * a call's messages are cut out of its DATA by `messages.MessageReader` (the size limit at each
   prefix, gzip/deflate); one it refuses ends the call with its status (`StreamReset`); DATA is
   handed over as views of the read, so a message is copied once, when it is complete;
-* a broken frame, preface or header block ends the connection with GOAWAY (`ConnectionEnded`);
-  a stream-level refusal (too many streams) is an RST_STREAM, the connection goes on.
+* RFC 9113's errors are told apart as it says: a broken frame, preface or header block (one HPACK
+  cannot decode) ends the connection with GOAWAY (`ConnectionEnded`); a stream that breaks the
+  rules (a frame after its end, a malformed request head, too many streams) gets RST_STREAM and
+  the connection goes on; the test suite tests/agent/api/test_h2_conformance*.py holds it to that;
+* a closed stream is remembered (the last `_CLOSED_MEMORY`) with how it closed: frames still in
+  flight after our RST_STREAM are ignored, a frame after the client's own end or reset is a
+  STREAM_CLOSED stream error, and HEADERS on an id never opened is a connection error (§5.1.1).
 """
 
 from __future__ import annotations
@@ -23,20 +28,18 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-import hpack
-from hpack import HPACKError
-
 from agent.api.grpc.loop import frames as f
-from agent.api.grpc.loop.messages import CallRefusedError, MessageReader
+from agent.api.grpc.loop.headers import HeaderReader
+from agent.api.grpc.loop.messages import MessageReader
+from agent.api.grpc.status import Status, StatusError
 
 OUR_WINDOW = 16 * 1024 * 1024
 OUR_MAX_FRAME = 1024 * 1024
 MAX_HEADER_BLOCK = 64 * 1024
-_RESOURCE_EXHAUSTED, _INTERNAL = 8, 13
-_HIGH_BYTES = bytes(range(0x80, 0x100))
-_CACHED_BLOCKS = 64
-# A request's header block read: path, metadata, grpc-timeout (s), whether it is a gRPC call.
-_ParsedBlock = tuple[str, tuple[tuple[str, str], ...], float | None, bool]
+# Closed streams remembered (§5.1): whether we reset them (their late frames are ignored) or they
+# ended otherwise (a frame on them is a stream error). Older ones count as never opened.
+_CLOSED_MEMORY = 256
+_SELF_DEPENDENT = 0x100  # not a wire flag: a HEADERS frame whose priority names its own stream
 
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs ~3x
@@ -94,6 +97,7 @@ class _Stream:
         "recv_unacked",
         "remote_closed",
         "send_window",
+        "to_receive",
         "trailers",
     )
 
@@ -106,6 +110,7 @@ class _Stream:
         self.reader = MessageReader(max_message)
         self.backlog: deque[memoryview] = deque()
         self.trailers: bytes | None = None  # waiting for the backlog to drain
+        self.to_receive: int | None = None  # what content-length has still to come (None: any)
 
 
 class Connection:
@@ -124,11 +129,9 @@ class Connection:
         self._unsettled: list[MessageReader] = []  # readers holding views of the current read
         self._preface = False
         self._out: list[bytes | memoryview] = []
-        self._decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_BLOCK)
+        self._heads = HeaderReader(MAX_HEADER_BLOCK)
         self._continuing: tuple[int, int, bytearray] | None = None
-        # Header blocks made only of indexed fields leave the HPACK table as it is, so the same
-        # bytes mean the same call again (a client repeats its blocks): parsed once.
-        self._parsed: dict[bytes, _ParsedBlock] = {}
+        self._closed: dict[int, bool] = {}  # stream id -> whether we reset it (in close order)
         self._send_window = f.DEFAULT_WINDOW
         self._peer_window = f.DEFAULT_WINDOW
         self._peer_max_frame = f.DEFAULT_MAX_FRAME
@@ -215,6 +218,10 @@ class Connection:
             if sid == 0:
                 raise f.FrameError(f.PROTOCOL_ERROR, "HEADERS on stream 0")
             block = bytes(f.strip_padding(flags, payload, priority=True))  # bytes already
+            if len(block) > MAX_HEADER_BLOCK:  # what the CONTINUATION path caps too
+                raise f.FrameError(f.ENHANCE_YOUR_CALM, "header block too large")
+            if flags & f.PRIORITY_FLAG and _depends_on_itself(sid, flags, payload):
+                flags |= _SELF_DEPENDENT  # carried to the end of the block
             if flags & f.END_HEADERS:
                 self._headers(sid, flags, block, events)
             else:
@@ -230,91 +237,119 @@ class Connection:
                 self._continuing = None
                 self._headers(sid, first_flags, bytes(pending), events)
         elif kind == f.SETTINGS:
+            if sid != 0:
+                raise f.FrameError(f.PROTOCOL_ERROR, "SETTINGS on a stream")
             if not flags & f.ACK:
                 self._settings(f.parse_settings(payload), events)
                 self._out.append(f.SETTINGS_ACK)
+            elif payload:
+                raise f.FrameError(f.FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
         elif kind == f.WINDOW_UPDATE:
             self._window_update(sid, f.parse_u32(payload), events)
         elif kind == f.PING:
+            if sid != 0:
+                raise f.FrameError(f.PROTOCOL_ERROR, "PING on a stream")
             if len(payload) != 8:
                 raise f.FrameError(f.FRAME_SIZE_ERROR, "PING payload must be 8 bytes")
             if not flags & f.ACK:
                 self._out.append(f.ping_ack_frame(payload))
+        elif kind == f.PRIORITY:  # RFC 9113 deprecates its scheme; its framing rules remain
+            if sid == 0:
+                raise f.FrameError(f.PROTOCOL_ERROR, "PRIORITY on stream 0")
+            if len(payload) != 5:
+                self._stream_error(sid, f.FRAME_SIZE_ERROR, events)
+            elif int.from_bytes(payload[:4], "big") & 0x7FFF_FFFF == sid:
+                self._stream_error(sid, f.PROTOCOL_ERROR, events)  # §5.3.1: not on itself
         elif kind == f.RST_STREAM:
+            if sid == 0:
+                raise f.FrameError(f.PROTOCOL_ERROR, "RST_STREAM on stream 0")
             f.parse_u32(payload)
+            if self._idle(sid):
+                raise f.FrameError(f.PROTOCOL_ERROR, f"RST_STREAM on idle stream {sid}")
             if (dropped := self.streams.pop(sid, None)) is not None:
                 self.held -= dropped.reader.buffered
                 self._blocked.pop(sid, None)
+                self._remember(sid, reset_here=False)
                 events.append(StreamReset(sid))
         elif kind == f.GOAWAY:
+            if sid != 0:
+                raise f.FrameError(f.PROTOCOL_ERROR, "GOAWAY on a stream")
+            if len(payload) < 8:
+                raise f.FrameError(f.FRAME_SIZE_ERROR, "GOAWAY shorter than 8 bytes")
             self.closing = True  # the client opens no more streams; ours finish
-            if len(payload) >= 8 and int.from_bytes(payload[4:8], "big") != f.NO_ERROR:
-                code = int.from_bytes(payload[4:8], "big")
+            code = int.from_bytes(payload[4:8], "big")
+            if code != f.NO_ERROR:  # (an unknown code counts as an error: §7)
                 self.ended = True
                 events.append(ConnectionEnded(code, "the client sent GOAWAY"))
         elif kind == f.PUSH_PROMISE:
             raise f.FrameError(f.PROTOCOL_ERROR, "a client cannot push")
-        # PRIORITY and unknown frame types are ignored (§5.5, §6.3).
+        # Unknown frame types are ignored (§5.5).
+
+    def _idle(self, sid: int) -> bool:
+        """Whether a (non-zero) stream id is one the client has not opened yet (§5.1)."""
+        return sid % 2 == 0 or sid > self.last_stream
+
+    def _remember(self, sid: int, *, reset_here: bool) -> None:
+        """A stream closed: remember how, for the frames that may still come on it."""
+        closed = self._closed
+        closed[sid] = reset_here
+        if len(closed) > _CLOSED_MEMORY:
+            del closed[next(iter(closed))]
+
+    def _stream_error(self, sid: int, code: int, events: list[Event]) -> None:
+        """A stream error on any stream (§5.4.2): RST_STREAM; an open one's call is over. An idle
+        stream cannot be reset (§6.4): its error ends the connection (§5.4.1 allows it)."""
+        stream = self.streams.get(sid)
+        if stream is not None:
+            self._reset(stream, code, events)
+        elif self._idle(sid):
+            raise f.FrameError(code, f"a stream error on idle stream {sid}")
+        else:
+            self._out.append(f.rst_stream_frame(sid, code))
+            self._remember(sid, reset_here=True)
 
     def _headers(self, sid: int, flags: int, block: bytes, events: list[Event]) -> None:
-        parsed = self._parsed.get(block)
-        if parsed is None:
-            parsed = self._parse_block(block)
+        self_dependent = flags & _SELF_DEPENDENT
+        head = self._heads.read(block)  # first: every block is decoded, whatever it opens
         stream = self.streams.get(sid)
-        if stream is not None:  # trailers from the client: only END_STREAM matters
+        if stream is not None:  # trailers from the client
             if stream.remote_closed:  # §5.1: no second end (it would start the call again)
                 self._reset(stream, f.STREAM_CLOSED, events)
-            elif flags & f.END_STREAM:
+            elif not flags & f.END_STREAM or head.malformed_trailers or self_dependent:
+                self._reset(stream, f.PROTOCOL_ERROR, events)  # §8.1: trailers end the stream
+            else:
                 self._remote_end(stream, events)
             return
         if sid % 2 == 0:
             raise f.FrameError(f.PROTOCOL_ERROR, f"stream {sid} cannot be opened")
-        if sid <= self.last_stream:  # a closed stream (§5.1): that stream's error, not ours
-            self._out.append(f.rst_stream_frame(sid, f.STREAM_CLOSED))
+        if sid <= self.last_stream:
+            how = self._closed.get(sid)
+            if how is None:  # §5.1.1: a new stream's id is above every one opened before
+                raise f.FrameError(f.PROTOCOL_ERROR, f"stream {sid} opened after a higher one")
+            if not how:  # closed (not by us): that stream's error; after our reset: ignored
+                self._stream_error(sid, f.STREAM_CLOSED, events)
             return
         self.last_stream = sid
-        if not parsed[3]:  # not gRPC (a browser, curl): HTTP's answer, as grpc servers give
+        if head.malformed is not None or self_dependent:  # §8.1.1, §5.3.1: its stream's error
+            self._stream_error(sid, f.PROTOCOL_ERROR, events)
+            return
+        if not head.grpc:  # not gRPC (a browser, curl): HTTP's answer, as grpc servers give
             self._out.append(f.frame(f.HEADERS, f.END_STREAM | f.END_HEADERS, sid, f.STATUS_415))
+            if not flags & f.END_STREAM:  # the client may stop sending (§8.1)
+                self._out.append(f.rst_stream_frame(sid, f.NO_ERROR))
+            self._remember(sid, reset_here=not flags & f.END_STREAM)
             return
         if self.closing or len(self.streams) >= self.max_streams:
-            self._out.append(f.rst_stream_frame(sid, f.REFUSED_STREAM))
+            self._stream_error(sid, f.REFUSED_STREAM, events)
             return
         stream = _Stream(sid, self._peer_window, self.max_message)
-        for name, value in parsed[1]:
-            if name == "grpc-encoding":
-                stream.reader.encoding = value
+        stream.reader.encoding = head.encoding
+        stream.to_receive = head.content_length
         self.streams[sid] = stream
         self.opened += 1
-        events.append(RequestStarted(sid, *parsed[:3]))
+        events.append(RequestStarted(sid, head.path, head.metadata, head.timeout_s))
         if flags & f.END_STREAM:
             self._remote_end(stream, events)
-
-    def _parse_block(self, block: bytes) -> _ParsedBlock:
-        """(path, metadata, grpc-timeout, is gRPC) of a header block; cached if it only indexes."""
-        try:
-            headers = self._decoder.decode(block, raw=True)
-        except HPACKError as exc:
-            raise f.FrameError(f.COMPRESSION_ERROR, f"bad header block: {exc}") from None
-        path = ""
-        timeout: float | None = None
-        metadata: list[tuple[str, str]] = []
-        is_grpc = False
-        for name, value in headers:
-            if name[:1] == b":":
-                if name == b":path":
-                    path = value.decode("latin-1")
-            elif name == b"grpc-timeout":
-                timeout = f.parse_timeout(value.decode("latin-1"))
-            elif name == b"content-type":
-                is_grpc = value.startswith(b"application/grpc")
-            elif name != b"te":
-                metadata.append((name.decode("latin-1"), value.decode("latin-1")))
-        parsed = (path, tuple(metadata), timeout, is_grpc)
-        if block.translate(None, _HIGH_BYTES):  # a literal: the table may have changed
-            self._parsed.clear()
-        elif len(self._parsed) < _CACHED_BLOCKS:
-            self._parsed[block] = parsed
-        return parsed
 
     def _data(self, flags: int, sid: int, payload: bytes | memoryview, events: list[Event]) -> None:
         if sid == 0:
@@ -324,13 +359,23 @@ class Connection:
         if self._recv_unacked >= OUR_WINDOW // 2:
             self._out.append(f.window_update_frame(0, self._recv_unacked))
             self._recv_unacked = 0
-        stream = self.streams.get(sid)
-        if stream is None or stream.remote_closed:
-            if sid > self.last_stream:
-                raise f.FrameError(f.PROTOCOL_ERROR, f"DATA on idle stream {sid}")
-            return  # a stream we ended: its credit is returned above
         if flags & f.PADDED:
             payload = f.strip_padding(flags, payload)
+        stream = self.streams.get(sid)
+        if stream is None:
+            if self._idle(sid):
+                raise f.FrameError(f.PROTOCOL_ERROR, f"DATA on idle stream {sid}")
+            if not self._closed.get(sid, False):  # §6.1; after our reset: ignored
+                self._stream_error(sid, f.STREAM_CLOSED, events)
+            return  # its credit is returned above
+        if stream.remote_closed:  # §5.1 half-closed (remote)
+            self._reset(stream, f.STREAM_CLOSED, events)
+            return
+        if stream.to_receive is not None:  # §8.1.1: no more than content-length said
+            stream.to_receive -= len(payload)
+            if stream.to_receive < 0:
+                self._reset(stream, f.PROTOCOL_ERROR, events)
+                return
         if not flags & f.END_STREAM:
             stream.recv_unacked += size
             if stream.recv_unacked >= OUR_WINDOW // 2:
@@ -344,7 +389,7 @@ class Connection:
                 events.append(MessageReceived(sid, message))
             if settled and reader.unsettled:
                 self._unsettled.append(reader)
-        except CallRefusedError as refused:
+        except StatusError as refused:
             self.held -= held_before
             reader.discard()
             self._refuse(stream, refused.status, refused.message)
@@ -354,7 +399,7 @@ class Connection:
         if self.held > self.held_limit:
             self._refuse(
                 stream,
-                _RESOURCE_EXHAUSTED,
+                Status.RESOURCE_EXHAUSTED,
                 f"the connection holds more than {self.held_limit} bytes of unfinished messages",
             )
             events.append(StreamReset(sid))
@@ -363,9 +408,12 @@ class Connection:
             self._remote_end(stream, events)
 
     def _remote_end(self, stream: _Stream, events: list[Event]) -> None:
+        if stream.to_receive:  # §8.1.1: less than content-length said
+            self._reset(stream, f.PROTOCOL_ERROR, events)
+            return
         stream.remote_closed = True
         if stream.reader.inside_message:
-            self._refuse(stream, _INTERNAL, "the request ended inside a message")
+            self._refuse(stream, Status.INTERNAL, "the request ended inside a message")
             events.append(StreamReset(stream.id))
             return
         events.append(InputEnded(stream.id))
@@ -387,22 +435,30 @@ class Connection:
                 if not f.DEFAULT_MAX_FRAME <= value <= 2**24 - 1:
                     raise f.FrameError(f.PROTOCOL_ERROR, "invalid SETTINGS_MAX_FRAME_SIZE")
                 self._peer_max_frame = value
+            elif key in (f.ENABLE_PUSH, f.NO_RFC7540_PRIORITIES) and value > 1:
+                raise f.FrameError(f.PROTOCOL_ERROR, f"SETTINGS {key:#x} must be 0 or 1")
             # Our header blocks never index: the peer's HEADER_TABLE_SIZE does not concern them.
+            # Unknown settings are ignored (§6.5.2).
 
     def _window_update(self, sid: int, increment: int, events: list[Event]) -> None:
-        if increment == 0:
-            raise f.FrameError(f.PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
         if sid == 0:
+            if increment == 0:
+                raise f.FrameError(f.PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
             self._send_window += increment
             if self._send_window > f.MAX_WINDOW:
                 raise f.FrameError(f.FLOW_CONTROL_ERROR, "connection window over 2^31-1")
         elif (stream := self.streams.get(sid)) is not None:
+            if increment == 0:  # §6.9: on a stream, that stream's error
+                self._reset(stream, f.PROTOCOL_ERROR, events)
+                return
             stream.send_window += increment
             if stream.send_window > f.MAX_WINDOW:  # §6.9.1: that stream ends, not the connection
                 self._reset(stream, f.FLOW_CONTROL_ERROR, events)
                 return
+        elif self._idle(sid):
+            raise f.FrameError(f.PROTOCOL_ERROR, f"WINDOW_UPDATE on idle stream {sid}")
         else:
-            return
+            return  # a closed stream: it may come for a while (§5.1)
         if self._blocked:
             self._flush_blocked(events)
 
@@ -412,6 +468,7 @@ class Connection:
         self.held -= stream.reader.buffered
         self._blocked.pop(stream.id, None)
         self._out.append(f.rst_stream_frame(stream.id, code))
+        self._remember(stream.id, reset_here=True)
         events.append(StreamReset(stream.id))
 
     def _connection_error(self, code: int, message: str, events: list[Event]) -> None:
@@ -451,13 +508,13 @@ class Connection:
         else:
             self._send_data(stream, data)
 
-    def finish(self, sid: int, status: int, message: str = "") -> None:
+    def finish(self, sid: int, status: Status, message: str = "") -> None:
         """End a call with its status (trailers-only when nothing was sent)."""
         stream = self.streams.get(sid)
         if stream is None:
             return
         if stream.headers_sent:
-            block = f.OK_TRAILERS if status == 0 else f.trailers_block(status, message)
+            block = f.OK_TRAILERS if status == Status.OK else f.trailers_block(status, message)
         else:
             stream.headers_sent = True
             block = f.RESPONSE_HEADERS + f.trailers_block(status, message)
@@ -473,7 +530,7 @@ class Connection:
             self.closing = True
             self._out.append(f.goaway_frame(self.last_stream, f.NO_ERROR, message.encode()))
 
-    def _refuse(self, stream: _Stream, status: int, message: str) -> None:
+    def _refuse(self, stream: _Stream, status: Status, message: str) -> None:
         stream.backlog.clear()
         self._blocked.pop(stream.id, None)
         stream.headers_sent, was_sent = True, stream.headers_sent
@@ -490,6 +547,7 @@ class Connection:
         del self.streams[stream.id]
         self.held -= stream.reader.buffered
         self._blocked.pop(stream.id, None)
+        self._remember(stream.id, reset_here=not stream.remote_closed)
 
     def _send_data(self, stream: _Stream, data: memoryview) -> None:
         size = min(len(data), self._send_window, stream.send_window)
@@ -519,3 +577,10 @@ class Connection:
             elif stream.trailers is not None:
                 self._close(stream, stream.trailers)
         events.append(WindowOpened())
+
+
+def _depends_on_itself(sid: int, flags: int, payload: bytes | memoryview) -> bool:
+    """Whether a HEADERS frame's priority fields (there: `strip_padding` checked) make its
+    stream depend on itself (§5.3.1)."""
+    start = 1 if flags & f.PADDED else 0
+    return int.from_bytes(payload[start : start + 4], "big") & 0x7FFF_FFFF == sid

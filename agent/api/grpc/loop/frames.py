@@ -14,6 +14,8 @@ from __future__ import annotations
 import struct
 from typing import Final
 
+from agent.api.grpc.status import Status
+
 # Frame types (RFC 9113 §6).
 DATA: Final = 0x0
 HEADERS: Final = 0x1
@@ -40,6 +42,7 @@ MAX_CONCURRENT_STREAMS: Final = 0x3
 INITIAL_WINDOW_SIZE: Final = 0x4
 MAX_FRAME_SIZE: Final = 0x5
 MAX_HEADER_LIST_SIZE: Final = 0x6
+NO_RFC7540_PRIORITIES: Final = 0x9  # RFC 9113 §5.3.2
 
 # Error codes (§7).
 NO_ERROR: Final = 0x0
@@ -162,15 +165,16 @@ def strip_padding(
     """A DATA or HEADERS payload without its padding (and HEADERS' priority fields).
 
     Raises:
-        FrameError: the padding is longer than the payload.
+        FrameError: the frame is too short for its pad length or priority fields
+            (FRAME_SIZE_ERROR, RFC 9113 §4.2), or its padding is longer than it (PROTOCOL_ERROR).
     """
     start, end = 0, len(payload)
     if flags & PADDED:
-        if not payload:
-            raise FrameError(PROTOCOL_ERROR, "padded frame without a pad length")
-        start, end = 1, end - payload[0]
+        start, end = 1, end - payload[0] if payload else 0
     if priority and flags & PRIORITY_FLAG:
         start += 5
+    if len(payload) < start:
+        raise FrameError(FRAME_SIZE_ERROR, "frame too short for its pad length or priority")
     if end < start:
         raise FrameError(PROTOCOL_ERROR, "padding longer than the frame")
     return payload[start:end]
@@ -244,15 +248,15 @@ STATUS_415: Final = b"\x08\x03415"
 RESPONSE_HEADERS: Final = b"\x88" + b"\x0f\x10" + hpack_int(16, 7) + b"application/grpc"
 
 
-def trailers_block(status: int, message: str = "") -> bytes:
+def trailers_block(status: Status, message: str = "") -> bytes:
     """The trailers of a call: grpc-status and, when set, grpc-message (percent-encoded)."""
-    block = literal(b"grpc-status", str(status).encode())
+    block = literal(b"grpc-status", b"%d" % status)
     if message:
         block += literal(b"grpc-message", percent_encode(message))
     return block
 
 
-OK_TRAILERS: Final = trailers_block(0)
+OK_TRAILERS: Final = trailers_block(Status.OK)
 
 
 def percent_encode(message: str) -> bytes:

@@ -12,20 +12,11 @@ import zlib
 from collections import deque
 
 from agent.api.grpc.loop import frames as f
+from agent.api.grpc.status import Status, StatusError
 
-__all__ = ["CallRefusedError", "MessageReader"]
+__all__ = ["MessageReader"]
 
-_RESOURCE_EXHAUSTED, _UNIMPLEMENTED, _INTERNAL = 8, 12, 13
 _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}  # grpc-encoding: zlib's wbits
-
-
-class CallRefusedError(Exception):
-    """The call ends with this gRPC status (its messages cannot be read)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 class MessageReader:
@@ -73,7 +64,7 @@ class MessageReader:
         """The messages that `data` completes.
 
         Raises:
-            CallRefusedError: a message over the limit, compressed unreadably or with an
+            StatusError: a message over the limit, compressed unreadably or with an
                 encoding other than gzip and deflate.
         """
         if not self._held and self._expect < 0 and len(data) >= f.GRPC_PREFIX_SIZE:
@@ -91,8 +82,8 @@ class MessageReader:
                     return messages
                 compressed, length = f.parse_grpc_prefix(self._take(f.GRPC_PREFIX_SIZE))
                 if length > self.max_message:
-                    raise CallRefusedError(
-                        _RESOURCE_EXHAUSTED,
+                    raise StatusError(
+                        Status.RESOURCE_EXHAUSTED,
                         f"Received message larger than max ({length} vs. {self.max_message})",
                     )
                 self._expect, self._compressed = length, compressed
@@ -140,19 +131,19 @@ class MessageReader:
     def _inflate(self, message: bytes) -> bytes:
         wbits = _WBITS.get(self.encoding)
         if wbits is None:
-            raise CallRefusedError(
-                _UNIMPLEMENTED, f"Compression algorithm '{self.encoding}' is not supported"
+            raise StatusError(
+                Status.UNIMPLEMENTED, f"Compression algorithm '{self.encoding}' is not supported"
             )
         inflater = zlib.decompressobj(wbits)
         try:
             inflated = inflater.decompress(message, self.max_message + 1)
         except zlib.error as exc:
-            raise CallRefusedError(_INTERNAL, f"Failed to decompress the message: {exc}") from None
+            raise StatusError(Status.INTERNAL, f"Failed to decompress the message: {exc}") from None
         if len(inflated) > self.max_message:
-            raise CallRefusedError(
-                _RESOURCE_EXHAUSTED,
+            raise StatusError(
+                Status.RESOURCE_EXHAUSTED,
                 f"Received message larger than max (over {self.max_message} once inflated)",
             )
         if not inflater.eof:  # zlib returns what a cut stream holds without an error
-            raise CallRefusedError(_INTERNAL, "Failed to decompress the message: truncated")
+            raise StatusError(Status.INTERNAL, "Failed to decompress the message: truncated")
         return inflated

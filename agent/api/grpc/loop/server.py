@@ -1,8 +1,9 @@
 """The "loop" gRPC engine's I/O edge: an `asyncio.Protocol` per connection around `Connection`.
 
-Each call runs the same `InferenceService` method as the grpc.aio engine, with a small context
-(`abort`, `peer`, `invocation_metadata`): unary calls as one task each, started when the request
-is complete; ModelStreamInfer as one task reading a queue of requests. Connection limits are
+Each call runs a method of the servicer's table (`methods`), with a small context (`peer`,
+`invocation_metadata`): unary calls as one task each, started when the request is complete;
+streaming calls as one task reading a queue of requests. A method ends its call with its status
+by raising `StatusError`; this module knows no method and no servicer. Connection limits are
 grpc core's: connections over the cap are closed as accepted, a client that does not finish the
 HTTP/2 handshake in time is cut, a connection without calls for the idle timeout gets GOAWAY.
 `stop(grace)` sends GOAWAY, lets open calls finish within `grace`, then cancels the rest.
@@ -19,52 +20,37 @@ from typing import Any, cast
 
 from google.protobuf.message import DecodeError, Message
 
-from agent.api.access import ApiAccess, grpc_endpoint
 from agent.api.grpc.loop import connection as c
+from agent.api.grpc.status import DESERIALIZE_FAILED, Status, StatusError
 from agent.api.http.limits import ConnectionLimits
 
 logger = logging.getLogger(__name__)
 
 _BACKLOG_LIMIT = 4 * 1024 * 1024  # a stream's responses waiting on the peer's window: pause
-_CANCELLED, _UNKNOWN, _DEADLINE, _UNIMPLEMENTED, _INTERNAL, _UNAVAILABLE = 1, 2, 4, 12, 13, 14
-_RESOURCE_EXHAUSTED = 8
-
-
-class AbortError(Exception):
-    """`context.abort`: the call ends with this status."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 @dataclass(frozen=True, slots=True)
 class Method:
-    """One RPC: the servicer's bound method, its request type and whether it streams.
+    """One RPC: its handler, its request type and whether it streams.
 
-    A `serialized` method takes the request's bytes and returns the response's: the call
-    skips parsing and serializing here (the method does both, or avoids them).
+    `handler(request, context)` returns the response (bytes or a message), or with `streaming`
+    takes an async iterator of requests and yields responses. A `request_type` of None: the
+    handler takes the request's bytes (it decodes them, or avoids it).
     """
 
     handler: Callable[..., Any]
-    request_type: type[Message]
+    request_type: type[Message] | None
     streaming: bool
-    serialized: bool = False
 
 
 class CallContext:
-    """What the servicer reads of its call (the subset of grpc.aio's ServicerContext it uses)."""
+    """What a handler reads of its call (the subset of grpc.aio's ServicerContext it uses)."""
 
     __slots__ = ("_metadata", "_peer")
 
     def __init__(self, peer: str, metadata: tuple[tuple[str, str], ...]) -> None:
         self._peer = peer
         self._metadata = metadata
-
-    async def abort(self, code: Any, details: str = "") -> None:
-        """End the call with `code` (a grpc.StatusCode) and `details`; never returns."""
-        raise AbortError(int(code.value[0]), details)
 
     def peer(self) -> str:
         return self._peer
@@ -81,7 +67,7 @@ class _Call:
         self.context = context
         self.message: bytes | None = None
         self.task: asyncio.Task[None] | None = None
-        self.queue: asyncio.Queue[Message | None] | None = None
+        self.queue: asyncio.Queue[Message | bytes | None] | None = None
         self.deadline: asyncio.TimerHandle | None = None
 
 
@@ -159,15 +145,8 @@ class GrpcProtocol(asyncio.Protocol):
         sid = event.stream
         method = self._server.methods.get(event.path)
         if method is None:
-            self._core.finish(sid, _UNIMPLEMENTED, "Method not found!")
+            self._core.finish(sid, Status.UNIMPLEMENTED, "Method not found!")
             return
-        access = self._server.access
-        if access is not None:
-            metadata = {k.lower(): v for k, v in event.metadata}
-            refusal = access.grpc.refusal(grpc_endpoint(event.path), metadata)
-            if refusal is not None:
-                self._core.finish(sid, _UNAVAILABLE, refusal)
-                return
         call = _Call(method, CallContext(self._peer, event.metadata))
         self._calls[sid] = call
         if method.streaming:
@@ -184,16 +163,18 @@ class GrpcProtocol(asyncio.Protocol):
             return  # refused at its headers
         if call.queue is None:
             if call.message is not None:
-                self._end(event.stream, _UNIMPLEMENTED, "a unary call takes one request")
+                self._end(event.stream, Status.UNIMPLEMENTED, "a unary call takes one request")
                 return
             call.message = event.data
             return
-        try:
-            request = call.method.request_type.FromString(event.data)
-        except DecodeError:
-            self._end(event.stream, _INTERNAL, "Exception deserializing request!")
+        request_type = call.method.request_type
+        if request_type is None:
+            call.queue.put_nowait(event.data)
             return
-        call.queue.put_nowait(request)
+        try:
+            call.queue.put_nowait(request_type.FromString(event.data))
+        except DecodeError:
+            self._end(event.stream, Status.INTERNAL, DESERIALIZE_FAILED)
 
     def _input_ended(self, sid: int) -> None:
         call = self._calls.get(sid)
@@ -202,7 +183,7 @@ class GrpcProtocol(asyncio.Protocol):
         if call.queue is not None:
             call.queue.put_nowait(None)
         elif call.message is None:
-            self._end(sid, _UNIMPLEMENTED, "a unary call takes one request; none was sent")
+            self._end(sid, Status.UNIMPLEMENTED, "a unary call takes one request; none was sent")
         else:
             call.task = asyncio.get_running_loop().create_task(self._unary(sid, call))
 
@@ -210,32 +191,33 @@ class GrpcProtocol(asyncio.Protocol):
         assert call.message is not None
         data, call.message = call.message, None
         request: Message | bytes = data
-        if not call.method.serialized:
+        request_type = call.method.request_type
+        if request_type is not None:
             try:
-                request = call.method.request_type.FromString(data)
+                request = request_type.FromString(data)
             except DecodeError:
-                self._complete(sid, _INTERNAL, "Exception deserializing request!")
+                self._complete(sid, Status.INTERNAL, DESERIALIZE_FAILED)
                 return
         try:
             reply = await call.method.handler(request, call.context)
-        except AbortError as exc:
-            self._complete(sid, exc.code, exc.message)
+        except StatusError as exc:
+            self._complete(sid, exc.status, exc.message)
             return
         except asyncio.CancelledError:
-            self._complete(sid, _CANCELLED, "Cancelled")  # a no-op when the call was dropped
+            self._complete(sid, Status.CANCELLED, "Cancelled")  # a no-op once the call dropped
             raise
         except Exception as exc:  # the servicer maps its errors; anything else is a bug
             logger.exception("gRPC %s failed", getattr(call.method.handler, "__name__", "call"))
-            self._complete(sid, _UNKNOWN, f"Unexpected {type(exc)}: {exc}")
+            self._complete(sid, Status.UNKNOWN, f"Unexpected {type(exc)}: {exc}")
             return
-        self._reply(sid, reply)
-        self._complete(sid, 0)
+        if self._reply(sid, reply):
+            self._complete(sid, Status.OK)
 
     async def _stream(self, sid: int, call: _Call) -> None:
         queue = call.queue
         assert queue is not None
 
-        async def requests() -> AsyncIterator[Message]:
+        async def requests() -> AsyncIterator[Message | bytes]:
             while (request := await queue.get()) is not None:
                 yield request
 
@@ -249,19 +231,19 @@ class GrpcProtocol(asyncio.Protocol):
                     self._windows = self._windows or asyncio.Event()
                     self._windows.clear()
                     await self._windows.wait()
-        except AbortError as exc:
-            self._complete(sid, exc.code, exc.message)
+        except StatusError as exc:
+            self._complete(sid, exc.status, exc.message)
             return
         except asyncio.CancelledError:
-            self._complete(sid, _CANCELLED, "Cancelled")
+            self._complete(sid, Status.CANCELLED, "Cancelled")
             raise
         except Exception as exc:
             logger.exception("gRPC stream failed")
-            self._complete(sid, _UNKNOWN, f"Unexpected {type(exc)}: {exc}")
+            self._complete(sid, Status.UNKNOWN, f"Unexpected {type(exc)}: {exc}")
             return
         finally:
             await responses.aclose()  # its requests are cancelled now, not when collected
-        self._complete(sid, 0)
+        self._complete(sid, Status.OK)
 
     def _reply(self, sid: int, reply: Message | bytes) -> bool:
         """Send one response; False when it is over the size limit (the call then ends)."""
@@ -269,7 +251,7 @@ class GrpcProtocol(asyncio.Protocol):
         if len(payload) > self._server.max_message_bytes:
             self._complete(
                 sid,
-                _RESOURCE_EXHAUSTED,
+                Status.RESOURCE_EXHAUSTED,
                 f"Sent message larger than max ({len(payload)} vs. "
                 f"{self._server.max_message_bytes})",
             )
@@ -277,7 +259,7 @@ class GrpcProtocol(asyncio.Protocol):
         self._core.send_message(sid, payload)
         return True
 
-    def _complete(self, sid: int, status: int, message: str = "") -> None:
+    def _complete(self, sid: int, status: Status, message: str = "") -> None:
         """The handler's end of a call: trailers, then write."""
         call = self._calls.pop(sid, None)
         if call is None:
@@ -290,7 +272,7 @@ class GrpcProtocol(asyncio.Protocol):
         else:
             self._flush()
 
-    def _end(self, sid: int, status: int, message: str) -> None:
+    def _end(self, sid: int, status: Status, message: str) -> None:
         """End a call from outside its handler (its task, if any, is cancelled)."""
         call = self._calls.get(sid)
         if call is not None and call.task is not None:
@@ -298,7 +280,7 @@ class GrpcProtocol(asyncio.Protocol):
         self._complete(sid, status, message)
 
     def _deadline(self, sid: int) -> None:
-        self._end(sid, _DEADLINE, "Deadline Exceeded")
+        self._end(sid, Status.DEADLINE_EXCEEDED, "Deadline Exceeded")
 
     def _drop(self, sid: int) -> None:
         call = self._calls.pop(sid, None)
@@ -400,12 +382,10 @@ class LoopGrpcServer:
         *,
         max_message_bytes: int,
         limits: ConnectionLimits,
-        access: ApiAccess | None,
     ) -> None:
         self.methods = methods
         self.max_message_bytes = max_message_bytes
         self.limits = limits
-        self.access = access
         self.connections: set[GrpcProtocol] = set()
         self._listener: asyncio.Server | None = None
 
