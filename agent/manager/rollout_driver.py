@@ -5,19 +5,18 @@
         rollout = store.create(Rollout.start(spec, conn.fleet.devices, time.time()), now)
         await drive(conn, store, rollout.spec.id)
 
-`FleetConnection` subscribes to every device's status and telemetry and to its own reply topic
-(MQTT 5 response topic; under 3.1.1 the devices' `responses` topics, matched by command id).
-Its client id is fixed per rollout with a persistent session, so responses published while the
-manager is down are delivered when it comes back. Telemetry is subscribed only while a wave
-soaks (`want_telemetry`), at QoS 0: only what arrives during a soak counts, a broker must not
-queue every device's telemetry for a manager that is away, and at 10,000 devices its 1,000
-messages a second slowed down the answers and statuses a deploying wave waits for. The
-connection keeps up to `max_inflight` (1,000) commands unacknowledged by the broker: with
-paho's default of 32 a wave of 4,000 commands left at the pace of the broker's round trips
-(bench/fleet10k.md). `settle` first waits for a
-marker it publishes to itself, so the broker has delivered what it held when the connection
-subscribed (the retained statuses, and answers queued in the session) before the quiet time
-starts: at 10,000 devices that takes longer than the quiet time.
+`FleetConnection` subscribes to every device's status and to its own reply topic (MQTT 5
+response topic; under 3.1.1 the devices' `responses` topics, matched by command id). Its client
+id is fixed per rollout with a persistent session, so responses published while the manager is
+down are delivered when it comes back. Telemetry is subscribed only while a wave soaks
+(`want_telemetry`), at QoS 0: only what arrives during a soak counts, a broker must not queue
+every device's telemetry for a manager that is away, and at 10,000 devices its 1,000 messages
+a second slowed down the answers and statuses a deploying wave waits for. The connection keeps
+up to 1,000 commands unacknowledged by the broker: with paho's default of 32 a wave of 4,000
+commands left at the pace of the broker's round trips (bench/fleet10k.md). `settle` first waits
+for a marker it publishes to itself, so the broker has delivered what it held when the
+connection subscribed (the retained statuses, and answers queued in the session) before the
+quiet time starts: at 10,000 devices that takes longer than the quiet time.
 
 `drive` resends the commands of the step the last driver had not finished (the same ids:
 devices answer them from their record), then loops: operator requests, incoming messages,
@@ -26,7 +25,7 @@ done or `stop` is set. The state is stored at every step that made a decision (a
 sent commands or applied an operator's request, and at least every `save_every_s` otherwise:
 what a step between saves changes (answers, confirmations, telemetry for the gate) is read
 again after a restart (answers come again for the resent ids, statuses are retained), and
-storing a 10,000-device rollout (2.5 MB of JSON) at every 0.2 s tick was the first thing that
+storing a 10,000-device rollout (2.9 MB of JSON) at every 0.2 s tick was the first thing that
 stopped the manager keeping up (bench/fleet10k.md).
 """
 
