@@ -12,7 +12,9 @@ awaited (as for other models). `DecoupledChannel` owns the reading end from READ
 * when the pipe fails (the worker died or was killed), every open request ends with the
   reason, as a ModelInstanceFailedError response with the final flag.
 
-Sends are serialized by one lock: the executor thread sends EXECUTE, the event loop CANCEL.
+Sends go through the worker's one lock (`Worker.send`): the executor thread sends EXECUTE, the
+event loop CANCEL, the supervisor its heartbeat PINGs; the PONGs come back here like any side
+message.
 """
 
 from __future__ import annotations
@@ -54,12 +56,13 @@ class DecoupledChannel:
         side_message: Callable[[ipc.Message], bool],
         check: OutputCheck,
         exit_reason: Callable[[], str],
+        send: Callable[[ipc.Message], None],
     ) -> None:
         self._conn = conn
         self._side_message = side_message
         self._check = check
         self._exit_reason = exit_reason
-        self._send_lock = threading.Lock()
+        self._send = send  # the worker's, under its lock
         self._lock = threading.Lock()
         self._open: dict[int, _Open] = {}
         self._inbox: queue.SimpleQueue[ipc.Message | BaseException] = queue.SimpleQueue()
@@ -74,8 +77,7 @@ class DecoupledChannel:
 
     def send(self, message: ipc.Message) -> None:
         """Send to the worker. Raises OSError when it is gone."""
-        with self._send_lock:
-            ipc.send(self._conn, message)
+        self._send(message)
 
     def receive(self, deadline: float | None) -> ipc.Message:
         """The next message for the executor (RESULT, ERROR, FINALIZED ...).
