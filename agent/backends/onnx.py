@@ -1,8 +1,14 @@
 """ONNX Runtime backend: one InferenceSession per loaded model version.
 
 Execution providers come from the model config (`optimization.execution_accelerators` and GPU
-instance groups) filtered by what the installed onnxruntime offers; CPU always closes the list, so
-an accelerator that is asked for but missing degrades to CPU with a warning instead of failing.
+instance groups) filtered by what the installed onnxruntime offers; CPU always closes the list.
+
+An accelerator the config asks for (`gpu_execution_accelerator: [ { name: "tensorrt" } ]`)
+that this ONNX Runtime lacks is a decision, never a quiet fallback: the version is refused
+(ModelLoadError naming the provider that is missing and what to install), unless the operator
+opted into CPU fallback (`models.allow_cpu_fallback`): then it loads on the CPU, and
+`missing_providers` says what it runs without (the index, the config response, the status page
+and the fleet's status show it). An unknown accelerator name is refused either way.
 """
 
 from __future__ import annotations
@@ -40,10 +46,16 @@ ProviderList = list[str | tuple[str, dict[str, Any]]]
 
 @dataclass(frozen=True, slots=True)
 class ProviderChoice:
-    """Providers to create the session with, and what was asked for but is not installed."""
+    """Providers to create the session with, and what was asked for but is not installed.
+
+    `requested`: the accelerators the config names (not the CUDA provider a GPU instance group
+    implies), as (config name, provider); `requested_missing`: those this runtime lacks.
+    """
 
     providers: ProviderList
     missing: tuple[str, ...]
+    requested_missing: tuple[tuple[str, str], ...] = ()
+    requested: tuple[tuple[str, str], ...] = ()
 
 
 def choose_providers(
@@ -51,11 +63,14 @@ def choose_providers(
 ) -> ProviderChoice:
     """Map the config's accelerators onto installed ONNX Runtime providers, CPU last."""
     wanted: list[tuple[str, dict[str, Any]]] = []
+    requested: dict[str, str] = {}  # provider -> the name the config gave it
     for acc in config.optimization.execution_accelerators.gpu_execution_accelerator:
         name = _ACCELERATORS.get(acc.name.lower())
         if name is None:
             wanted.append((f"unknown accelerator '{acc.name}'", {}))
+            requested[wanted[-1][0]] = acc.name
             continue
+        requested.setdefault(name, acc.name)
         options: dict[str, Any] = {}
         if name == "TensorrtExecutionProvider":
             # Same fields as the native engine build; engine cache inside the model cache.
@@ -72,7 +87,53 @@ def choose_providers(
         else:
             missing.append(name)
     providers.append(_CPU)
-    return ProviderChoice(providers, tuple(missing))
+    asked = tuple((requested[n], n) for n in missing if n in requested)
+    return ProviderChoice(
+        providers, tuple(missing), asked, tuple((a, n) for n, a in requested.items())
+    )
+
+
+def refusal(model: str, missing: Sequence[tuple[str, str]], has: Sequence[str]) -> str | None:
+    """Why a version is refused whose config asks for accelerators (config name, provider)
+    that are `missing`; `has`: the providers there are. None: nothing is missing."""
+    if not missing:
+        return None
+    unknown = [asked for asked, provider in missing if is_unknown(provider)]
+    if unknown:
+        names = ", ".join(f"'{n}'" for n in unknown)
+        return (
+            f"model '{model}': unknown execution accelerator {names} in "
+            "optimization.execution_accelerators (known: tensorrt, cuda)"
+        )
+    needs = ", ".join(f"'{asked}' ({provider})" for asked, provider in missing)
+    return (
+        f"model '{model}': the config asks for execution accelerator {needs}, which this "
+        f"onnxruntime {ort.__version__} does not provide (it has {', '.join(has) or 'none'}); "
+        "install an onnxruntime with it and its libraries (onnxruntime-gpu, docs/jetson.md), "
+        "or set models.allow_cpu_fallback = true to run the model without it"
+    )
+
+
+def is_unknown(provider: str) -> bool:
+    """An accelerator name the config gives that no provider has (refused even with the
+    fallback: a typo must not run on the CPU unnoticed)."""
+    return provider.startswith("unknown accelerator")
+
+
+def _decide(
+    model: str, missing: Sequence[tuple[str, str]], has: Sequence[str], allow_cpu_fallback: bool
+) -> None:
+    """Refuse a version that would run without accelerators its config asks for, unless the
+    fallback is allowed (an unknown accelerator is refused anyway).
+
+    Raises:
+        ModelLoadError: the reason (`refusal`).
+    """
+    refused = refusal(model, missing, has)
+    if refused is not None and (
+        not allow_cpu_fallback or any(is_unknown(provider) for _, provider in missing)
+    ):
+        raise ModelLoadError(refused)
 
 
 def default_intra_op_threads(instances: int) -> int:
@@ -89,22 +150,31 @@ class OnnxBackend(Backend, ReleasesMemory, ReportsProviders):
         config: mc.ModelConfig,
         intra_op_threads: int,
         cache_root: Path | None = None,
+        *,
+        allow_cpu_fallback: bool = False,
     ) -> None:
         """Create the session.
 
         Raises:
-            ModelLoadError: the file is missing or ONNX Runtime refuses it.
+            ModelLoadError: the file is missing or ONNX Runtime refuses it; the config asks for
+                an accelerator this onnxruntime lacks, without `allow_cpu_fallback` (module
+                docstring).
         """
         if not path.is_file():
             raise ModelLoadError(f"model file {path} not found")
-        choice = choose_providers(config, ort.get_available_providers(), cache_root)
-        self.missing_providers: tuple[str, ...] = choice.missing
+        available = ort.get_available_providers()
+        choice = choose_providers(config, available, cache_root)
+        model = config.name or path.parent.parent.name
+        _decide(model, choice.requested_missing, available, allow_cpu_fallback)
+        # With the fallback allowed, it runs without them; the index and the status say so.
+        self.missing_providers: tuple[str, ...] = tuple(p for _, p in choice.requested_missing)
         for name in choice.missing:
             logger.warning(
-                "model %s: execution provider %s requested but not available; using %s",
+                "model %s: execution provider %s requested but not available; using %s%s",
                 config.name,
                 name,
                 [p if isinstance(p, str) else p[0] for p in choice.providers],
+                " (models.allow_cpu_fallback)" if name in self.missing_providers else "",
             )
         options = ort.SessionOptions()
         options.intra_op_num_threads = intra_op_threads
@@ -119,6 +189,20 @@ class OnnxBackend(Backend, ReleasesMemory, ReportsProviders):
         except Exception as exc:  # noqa: BLE001 - onnxruntime raises untyped errors for bad models
             raise ModelLoadError(f"onnxruntime cannot load {path}: {exc}") from None
         self.providers: tuple[str, ...] = tuple(self._session.get_providers())
+        # ONNX Runtime lists a provider whose libraries are missing (TensorRT on some JetPack
+        # releases) and drops it from the session with a warning: that is missing too.
+        dropped = [
+            (asked, name)
+            for asked, name in choice.requested
+            if name in available and name not in self.providers
+        ]
+        if dropped:
+            try:
+                _decide(model, dropped, self.providers, allow_cpu_fallback)
+            except ModelLoadError:
+                del self._session
+                raise
+            self.missing_providers += tuple(name for _, name in dropped)
         self._inputs = tuple(_tensor(t) for t in self._session.get_inputs())
         self._outputs = tuple(_tensor(t) for t in self._session.get_outputs())
         self._string_inputs = frozenset(
