@@ -131,6 +131,8 @@ def create_backend(
             config,
             model_name=model_name,
             auto_complete=auto_complete,
+            restart_policy=restart_policy,
+            health_listener=health_listener,
         )
     from agent.backends.onnx import OnnxBackend  # noqa: PLC0415
 
@@ -140,6 +142,8 @@ def create_backend(
         intra_op_threads,
         cache_root,
         allow_cpu_fallback=allow_cpu_fallback,
+        restart_policy=restart_policy,
+        health_listener=health_listener,
     )
 
 
