@@ -94,7 +94,7 @@ class ModelRegistry:
             gate=gate,
             served_config=self._served_config,
             served_versions=self._served_versions,
-            on_health=self._health_changed,
+            on_health=self.health_changed,
         )
         # Ensembles run their steps through the data plane, which binds its `infer` here.
         self.step_runner = self.loader.step_runner
@@ -231,7 +231,7 @@ class ModelRegistry:
         """The event loop `mark_failed` runs on when a version gives up (from another thread)."""
         self._loop = loop
 
-    def _health_changed(self, name: str, version: int, build: str, change: HealthChange) -> None:
+    def health_changed(self, name: str, version: int, build: str, change: HealthChange) -> None:
         """An instance of a build failed, came back, or the build gave up (a backend thread).
 
         Every change is an event; a build that gave up is taken out of service on the loop

@@ -255,8 +255,8 @@ def test_a_model_whose_initialize_fails_after_its_first_start_backs_off_and_give
     attempts = tmp_path / "attempts.txt"
     write_python_model(repo, "once", INIT_ONCE_MODEL, attempts_config("once", attempts))
     write_python_model(repo, "steady", BEHAVIOUR_MODEL, behaviour_config("steady"))
-    settings = {"restart_limit": 3, "restart_backoff_ms": 200, "restart_backoff_max_ms": 5000}
-    with running_agent(config_for(repo, **settings)) as agent:
+    config = config_for(repo, restart_limit=3, restart_backoff_ms=200, restart_backoff_max_ms=5000)
+    with running_agent(config) as agent:
         port = agent.http_port
         pid = worker_pid(agent, "once")
         assert pid is not None
