@@ -7,7 +7,8 @@ a probe: one run of the model on zeros of its smallest shape. The probe is known
 it passed once at load; a model whose probe never passed has its run failures counted as the
 requests' own (logged, never a restart: nothing can tell them apart).
 
-* The probe passes: the request failed alone (it gets its error); the session is healthy.
+* The probe passes: the request failed alone (it gets its error); the session is healthy. A
+  failure within `PROBE_EVERY_S` of a probe that passed is taken as its request's own too.
 * The probe fails too: the session is DOWN (`agent.backends.health.VersionHealth`, one instance
   named "session"): the version is not ready, runs wait for the rebuild (at most
   `REBUILD_WAIT_S`), and after the back-off the backend builds a new session and probes it. One
@@ -40,6 +41,9 @@ __all__ = ["REBUILD_WAIT_S", "SessionGuard"]
 logger = logging.getLogger(__name__)
 
 REBUILD_WAIT_S = 30.0  # a run waits this long for a session being rebuilt, then fails (503)
+# A failure this soon after a probe that passed is taken as its request's own without probing
+# again: a client sending bad inputs in a loop costs one probe a second, not one each.
+PROBE_EVERY_S = 1.0
 
 
 class SessionGuard:
@@ -68,6 +72,7 @@ class SessionGuard:
         self._probing = threading.Lock()
         self._closed = False
         self._timer: threading.Thread | None = None
+        self._passed_at = -PROBE_EVERY_S  # when a probe last passed (`time.monotonic()`)
 
     @property
     def state(self) -> HealthState:
@@ -105,6 +110,8 @@ class SessionGuard:
         with self._probing:  # one probe at a time; the others wait for its verdict
             if not self._health.state.ready:
                 return  # another thread's probe found it broken
+            if time.monotonic() - self._passed_at < PROBE_EVERY_S:
+                return
             try:
                 self._probe()
             except Exception as exc:  # noqa: BLE001 - any failure of the probe is the verdict
@@ -115,6 +122,8 @@ class SessionGuard:
                     change = self._health.failed(0, reason, time.monotonic())
                 self._tell(change)
                 self._schedule()
+            else:
+                self._passed_at = time.monotonic()
 
     def close(self) -> None:
         """No more rebuilds; runs waiting for one fail."""

@@ -93,7 +93,7 @@ from agent.backends.python.outputs import checked_output
 from agent.backends.python.pool import WorkerPool
 from agent.backends.python.process import Launcher, Worker, exit_reason, kill_worker, reap_worker
 from agent.backends.python.side_messages import SideMessages
-from agent.backends.python.stream import DecoupledChannel
+from agent.backends.python.stream import DecoupledChannel, NotSent
 from agent.backends.python.supervisor import Supervisor, WorkerHooks
 from agent.errors import AgentError, BackendError, ModelInstanceFailedError, ModelLoadError
 from agent.proto import model_config_pb2 as mc
@@ -298,11 +298,16 @@ class PythonBackend(
             ModelInstanceFailedError: the worker hung (and was killed) or died.
             ModelNotReadyError: as `run_requests`.
         """
-        worker = self._pool.take(self.timeouts.execute_s)
-        try:
-            self._run_decoupled_on(worker, requests)
-        finally:
-            self._give_back(worker)
+        for _ in range(len(self._args) + 1):
+            worker = self._pool.take(self.timeouts.execute_s)
+            try:
+                self._run_decoupled_on(worker, requests)
+                return
+            except _NotTaken:
+                continue  # it was gone before the requests reached it: they go to another
+            finally:
+                self._give_back(worker)
+        raise ModelInstanceFailedError(f"{self._label}: every instance failed before it ran")
 
     def _give_back(self, worker: Worker) -> None:
         if not self._pool.give_back(worker):  # its process ended while it ran: pipe closed here
@@ -317,6 +322,9 @@ class PythonBackend(
         ids = [next(self._request_ids) for _ in requests]
         try:
             reply = channel.execute(list(zip(ids, requests, strict=True)), self.timeouts.execute_s)
+        except NotSent:
+            self._pool.discard(worker)
+            raise _NotTaken from None
         except TimeoutError:
             self._hung(worker)
         except (EOFError, OSError, ipc.WireError):
@@ -382,9 +390,9 @@ class PythonBackend(
             if self._closed:
                 return
             self._closed = True
-        workers = self._current()
         if self._supervisor is not None:
-            self._supervisor.stop()
+            self._supervisor.stop()  # a restart finishing after this ends its own worker
+        workers = self._current()
         self._pool.fail(f"{self._label} was unloaded")
         for open_channel in self._channels.values():
             open_channel.closing = True

@@ -63,8 +63,9 @@ class Worker:
         if not self._send_lock.acquire(timeout=timeout_s):
             return False
         try:
-            _, writable, _ = select.select([], [self.conn], [], timeout_s)
-            if not writable:
+            poller = select.poll()  # not select(): a busy agent's descriptors pass 1024
+            poller.register(self.conn.fileno(), select.POLLOUT)
+            if not poller.poll(timeout_s * 1000):
                 return False
             ipc.send(self.conn, message)
             return True

@@ -46,6 +46,10 @@ class _Open:
     outputs: Sequence[str]
 
 
+class NotSent(Exception):
+    """EXECUTE did not reach the worker (it is gone), and none of its requests was answered."""
+
+
 class DecoupledChannel:
     """One decoupled worker's pipe: a reader thread, an inbox and the open requests."""
 
@@ -106,15 +110,27 @@ class DecoupledChannel:
         streams from inside `execute` is alive).
 
         Raises:
+            NotSent: the worker was gone before EXECUTE reached it, and no sink was told
+                anything (the requests can go to another worker).
             TimeoutError: nothing from the worker for `execute_s`.
             EOFError, OSError, ipc.WireError: the pipe failed.
         """
+        if not self._thread.is_alive():
+            raise NotSent  # its reader saw the pipe end: the worker is gone
         described = []
         for request_id, (feeds, names, sink) in requests:
             self.open(request_id, sink, names)
             described.append({"id": request_id, "outputs": list(names), "inputs": len(feeds)})
         tensors = [item for _, (feeds, _, _) in requests for item in feeds.items()]
-        self.send(ipc.Message(ipc.EXECUTE, {"requests": described}, tensors))
+        try:
+            self.send(ipc.Message(ipc.EXECUTE, {"requests": described}, tensors))
+        except OSError:
+            with self._lock:  # unless the reader ended them already (then they were told)
+                if all(request_id in self._open for request_id, _ in requests):
+                    for request_id, _ in requests:
+                        del self._open[request_id]
+                    raise NotSent from None
+            raise
         for request_id, (_, _, sink) in requests:
             self.watch_cancel(request_id, sink)
         waited_from = time.monotonic()

@@ -135,6 +135,9 @@ class Supervisor:
         self._wake()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
+        if self._thread.is_alive():  # stuck reaping a process: leave it what it holds
+            logger.warning("%s: the supervisor did not stop within %g s", self._label, timeout_s)
+            return
         for worker in list(self._probing):  # taken from the pool to read its PONG
             self._pool.give_back(worker)
         self._probing.clear()
