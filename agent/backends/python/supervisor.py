@@ -25,8 +25,10 @@ limit, when the version gives up.
   and to the log.
 
 Who reads a worker's pipe, and so its PONGs: the execution that holds it, a decoupled model's
-reader thread (always), or this thread while the worker is idle (it takes the worker from the
-pool for that moment).
+reader thread (always), or this thread while the worker is idle: at the next round it takes the
+worker from the pool for as long as it reads what is there (a request never waits on a
+heartbeat), and keeps out of the pool one still silent a round after its PING, until it answers
+or its timeout kills it.
 """
 
 from __future__ import annotations
@@ -265,18 +267,27 @@ class Supervisor:
         self._wake()
 
     def _beat(self, now: float) -> None:
+        """Judge each worker's last PING and send the next one.
+
+        A PING goes out without taking the worker from the pool: its PONG is read by the next
+        execution on it, or here at the next round, when the worker is idle and the PONG is
+        already in its pipe (so requests never wait on a heartbeat). A worker still silent one
+        round after its PING is held out of the pool until it answers, or is killed at its
+        timeout.
+        """
         for worker in self.workers():
-            if worker.pongs < worker.pings or worker in self._unsent:  # the last is unanswered
+            answered = worker.pongs >= worker.pings and worker not in self._unsent
+            if not answered:
                 if now - worker.pinged_at >= self._timeout_s:
                     kill_worker(worker, f"hung: no heartbeat answer within {self._timeout_s:g} s")
                     continue  # its pidfd says it ended: handled then
-                self._probe_if_idle(worker)
                 if worker in self._unsent:
-                    self._send_ping(worker)
-                continue
+                    self._send_ping(worker)  # its pipe was blocked: try again
+                    continue
+                if not self._read_if_idle(worker):
+                    continue  # still silent (held, if idle), or busy: its execution reads it
             worker.pinged_at = now
             self._unsent.add(worker)
-            self._probe_if_idle(worker)
             self._send_ping(worker)
 
     def _send_ping(self, worker: Worker) -> None:
@@ -291,29 +302,42 @@ class Supervisor:
             worker.pings = number
             self._unsent.discard(worker)
 
-    def _probe_if_idle(self, worker: Worker) -> None:
-        """Take an idle worker from the pool to read its PONG here (not a decoupled one: its
-        reader thread reads everything)."""
+    def _read_if_idle(self, worker: Worker) -> bool:
+        """Whether the worker's last PING is answered now: an idle worker (not a decoupled
+        one: its reader thread reads everything) is taken from the pool, and what its pipe
+        holds is read at once; one still silent stays taken, its pipe watched, until its PONG
+        comes or its timeout."""
         if self._hooks.read_idle is None or worker in self._probing:
-            return
-        if self._pool.take_if_idle(worker):
-            if worker.pongs >= worker.pings and worker not in self._unsent:
-                self._pool.give_back(worker)  # answered while it was busy: nothing to read
-            else:
-                self._probing.add(worker)
+            return worker.pongs >= worker.pings
+        if not self._pool.take_if_idle(worker):
+            return worker.pongs >= worker.pings  # busy: its execution reads the PONG
+        try:
+            while worker.pongs < worker.pings and worker.conn.poll(0):
+                self._read(worker)
+        except OSError:
+            pass  # its pipe is gone: its pidfd says so
+        if worker.pongs >= worker.pings:
+            self._pool.give_back(worker)
+            return True
+        self._probing.add(worker)
+        return False
 
-    def _read_probe(self, worker: Worker) -> None:
+    def _read(self, worker: Worker) -> None:
         read = self._hooks.read_idle
         assert read is not None
         try:
             stray = read(worker, time.monotonic() + _READ_S)
         except (TimeoutError, EOFError, OSError, ipc.WireError):
-            stray = None  # it is ending: its pidfd says so (or the next heartbeat finds it)
+            stray = None  # it is ending: its pidfd says so (or its heartbeat's timeout)
         if stray is not None:
             logger.warning(
                 "%s instance %s sent %r while idle; ignored", self._label, worker.name, stray.kind
             )
-        if worker.pongs >= worker.pings and worker not in self._unsent:
+
+    def _read_probe(self, worker: Worker) -> None:
+        """A held (silent) worker's pipe is readable: read; give it back once it answered."""
+        self._read(worker)
+        if worker.pongs >= worker.pings:
             self._probing.discard(worker)
             self._pool.give_back(worker)
 
