@@ -69,9 +69,9 @@ class BackendError(AgentError):
 
 
 class ModelInstanceFailedError(BackendError):
-    """A model instance can no longer serve (its worker hung and was killed, or died).
-
-    The data plane takes the version out of service with the message as its reason.
+    """A model instance failed while it ran the request (its worker hung and was killed, or
+    died). A backend that restarts its instances (`ReportsHealth`) serves on with the others;
+    for any other the data plane takes the version out of service with the message as reason.
     """
 
 

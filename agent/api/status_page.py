@@ -33,6 +33,8 @@ __all__ = [
 
 POLL_MS = 2000
 STATUS_PATHS = ("/", "/v2/status")
+# A version running without the accelerators its config asks for (the same in status.js).
+FALLBACK_FLAG = ' <strong class="state-degraded">CPU fallback</strong>'
 
 
 class StatusSource(Protocol):
@@ -114,7 +116,8 @@ def _section(key: str, title: str, inner: str) -> str:
 def _models_table(models: Sequence[Mapping[str, Any]]) -> str:
     rows = [
         f'<tr><th scope="row">{esc(m.get("name"))}</th><td>{esc(m.get("version"))}</td>'
-        f'<td class="state-{esc(m.get("state", "")).lower()}">{esc(m.get("state"))}</td>'
+        f'<td class="state-{esc(m.get("state", "")).lower()}">{esc(m.get("state"))}'
+        f"{FALLBACK_FLAG if m.get('cpu_fallback') else ''}</td>"
         f"<td>{esc(m.get('reason') or None)}</td></tr>"
         for m in models
     ]

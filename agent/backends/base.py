@@ -31,6 +31,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from agent.backends.cancellation import CancelSignal
+from agent.backends.health import HealthState
 from agent.errors import AgentError
 from agent.proto import model_config_pb2 as mc
 from agent.tensors.datatypes import ModelTensor
@@ -41,6 +42,7 @@ __all__ = [
     "DecoupledRequest",
     "HoldsWorkerMemory",
     "ReleasesMemory",
+    "ReportsHealth",
     "ReportsProviders",
     "RequestFeeds",
     "ResponseSink",
@@ -172,4 +174,16 @@ class HoldsWorkerMemory(Protocol):
     @property
     def worker_rss_bytes(self) -> int:
         """Resident memory of the backend's worker processes now."""
+        ...
+
+
+@runtime_checkable
+class ReportsHealth(Protocol):
+    """Its instances can fail while serving and be restarted (`agent.backends.health`): Python
+    workers, ONNX Runtime and TensorRT sessions. The registry reads `health` for readiness and
+    the repository index; a backend without it is healthy for as long as it is loaded."""
+
+    @property
+    def health(self) -> HealthState:
+        """Which instances serve now (one frozen snapshot, replaced on each change)."""
         ...

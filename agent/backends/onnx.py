@@ -1,8 +1,18 @@
 """ONNX Runtime backend: one InferenceSession per loaded model version.
 
 Execution providers come from the model config (`optimization.execution_accelerators` and GPU
-instance groups) filtered by what the installed onnxruntime offers; CPU always closes the list, so
-an accelerator that is asked for but missing degrades to CPU with a warning instead of failing.
+instance groups) filtered by what the installed onnxruntime offers; CPU always closes the list.
+
+An accelerator the config asks for (`gpu_execution_accelerator: [ { name: "tensorrt" } ]`)
+that this ONNX Runtime lacks is a decision, never a quiet fallback: the version is refused
+(ModelLoadError naming the provider that is missing and what to install), unless the operator
+opted into CPU fallback (`models.allow_cpu_fallback`): then it loads on the CPU, and
+`missing_providers` says what it runs without (the index, the config response, the status page
+and the fleet's status show it). An unknown accelerator name is refused either way.
+
+A session whose run raises is judged by a probe on zeros and rebuilt when that fails too
+(`agent.backends.session_health`): the version is not ready meanwhile, and gives up past the
+restart limit.
 """
 
 from __future__ import annotations
@@ -19,7 +29,9 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from agent.backends.base import Backend, ReleasesMemory, ReportsProviders
+from agent.backends.base import Backend, ReleasesMemory, ReportsHealth, ReportsProviders
+from agent.backends.health import HealthListener, HealthState, RestartPolicy
+from agent.backends.session_health import SessionGuard
 from agent.backends.tensorrt.build import ort_tensorrt_options
 from agent.errors import BackendError, ModelLoadError
 from agent.proto import model_config_pb2 as mc
@@ -29,7 +41,8 @@ from agent.tensors.datatypes import ModelTensor
 logger = logging.getLogger(__name__)
 
 _CPU = "CPUExecutionProvider"
-_ACCELERATORS = {
+# The config's accelerator names and their providers (agent.device.checks holds the same map).
+ACCELERATORS = {
     "tensorrt": "TensorrtExecutionProvider",
     "cuda": "CUDAExecutionProvider",
 }
@@ -40,10 +53,16 @@ ProviderList = list[str | tuple[str, dict[str, Any]]]
 
 @dataclass(frozen=True, slots=True)
 class ProviderChoice:
-    """Providers to create the session with, and what was asked for but is not installed."""
+    """Providers to create the session with, and what was asked for but is not installed.
+
+    `requested`: the accelerators the config names (not the CUDA provider a GPU instance group
+    implies), as (config name, provider); `requested_missing`: those this runtime lacks.
+    """
 
     providers: ProviderList
     missing: tuple[str, ...]
+    requested_missing: tuple[tuple[str, str], ...] = ()
+    requested: tuple[tuple[str, str], ...] = ()
 
 
 def choose_providers(
@@ -51,11 +70,14 @@ def choose_providers(
 ) -> ProviderChoice:
     """Map the config's accelerators onto installed ONNX Runtime providers, CPU last."""
     wanted: list[tuple[str, dict[str, Any]]] = []
+    requested: dict[str, str] = {}  # provider -> the name the config gave it
     for acc in config.optimization.execution_accelerators.gpu_execution_accelerator:
-        name = _ACCELERATORS.get(acc.name.lower())
+        name = ACCELERATORS.get(acc.name.lower())
         if name is None:
             wanted.append((f"unknown accelerator '{acc.name}'", {}))
+            requested[wanted[-1][0]] = acc.name
             continue
+        requested.setdefault(name, acc.name)
         options: dict[str, Any] = {}
         if name == "TensorrtExecutionProvider":
             # Same fields as the native engine build; engine cache inside the model cache.
@@ -72,7 +94,53 @@ def choose_providers(
         else:
             missing.append(name)
     providers.append(_CPU)
-    return ProviderChoice(providers, tuple(missing))
+    asked = tuple((requested[n], n) for n in missing if n in requested)
+    return ProviderChoice(
+        providers, tuple(missing), asked, tuple((a, n) for n, a in requested.items())
+    )
+
+
+def refusal(model: str, missing: Sequence[tuple[str, str]], has: Sequence[str]) -> str | None:
+    """Why a version is refused whose config asks for accelerators (config name, provider)
+    that are `missing`; `has`: the providers there are. None: nothing is missing."""
+    if not missing:
+        return None
+    unknown = [asked for asked, provider in missing if is_unknown(provider)]
+    if unknown:
+        names = ", ".join(f"'{n}'" for n in unknown)
+        return (
+            f"model '{model}': unknown execution accelerator {names} in "
+            "optimization.execution_accelerators (known: tensorrt, cuda)"
+        )
+    needs = ", ".join(f"'{asked}' ({provider})" for asked, provider in missing)
+    return (
+        f"model '{model}': the config asks for execution accelerator {needs}, which this "
+        f"onnxruntime {ort.__version__} does not provide (it has {', '.join(has) or 'none'}); "
+        "install an onnxruntime with it and its libraries (onnxruntime-gpu, docs/jetson.md), "
+        "or set models.allow_cpu_fallback = true to run the model without it"
+    )
+
+
+def is_unknown(provider: str) -> bool:
+    """An accelerator name the config gives that no provider has (refused even with the
+    fallback: a typo must not run on the CPU unnoticed)."""
+    return provider.startswith("unknown accelerator")
+
+
+def _decide(
+    model: str, missing: Sequence[tuple[str, str]], has: Sequence[str], allow_cpu_fallback: bool
+) -> None:
+    """Refuse a version that would run without accelerators its config asks for, unless the
+    fallback is allowed (an unknown accelerator is refused anyway).
+
+    Raises:
+        ModelLoadError: the reason (`refusal`).
+    """
+    refused = refusal(model, missing, has)
+    if refused is not None and (
+        not allow_cpu_fallback or any(is_unknown(provider) for _, provider in missing)
+    ):
+        raise ModelLoadError(refused)
 
 
 def default_intra_op_threads(instances: int) -> int:
@@ -80,7 +148,7 @@ def default_intra_op_threads(instances: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, instances))
 
 
-class OnnxBackend(Backend, ReleasesMemory, ReportsProviders):
+class OnnxBackend(Backend, ReleasesMemory, ReportsProviders, ReportsHealth):
     """A model version running in ONNX Runtime."""
 
     def __init__(
@@ -89,22 +157,33 @@ class OnnxBackend(Backend, ReleasesMemory, ReportsProviders):
         config: mc.ModelConfig,
         intra_op_threads: int,
         cache_root: Path | None = None,
+        *,
+        allow_cpu_fallback: bool = False,
+        restart_policy: RestartPolicy | None = None,
+        health_listener: HealthListener | None = None,
     ) -> None:
-        """Create the session.
+        """Create the session, and probe it once on zeros (the health probe's baseline).
 
         Raises:
-            ModelLoadError: the file is missing or ONNX Runtime refuses it.
+            ModelLoadError: the file is missing or ONNX Runtime refuses it; the config asks for
+                an accelerator this onnxruntime lacks, without `allow_cpu_fallback` (module
+                docstring).
         """
         if not path.is_file():
             raise ModelLoadError(f"model file {path} not found")
-        choice = choose_providers(config, ort.get_available_providers(), cache_root)
-        self.missing_providers: tuple[str, ...] = choice.missing
+        available = ort.get_available_providers()
+        choice = choose_providers(config, available, cache_root)
+        model = config.name or path.parent.parent.name
+        _decide(model, choice.requested_missing, available, allow_cpu_fallback)
+        # With the fallback allowed, it runs without them; the index and the status say so.
+        self.missing_providers: tuple[str, ...] = tuple(p for _, p in choice.requested_missing)
         for name in choice.missing:
             logger.warning(
-                "model %s: execution provider %s requested but not available; using %s",
+                "model %s: execution provider %s requested but not available; using %s%s",
                 config.name,
                 name,
                 [p if isinstance(p, str) else p[0] for p in choice.providers],
+                " (models.allow_cpu_fallback)" if name in self.missing_providers else "",
             )
         options = ort.SessionOptions()
         options.intra_op_num_threads = intra_op_threads
@@ -114,11 +193,30 @@ class OnnxBackend(Backend, ReleasesMemory, ReportsProviders):
         # Idle intra-op threads would otherwise spin, taking a core from the event loop that
         # parses the next requests (measured: 1.9 cores for 1,600 inferences/s on 2 cores).
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        try:
-            self._session = ort.InferenceSession(str(path), options, providers=choice.providers)
-        except Exception as exc:  # noqa: BLE001 - onnxruntime raises untyped errors for bad models
-            raise ModelLoadError(f"onnxruntime cannot load {path}: {exc}") from None
+
+        def new_session() -> ort.InferenceSession:
+            try:
+                return ort.InferenceSession(str(path), options, providers=choice.providers)
+            except Exception as exc:  # noqa: BLE001 - onnxruntime raises untyped errors
+                raise ModelLoadError(f"onnxruntime cannot load {path}: {exc}") from None
+
+        self._new_session = new_session
+        self._session = new_session()
         self.providers: tuple[str, ...] = tuple(self._session.get_providers())
+        # ONNX Runtime lists a provider whose libraries are missing (TensorRT on some JetPack
+        # releases) and drops it from the session with a warning: that is missing too.
+        dropped = [
+            (asked, name)
+            for asked, name in choice.requested
+            if name in available and name not in self.providers
+        ]
+        if dropped:
+            try:
+                _decide(model, dropped, self.providers, allow_cpu_fallback)
+            except ModelLoadError:
+                del self._session
+                raise
+            self.missing_providers += tuple(name for _, name in dropped)
         self._inputs = tuple(_tensor(t) for t in self._session.get_inputs())
         self._outputs = tuple(_tensor(t) for t in self._session.get_outputs())
         self._string_inputs = frozenset(
@@ -130,6 +228,39 @@ class OnnxBackend(Backend, ReleasesMemory, ReportsProviders):
         # Rank-0 inputs: the config gives them dims of ones (Triton writes [1]); like Triton's
         # ONNX Runtime backend, feed the one element as a scalar.
         self._scalar_inputs = frozenset(t.name for t in self._inputs if t.shape == ())
+        self._model = model
+        self._guard = SessionGuard(
+            f"model '{model}' (onnxruntime)",
+            restart_policy or RestartPolicy(),
+            probe=self._probe,
+            rebuild=self._rebuild,
+            listener=health_listener,
+            probe_ok=self._probe_passes(),
+        )
+
+    @property
+    def health(self) -> HealthState:
+        """Whether the session serves (`agent.backends.session_health`)."""
+        return self._guard.state
+
+    def _probe(self) -> None:
+        """One batch-1 run on zeros, straight on the session (raises what it raises)."""
+        feeds = {t.name: _zeros(t) for t in self._inputs}
+        self._session_run(feeds, [t.name for t in self._outputs], None)
+
+    def _probe_passes(self) -> bool:
+        try:
+            self._probe()
+        except Exception:  # noqa: BLE001 - a model that fails on zeros: no probe to judge by
+            logger.info(
+                "model %s: fails on zeros; its run failures are its requests' own", self._model
+            )
+            return False
+        return True
+
+    def _rebuild(self) -> None:
+        """A new session in place of one that failed its probe (runs after it use the new)."""
+        self._session = self._new_session()
 
     @property
     def inputs(self) -> Sequence[ModelTensor]:
@@ -151,6 +282,24 @@ class OnnxBackend(Backend, ReleasesMemory, ReportsProviders):
         `shrink_memory` hands the arena's unused chunks back to the system after the run (used
         once after measuring the footprint at max batch, so idle memory does not stay at peak).
         """
+        self._guard.wait_ready()
+        options = None
+        if shrink_memory:
+            options = ort.RunOptions()
+            options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+        try:
+            return self._session_run(feeds, output_names, options)
+        except Exception as exc:  # noqa: BLE001 - onnxruntime has no public error types
+            error = BackendError(f"onnxruntime failed: {exc}")
+        self._guard.failed(error)  # the session's fault, or this request's? (its probe says)
+        raise error
+
+    def _session_run(
+        self,
+        feeds: Mapping[str, np.ndarray],
+        output_names: Sequence[str],
+        options: ort.RunOptions | None,
+    ) -> list[np.ndarray]:
         if self._scalar_inputs:
             feeds = {
                 k: (v.reshape(()) if k in self._scalar_inputs and v.size == 1 else v)
@@ -160,14 +309,7 @@ class OnnxBackend(Backend, ReleasesMemory, ReportsProviders):
             feeds = {
                 k: (_bytes_to_str(v) if k in self._string_inputs else v) for k, v in feeds.items()
             }
-        try:
-            options = None
-            if shrink_memory:
-                options = ort.RunOptions()
-                options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
-            results = self._session.run(list(output_names), dict(feeds), options)
-        except Exception as exc:  # noqa: BLE001 - onnxruntime has no public error types
-            raise BackendError(f"onnxruntime failed: {exc}") from None
+        results = self._session.run(list(output_names), dict(feeds), options)
         out = [np.asarray(r) for r in results]
         if self._string_outputs:
             out = [
@@ -188,6 +330,7 @@ class OnnxBackend(Backend, ReleasesMemory, ReportsProviders):
         trim_c_heap()
 
     def close(self) -> None:
+        self._guard.close()
         del self._session
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agent.backends.base import Backend, HoldsWorkerMemory
+from agent.backends.health import HealthListener, RestartPolicy
 from agent.backends.python.custom_metrics import CustomMetricStore
 from agent.backends.tensorrt.build import cached_engine, spec_from_config
 from agent.errors import ModelLoadError
@@ -87,6 +88,9 @@ def create_backend(
     auto_complete: bool = True,
     custom_metrics: CustomMetricStore | None = None,
     bls: BlsRunner | None = None,
+    restart_policy: RestartPolicy | None = None,
+    health_listener: HealthListener | None = None,
+    allow_cpu_fallback: bool = False,
 ) -> Backend:
     """The backend instance for one model version (blocking: may build an engine).
 
@@ -94,6 +98,9 @@ def create_backend(
     config completed from its engine (Triton's `--disable-auto-complete-config`).
     `custom_metrics`: where a Python model's `pb_utils.MetricFamily` values go (None: nowhere).
     `bls` runs a Python model's BLS requests (the data plane).
+    `restart_policy` and `health_listener`: how failed instances are restarted, and who hears
+    of it (`agent.backends.health`). `allow_cpu_fallback`: an ONNX model whose config asks for
+    an accelerator this ONNX Runtime lacks runs on the CPU instead of being refused.
 
     Raises:
         ModelLoadError: the runtime is missing (TensorRT on a CPU-only host: the model is then
@@ -113,6 +120,8 @@ def create_backend(
             auto_complete=auto_complete,
             custom_metrics=custom_metrics,
             bls=bls,
+            restart_policy=restart_policy,
+            health_listener=health_listener,
         )
     if kind is BackendKind.TENSORRT:
         from agent.backends.tensorrt.backend import TensorRTBackend  # noqa: PLC0415 - GPU hosts only
@@ -122,6 +131,8 @@ def create_backend(
             config,
             model_name=model_name,
             auto_complete=auto_complete,
+            restart_policy=restart_policy,
+            health_listener=health_listener,
         )
     from agent.backends.onnx import OnnxBackend  # noqa: PLC0415
 
@@ -130,6 +141,9 @@ def create_backend(
         config,
         intra_op_threads,
         cache_root,
+        allow_cpu_fallback=allow_cpu_fallback,
+        restart_policy=restart_policy,
+        health_listener=health_listener,
     )
 
 

@@ -22,11 +22,20 @@ from typing import Any, TextIO
 from agent.config.loader import load_config
 from agent.config.schema import AgentConfig
 from agent.config.security import exposure_problems
-from agent.device.checks import Check, Status, agent_checks, device_checks, worst
+from agent.device.checks import (
+    Check,
+    Status,
+    accelerator_checks,
+    agent_checks,
+    device_checks,
+    worst,
+)
 from agent.device.facts import CUDA_VERSION_JSON, NV_TEGRA_RELEASE, device_facts
 from agent.device.gpu import detect_gpu_reader
-from agent.errors import AgentConfigError
+from agent.errors import AgentConfigError, AgentError
 from agent.models.memory_plan import detect_budget_bytes
+from agent.repository.model_config import load_model_config
+from model_cache.layout import CacheLayout
 
 DEFAULT_CONFIG = Path("/etc/edge-agent/agent.toml")
 EXIT_FAIL = 1
@@ -76,7 +85,7 @@ def run(args: argparse.Namespace, *, out: TextIO = sys.stdout) -> int:
         gpu_reader=detect_gpu_reader(),
     )
     agent = agent_facts(_config_path(args.config), os.environ, timeout_s=args.timeout)
-    checks = device_checks(facts) + agent_checks(agent)
+    checks = device_checks(facts) + agent_checks(agent) + accelerator_checks(agent, facts)
     status = worst(checks)
     if args.json:
         doc = {
@@ -130,7 +139,35 @@ def agent_facts(
             _store(config, environ, timeout_s),
         ],
         "security": _security(config),
+        "accelerators": _accelerators(config),
+        "allow_cpu_fallback": config.models.allow_cpu_fallback,
+        "exit_on_error": config.models.exit_on_error,
     }
+
+
+def _accelerators(config: AgentConfig) -> list[dict[str, Any]]:
+    """The models of the configured repository whose configs ask for accelerators, and which
+    (a config that does not parse is the agent's to report, not the doctor's)."""
+    repository = config.models.repository
+    if repository is None and config.cache.dir is not None:
+        repository = CacheLayout(config.cache.dir).repository
+    if repository is None or not repository.is_dir():
+        return []
+    found = []
+    for model_dir in sorted(p for p in repository.iterdir() if p.is_dir()):
+        try:
+            model_config = load_model_config(model_dir)
+        except (AgentError, OSError):
+            continue
+        if model_config is None:
+            continue
+        names = [
+            a.name
+            for a in model_config.optimization.execution_accelerators.gpu_execution_accelerator
+        ]
+        if names:
+            found.append({"model": model_dir.name, "names": names})
+    return found
 
 
 def _security(config: AgentConfig) -> dict[str, Any]:

@@ -140,7 +140,8 @@ def _compile(path: Path) -> None:
 def _load_onnx(model: str, path: Path, config: mc.ModelConfig) -> None:
     from agent.backends.onnx import OnnxBackend  # noqa: PLC0415 - onnxruntime only here
 
-    backend = OnnxBackend(path, config, intra_op_threads=1)
+    # The publisher's machine need not have the device's accelerators: only the file is checked.
+    backend = OnnxBackend(path, config, intra_op_threads=1, allow_cpu_fallback=True)
     try:
         complete_config(config, model, backend.inputs, backend.outputs, auto_complete=True)
     finally:

@@ -101,6 +101,16 @@ def add_serve_command(commands: Any) -> None:
         help="refuse to start beyond loopback without TLS and restricted control groups",
     )
     serve.add_argument(
+        "--strict-readiness",
+        type=_bool_value,
+        nargs="?",
+        const=True,
+        dest="server.strict_readiness",
+        metavar="BOOL",
+        help="true (default): /v2/health/ready only while every loaded model version serves; "
+        "false: while the server answers (Triton's --strict-readiness)",
+    )
+    serve.add_argument(
         "--exit-on-error",
         action=argparse.BooleanOptionalAction,
         dest="models.exit_on_error",

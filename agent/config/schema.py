@@ -6,10 +6,12 @@
               body_timeout_ms, idle_timeout_ms, stop_timeout_ms, tls_cert_file, tls_key_file,
               tls_client_ca_file,
               http_restricted_api, grpc_restricted_protocol, strict_security, status_token,
-              status_sample_ms
+              status_sample_ms, strict_readiness
     [models]  repository, demo, strict_model_config, exit_on_error, intra_op_threads,
               memory_budget_bytes, response_cache_bytes, max_queue_size, control_mode,
-              load_models, poll_quiet_ms
+              load_models, poll_quiet_ms, restart_backoff_ms, restart_backoff_max_ms,
+              restart_limit, restart_reset_ms, heartbeat_interval_ms, heartbeat_timeout_ms,
+              allow_cpu_fallback
     [cache]   dir, keep_last, disk_budget_bytes
     [sync]    source, trusted_root, desired, interval_s, jitter_s, ... (see sync/config.py)
     [mqtt]    host, port, device_id, tls_*, topic_prefix, telemetry_interval_ms, slo, ...
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_type_hints
 
+from agent.backends.health import RestartPolicy
 from agent.canary.policy import CanaryPolicy
 from agent.config.choices import GrpcEngine, LogLevel, ModelControlMode, TraceMode, parse_choice
 from agent.config.security import validate_security
@@ -71,6 +74,8 @@ class ServerConfig:
     # The status page (GET /, GET /v2/status): open on loopback; beyond, only with this token.
     status_token: str = ""
     status_sample_ms: int = 5000  # how often the page's figures and sparklines are sampled
+    # Triton's --strict-readiness: /v2/health/ready only while every known model version serves.
+    strict_readiness: bool = True
 
     def __post_init__(self) -> None:  # a spelling given in code becomes its member
         engine = parse_choice("server.grpc_engine", GrpcEngine, self.grpc_engine)
@@ -92,6 +97,16 @@ class ModelsConfig:
     control_mode: ModelControlMode = ModelControlMode.NONE  # Triton's --model-control-mode
     load_models: tuple[str, ...] = ()  # explicit mode: models to load at start ("*": all)
     poll_quiet_ms: int = 1000  # poll mode: act once a model folder has been quiet this long
+    # Instances that fail while serving (docs/operations.md, "Health of models"):
+    restart_backoff_ms: int = 500  # before the first restart; doubled for each one in a row
+    restart_backoff_max_ms: int = 30_000
+    restart_limit: int = 5  # restarts in a row before the version gives up; 0: none
+    restart_reset_ms: int = 60_000  # serving this long forgets an instance's failures
+    heartbeat_interval_ms: int = 2000  # Python workers: a PING this often
+    heartbeat_timeout_ms: int = 10_000  # no PONG within it: hung (killed, restarted)
+    # An ONNX model asking for an accelerator this device lacks runs on the CPU (flagged)
+    # instead of being refused.
+    allow_cpu_fallback: bool = False
 
     def __post_init__(self) -> None:  # a spelling given in code becomes its member
         mode = parse_choice("models.control_mode", ModelControlMode, self.control_mode)
@@ -191,6 +206,7 @@ def validate(config: AgentConfig, *, serving: bool = True) -> None:
         raise AgentConfigError('models.load_models needs models.control_mode = "explicit"')
     if models.poll_quiet_ms < 10:
         raise AgentConfigError("models.poll_quiet_ms must be >= 10")
+    _validate_health(models)
     if config.cache.keep_last < 0 or config.cache.disk_budget_bytes < 0:
         raise AgentConfigError("cache.keep_last and cache.disk_budget_bytes must be >= 0")
     try:
@@ -200,6 +216,42 @@ def validate(config: AgentConfig, *, serving: bool = True) -> None:
     validate_mqtt(config.mqtt)
     if serving:
         _validate_repository(config)
+
+
+def _validate_health(models: ModelsConfig) -> None:
+    for key in ("restart_backoff_ms", "restart_backoff_max_ms", "heartbeat_interval_ms"):
+        if getattr(models, key) < 10:
+            raise AgentConfigError(f"models.{key} must be >= 10, got {getattr(models, key)}")
+    if models.restart_backoff_max_ms < models.restart_backoff_ms:
+        raise AgentConfigError(
+            f"models.restart_backoff_max_ms ({models.restart_backoff_max_ms}) must be at least "
+            f"models.restart_backoff_ms ({models.restart_backoff_ms})"
+        )
+    if models.restart_limit < 0:
+        raise AgentConfigError(
+            f"models.restart_limit must be >= 0 (0: no restarts), got {models.restart_limit}"
+        )
+    if models.restart_reset_ms < 0:
+        raise AgentConfigError(
+            f"models.restart_reset_ms must be >= 0, got {models.restart_reset_ms}"
+        )
+    if models.heartbeat_timeout_ms < models.heartbeat_interval_ms:
+        raise AgentConfigError(
+            f"models.heartbeat_timeout_ms ({models.heartbeat_timeout_ms}) must be at least "
+            f"models.heartbeat_interval_ms ({models.heartbeat_interval_ms})"
+        )
+
+
+def restart_policy(models: ModelsConfig) -> RestartPolicy:
+    """The `[models]` health keys as the backends take them (seconds)."""
+    return RestartPolicy(
+        backoff_s=models.restart_backoff_ms / 1000,
+        backoff_max_s=models.restart_backoff_max_ms / 1000,
+        restart_limit=models.restart_limit,
+        reset_after_s=models.restart_reset_ms / 1000,
+        heartbeat_interval_s=models.heartbeat_interval_ms / 1000,
+        heartbeat_timeout_s=models.heartbeat_timeout_ms / 1000,
+    )
 
 
 def _validate_trace(log: LogConfig) -> None:

@@ -19,6 +19,10 @@ from typing import Any
 MIB = 1 << 20
 MIN_BUDGET_BYTES = 256 * MIB  # below this no real model fits next to the agent itself
 
+# The config's accelerator names and the ONNX Runtime provider each needs (as
+# agent.backends.onnx maps them; a test holds the two together).
+ACCELERATOR_PROVIDERS = {"tensorrt": "TensorrtExecutionProvider", "cuda": "CUDAExecutionProvider"}
+
 ORT_FIX = (
     "install one ONNX Runtime: pip install 'edge-agent[cpu]' (CPU), 'edge-agent[gpu]' (x86-64 "
     "with an NVIDIA GPU), or on a Jetson onnxruntime-gpu from NVIDIA's Jetson index "
@@ -331,3 +335,51 @@ def _endpoint_check(endpoint: Mapping[str, Any]) -> Check:
 
 def _mib(nbytes: int) -> str:
     return f"{nbytes / MIB:.0f} MiB"
+
+
+def accelerator_checks(agent: Mapping[str, Any], facts: Mapping[str, Any]) -> list[Check]:
+    """One line per model whose config asks for an accelerator (`gpu_execution_accelerator`):
+    OK when this ONNX Runtime has its provider; else what the agent will do: refuse the model
+    (FAIL when that stops start-up, `models.exit_on_error`; WARN otherwise), or, with
+    `models.allow_cpu_fallback`, run it on the CPU (WARN: it serves, slower).
+
+    `agent` holds "accelerators" [{"model", "names"}], "allow_cpu_fallback" and
+    "exit_on_error"; `facts` is `device_facts` (its onnxruntime providers).
+    """
+    providers = set((facts.get("onnxruntime") or {}).get("providers") or ())
+    fallback = bool(agent.get("allow_cpu_fallback"))
+    checks = []
+    for entry in agent.get("accelerators") or ():
+        names = [str(n) for n in entry.get("names") or ()]
+        needs = {n: ACCELERATOR_PROVIDERS.get(n.lower(), "") for n in names}
+        missing = [
+            f"{n} ({p or 'unknown accelerator'})" for n, p in needs.items() if p not in providers
+        ]
+        name = f"model {entry.get('model')}"
+        if not missing:
+            checks.append(Check(name, Status.OK, f"accelerators {', '.join(names)} available"))
+        elif fallback and all(needs.values()):
+            checks.append(
+                Check(
+                    name,
+                    Status.WARN,
+                    f"CPU fallback: {', '.join(missing)} not in this onnxruntime; the model runs "
+                    "on the CPU, flagged in its status (models.allow_cpu_fallback)",
+                    "install an onnxruntime with the accelerator (docs/jetson.md) to run it "
+                    "as configured",
+                )
+            )
+        else:
+            stops = bool(agent.get("exit_on_error", True))
+            checks.append(
+                Check(
+                    name,
+                    Status.FAIL if stops else Status.WARN,
+                    f"will be refused: its config asks for {', '.join(missing)}, which this "
+                    "onnxruntime lacks"
+                    + (" (start-up stops: models.exit_on_error)" if stops else ""),
+                    "install an onnxruntime with the accelerator (docs/jetson.md), or set "
+                    "models.allow_cpu_fallback = true to run it on the CPU",
+                )
+            )
+    return checks

@@ -127,7 +127,8 @@ def status_document(
         agent_version: The agent's version.
         mqtt: The protocol spoken ("5", "3.1.1"; None before the client exists).
         groups: The device's groups.
-        models: {"name", "versions", and "signers" when known} per served model.
+        models: {"name", "versions" (those serving), and "signers", "not_ready" and
+            "cpu_fallback" when there are any} per loaded model.
         served: Per served version: model, version, digest, signed_by (None: not readable).
         inventory: The device facts.
         rejected: The rejected versions (None: not readable).

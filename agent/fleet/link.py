@@ -64,7 +64,18 @@ logger = logging.getLogger(__name__)
 
 SCHEMA = documents.SCHEMA
 _PENDING = 64  # events recorded before start, kept for the outbox
-_STATUS_EVENTS = frozenset({"version_activated", "model_unloaded", "load_failed", "swap_failed"})
+# Events after which the retained status changes (what serves, and what does not).
+_STATUS_EVENTS = frozenset(
+    {
+        "version_activated",
+        "model_unloaded",
+        "load_failed",
+        "swap_failed",
+        "instance_failed",
+        "instance_restarted",
+        "crash_loop",
+    }
+)
 
 
 class FleetLink:
@@ -267,11 +278,28 @@ class FleetLink:
         return self._health.snapshot()
 
     def status(self) -> dict[str, Any]:
-        """The status document (as the retained status message and the `status` command)."""
-        models = [
-            {"name": s.name, "versions": sorted(s.versions), **self._signers(s.name, s.versions)}
-            for s in sorted(self._registry.served_models(), key=lambda s: s.name)
-        ]
+        """The status document (as the retained status message and the `status` command).
+
+        `models` lists, per loaded model, the `versions` that serve now (as the readiness
+        endpoints and the index say), the ones that do not with why (`not_ready`), and those
+        running without the accelerators their config asks for (`cpu_fallback`).
+        """
+        models = []
+        for s in sorted(self._registry.served_models(), key=lambda s: s.name):
+            ready = sorted(v for v, loaded in s.versions.items() if loaded.ready)
+            entry: dict[str, Any] = {"name": s.name, "versions": ready}
+            entry.update(self._signers(s.name, ready))
+            down = {
+                str(v): loaded.health.reason
+                for v, loaded in sorted(s.versions.items())
+                if not loaded.ready and loaded.health is not None
+            }
+            if down:
+                entry["not_ready"] = down
+            fallback = {str(v): x.fallback for v, x in sorted(s.versions.items()) if x.fallback}
+            if fallback:
+                entry["cpu_fallback"] = fallback
+            models.append(entry)
         return documents.status_document(
             self.topics.device,
             time.time(),
@@ -298,7 +326,10 @@ class FleetLink:
         return facts
 
     def _served(self) -> list[dict[str, Any]]:
-        served = {s.name: list(s.versions) for s in self._registry.served_models()}
+        served = {
+            s.name: [v for v, loaded in s.versions.items() if loaded.ready]
+            for s in self._registry.served_models()
+        }
         digests = self._digests() if self._digests is not None else {}
         key_ids = self._key_ids() if self._key_ids is not None else []
         return served_versions(served, digests, key_ids)

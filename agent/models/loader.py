@@ -12,13 +12,15 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnxruntime as ort
 
-from agent.backends.base import Backend, DeclaresConfig, ReportsProviders
+from agent.backends.base import Backend, DeclaresConfig, ReportsHealth, ReportsProviders
+from agent.backends.health import HealthChange, RestartPolicy
 from agent.backends.onnx import default_intra_op_threads
 from agent.backends.select import BackendKind, backend_kind, create_backend, worker_memory_bytes
 from agent.ensemble.plan import is_ensemble
@@ -71,6 +73,18 @@ class LoadSettings:
     # A batch's tensors stay within an instance's planned bytes, but may always hold one request
     # of the largest size the API accepts (server.max_request_bytes).
     max_request_bytes: int = 64 * 1024 * 1024
+    # How instances that fail while serving are restarted (agent.backends.health).
+    restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
+    # An ONNX model asking for an accelerator this ONNX Runtime lacks runs on the CPU (flagged
+    # everywhere) instead of being refused.
+    allow_cpu_fallback: bool = False
+
+
+# (model, version, build id, change): the registry's, told from the backend's threads.
+HealthReport = Callable[[str, int, str, HealthChange], None]
+
+# Where the served config says a version runs without the accelerators it asked for.
+CPU_FALLBACK_PARAMETER = "cpu_fallback"
 
 
 class ModelLoader:
@@ -86,6 +100,7 @@ class ModelLoader:
         gate: LimiterGate | None,
         served_config: ServedConfig,
         served_versions: ServedVersions | None = None,
+        on_health: HealthReport | None = None,
     ) -> None:
         self.root = root
         self.settings = settings
@@ -94,6 +109,7 @@ class ModelLoader:
         self._gate = gate
         self._served_config = served_config  # ensembles check their steps against these
         self._served_versions = served_versions
+        self._on_health = on_health  # the registry: events, and a version that gave up
         self._lock = threading.Lock()
         self._generation = 0
         # Ensembles run their steps through the data plane, which binds its `infer` here.
@@ -226,6 +242,10 @@ class ModelLoader:
         threads = self.settings.intra_op_threads or default_intra_op_threads(instances)
         path = model_dir / str(version) / repository.model_filename(config)
         auto = self.settings.auto_complete and first
+        # Old and new builds of one version coexist during a swap: each holds its own share.
+        key = (name, f"{version}@{generation}")
+        report = self._on_health
+        listener = functools.partial(report, name, version, key[1]) if report is not None else None
 
         def load() -> tuple[Backend, mc.ModelConfig]:
             backend = create_backend(
@@ -238,6 +258,9 @@ class ModelLoader:
                 auto_complete=auto,
                 custom_metrics=self.stats.custom_metrics,
                 bls=self.step_runner,  # Python models' BLS requests
+                restart_policy=self.settings.restart_policy,
+                health_listener=listener,
+                allow_cpu_fallback=self.settings.allow_cpu_fallback,
             )
             # A Python model's auto_complete_config may have declared more than the file said.
             declared = backend.declared_config if isinstance(backend, DeclaresConfig) else config
@@ -275,8 +298,9 @@ class ModelLoader:
             estimated, warmed_up = measured.estimated, measured.warmed_up
         else:
             backend, completed = load()
-        # Old and new builds of one version coexist during a swap: each holds its own share.
-        key = (name, f"{version}@{generation}")
+        fallback = cpu_fallback(backend)
+        if fallback:  # the config response says so too
+            completed.parameters[CPU_FALLBACK_PARAMETER].string_value = fallback
         try:
             if footprint is not None and self.ledger is not None:
                 completed = fit_to_budget(self.ledger, completed, footprint, key, estimated)
@@ -336,8 +360,9 @@ class ModelLoader:
             else "",
             extra={"model": name, "version": version},
         )
+        monitor = backend if isinstance(backend, ReportsHealth) else None
         return completed, LoadedVersion(
-            version, backend, scheduler, executor, stats, footprint, key
+            version, backend, scheduler, executor, stats, footprint, key, monitor, fallback
         )
 
     def _warm_up_loaded(self, model_dir: Path, backend: Backend, config: mc.ModelConfig) -> None:
@@ -355,10 +380,18 @@ def _providers(backend: Backend | None) -> tuple[str, ...]:
     return backend.providers if isinstance(backend, ReportsProviders) else ()
 
 
-def _provider_note(loaded: LoadedVersion) -> str:
-    """For the index: accelerators the config asked for that this onnxruntime lacks."""
-    backend = loaded.backend
+def cpu_fallback(backend: Backend | None) -> str:
+    """What a version runs without (models.allow_cpu_fallback): the accelerators its config
+    asked for that this runtime lacks, and what it runs on instead; "" when none is missing."""
     if not isinstance(backend, ReportsProviders) or not backend.missing_providers:
         return ""
     missing, used = ", ".join(backend.missing_providers), ", ".join(backend.providers)
-    return f"requested execution providers not available: {missing}; running on {used}"
+    return (
+        f"CPU fallback: requested execution providers not available: {missing}; running on "
+        f"{used} (models.allow_cpu_fallback)"
+    )
+
+
+def _provider_note(loaded: LoadedVersion) -> str:
+    """For the index: accelerators the config asked for that this runtime lacks."""
+    return loaded.fallback

@@ -4,15 +4,26 @@ A state table keyed by model name. `commit` makes a build (from `agent.models.lo
 served in one reference swap; `resolve` answers which version a request addresses; `index` is
 Triton's repository index; `mark_failed`, `unload` and `release` take versions out of service.
 Loading itself is the loader's job; `build`, `load_model` and `load_all` hand it on.
+
+Readiness follows the instances: a loaded version whose backend reports its health
+(`ReportsHealth`: Python workers, ONNX Runtime and TensorRT sessions) is READY while one of its
+instances serves. While none does (restarting after a failure) `resolve` refuses it and `index`
+shows it UNAVAILABLE with the reason; once an instance is back it is READY again, without
+anyone reloading it. A version that gave up (its restart limit) is taken out of service with
+`mark_failed`, on the event loop. Every change of an instance is an event (`events`).
+`all_ready` is the server's readiness under Triton's strict readiness.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import re
 import threading
 from pathlib import Path
 
+from agent.backends.health import ChangeKind, HealthChange
 from agent.errors import (
     AgentError,
     InvalidInputError,
@@ -22,6 +33,7 @@ from agent.errors import (
     NoReadyVersionError,
 )
 from agent.models.ensemble_load import load_order
+from agent.models.events import EventSink, guarded
 from agent.models.loader import LoadSettings, ModelLoader
 from agent.models.memory_plan import MemoryLedger
 from agent.models.served import (
@@ -40,6 +52,7 @@ from agent.scheduling.statistics import StatisticsRegistry
 logger = logging.getLogger(__name__)
 
 _INTEGER = re.compile(r"[+-]?[0-9]+")
+UNLOADED = "unloaded"  # the reason of a version unloaded on purpose (Triton's word)
 
 __all__ = [
     "LoadSettings",
@@ -69,6 +82,10 @@ class ModelRegistry:
         self._lock = threading.Lock()
         self.stats = stats or StatisticsRegistry()
         self.ledger = ledger
+        # Where instance events go (the daemon sets the agent's tee: log, cache, fleet, page).
+        self.events: EventSink = guarded(None)
+        # The event loop versions that gave up are taken out of service on (`bind_loop`).
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.loader = ModelLoader(
             repository_path,
             settings,
@@ -77,6 +94,7 @@ class ModelRegistry:
             gate=gate,
             served_config=self._served_config,
             served_versions=self._served_versions,
+            on_health=self.health_changed,
         )
         # Ensembles run their steps through the data plane, which binds its `infer` here.
         self.step_runner = self.loader.step_runner
@@ -153,9 +171,9 @@ class ModelRegistry:
             if record is None:
                 raise ModelNotFoundError(f"Request for unknown model: '{name}' is not found")
             served, record.served = record.served, None
-            record.reason = "unloaded"
+            record.reason = UNLOADED
             record.versions = {
-                v: VersionStatus(ModelState.UNAVAILABLE, "unloaded") for v in record.versions
+                v: VersionStatus(ModelState.UNAVAILABLE, UNLOADED) for v in record.versions
             }
         return served
 
@@ -209,6 +227,32 @@ class ModelRegistry:
         ).start()
         return True
 
+    def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The event loop `mark_failed` runs on when a version gives up (from another thread)."""
+        self._loop = loop
+
+    def health_changed(self, name: str, version: int, build: str, change: HealthChange) -> None:
+        """An instance of a build failed, came back, or the build gave up (a backend thread).
+
+        Every change is an event; a build that gave up is taken out of service on the loop
+        (`mark_failed`), the other versions and models serving on.
+        """
+        self.events.record(name, version, change.kind.value, change.detail())
+        if change.kind is not ChangeKind.GAVE_UP:
+            return
+        record = self._records.get(name)
+        served = record.served if record is not None else None
+        loaded = served.versions.get(version) if served is not None else None
+        if loaded is None or loaded.build_id != build:
+            return  # not served (yet, or any more): its backend holds nothing that serves
+        if self._loop is None:
+            self.mark_failed(name, version, change.reason, loaded=loaded)
+            return
+        with contextlib.suppress(RuntimeError):  # a closed loop: the agent stops, releasing it
+            self._loop.call_soon_threadsafe(
+                lambda: self.mark_failed(name, version, change.reason, loaded=loaded)
+            )
+
     def _retire(self, name: str, loaded: LoadedVersion) -> None:
         loaded.close()  # executions on the other instances finish first
         if self.ledger is not None:
@@ -258,9 +302,18 @@ class ModelRegistry:
                     f"Request for unknown model: '{name}' has no available versions: "
                     f"{record.reason or 'not loaded'}"
                 )
-            return served, served.latest_version
+            latest = served.latest_version
+            if served.versions[latest].ready:
+                return served, latest
+            return served, _newest_ready(served)
         if served is not None and number in served.versions:
-            return served, number
+            loaded = served.versions[number]
+            if loaded.ready:
+                return served, number
+            raise ModelNotReadyError(
+                f"Request for unknown model: '{name}' version {number} is not at ready state: "
+                f"{_health_reason(loaded)}"
+            )
         status = record.versions.get(number)
         if status is None:
             raise ModelNotFoundError(
@@ -272,8 +325,38 @@ class ModelRegistry:
         )
 
     def served_models(self) -> list[ServedModel]:
-        """Models that have at least one READY version."""
+        """Models that have at least one loaded version (`ready_versions`: which serve now)."""
         return [r.served for r in self._records.values() if r.served is not None]
+
+    def cpu_fallbacks(self) -> dict[tuple[str, int], str]:
+        """(model, version) of each loaded version that runs without accelerators its config
+        asked for (models.allow_cpu_fallback): what it runs without, and on what."""
+        return {
+            (served.name, number): loaded.fallback
+            for served in self.served_models()
+            for number, loaded in served.versions.items()
+            if loaded.fallback
+        }
+
+    def all_ready(self) -> bool:
+        """Triton's strict readiness: every model the registry knows has a version, and each of
+        its versions is READY (an instance serving) or was unloaded on purpose. A model that
+        failed to load, a version that failed or gave up, or one restarting, is not."""
+        for record in list(self._records.values()):
+            if not record.versions:
+                if record.reason != UNLOADED:
+                    return False
+                continue
+            served = record.served
+            for number, status in list(record.versions.items()):
+                if status.state is not ModelState.READY:
+                    if status.reason != UNLOADED:
+                        return False
+                    continue
+                loaded = served.versions.get(number) if served is not None else None
+                if loaded is None or not loaded.ready:
+                    return False
+        return True
 
     def index(self) -> list[dict[str, str]]:
         """Triton's repository index: every model directory, with each known version's state."""
@@ -290,14 +373,14 @@ class ModelRegistry:
                 rows.append(
                     {"name": name, "state": ModelState.UNAVAILABLE.value, "reason": record.reason}
                 )
+            served = record.served
             for version, status in sorted(record.versions.items()):
+                state, reason = status.state, status.reason
+                loaded = served.versions.get(version) if served is not None else None
+                if state is ModelState.READY and loaded is not None:
+                    state, reason = _live_status(loaded, reason)
                 rows.append(
-                    {
-                        "name": name,
-                        "version": str(version),
-                        "state": status.state.value,
-                        "reason": status.reason,
-                    }
+                    {"name": name, "version": str(version), "state": state.value, "reason": reason}
                 )
         return rows
 
@@ -308,6 +391,39 @@ class ModelRegistry:
         for record in records:
             if record.served is not None:
                 self.release(record.served)
+
+
+def _health_reason(loaded: LoadedVersion) -> str:
+    health = loaded.health
+    return health.reason if health is not None else ""
+
+
+def _live_status(loaded: LoadedVersion, note: str) -> tuple[ModelState, str]:
+    """A loaded version's row as its instances make it: UNAVAILABLE while none serves, READY
+    with the instances that are down (and its own note, a CPU fallback) otherwise."""
+    health = loaded.health
+    if health is None:
+        return ModelState.READY, note
+    if not health.ready:
+        return ModelState.UNAVAILABLE, health.reason
+    return ModelState.READY, "; ".join(t for t in (health.reason, note) if t)
+
+
+def _newest_ready(served: ServedModel) -> int:
+    """The newest version an instance of which serves now.
+
+    Raises:
+        NoReadyVersionError: none does (Triton's words, with why).
+    """
+    for number in sorted(served.versions, reverse=True):
+        if served.versions[number].ready:
+            return number
+    reasons = "; ".join(
+        f"version {n}: {_health_reason(v)}" for n, v in sorted(served.versions.items())
+    )
+    raise NoReadyVersionError(
+        f"Request for unknown model: '{served.name}' has no available versions: {reasons}"
+    )
 
 
 def parse_version(text: str | None) -> int | None:

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from agent.backends.base import Backend
+from agent.backends.base import Backend, ReportsHealth
+from agent.backends.health import HealthState
 from agent.errors import AgentError
 from agent.models.memory_plan import Footprint
 from agent.proto import model_config_pb2 as mc
@@ -38,10 +39,11 @@ class VersionStatus:
 
 @dataclass(slots=True)
 class LoadedVersion:
-    """One READY version: its runtime, its scheduler and what it holds of the memory budget.
+    """One loaded version: its runtime, its scheduler and what it holds of the memory budget.
 
     An ensemble has no runtime or executor of its own (None): its scheduler runs its steps on
-    the composing models.
+    the composing models. `monitor` is its backend when that reports the health of its
+    instances (`ReportsHealth`, resolved once at load): the version serves while it says ready.
     """
 
     version: int
@@ -51,11 +53,24 @@ class LoadedVersion:
     stats: ModelStatistics
     footprint: Footprint | None
     ledger_key: tuple[str, str]
+    monitor: ReportsHealth | None = None
+    fallback: str = ""  # the accelerators it runs without (models.allow_cpu_fallback), if any
 
     @property
     def build_id(self) -> str:
         """`VERSION@GENERATION`: a rebuild of the same version number gets a new one."""
         return self.ledger_key[1]
+
+    @property
+    def ready(self) -> bool:
+        """Whether an instance serves now (always, for a backend that reports no health)."""
+        monitor = self.monitor
+        return monitor is None or monitor.health.ready
+
+    @property
+    def health(self) -> HealthState | None:
+        """Its instances' health now (None: its backend reports none)."""
+        return self.monitor.health if self.monitor is not None else None
 
     def close(self) -> None:
         self.scheduler.close()
@@ -67,7 +82,7 @@ class LoadedVersion:
 
 @dataclass(slots=True)
 class ServedModel:
-    """A model with at least one READY version."""
+    """A model with at least one loaded version (READY while an instance of it serves)."""
 
     name: str
     config: mc.ModelConfig

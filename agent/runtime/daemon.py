@@ -26,7 +26,7 @@ from agent.api.http.app import create_app
 from agent.api.http.lane import INFER_LANE, InferLane
 from agent.api.tls import ServerTls
 from agent.canary.control import STATE_FILE, CanaryManager
-from agent.config.schema import AgentConfig
+from agent.config.schema import AgentConfig, restart_policy
 from agent.config.security import (
     exposure_problems,
     grpc_restrictions,
@@ -173,6 +173,8 @@ async def _start(
             max_queue_size=config.models.max_queue_size,
             engine_cache_root=config.cache.dir,
             max_request_bytes=config.server.max_request_bytes,
+            restart_policy=restart_policy(config.models),
+            allow_cpu_fallback=config.models.allow_cpu_fallback,
         ),
         stats=stats,
         ledger=ledger,
@@ -191,6 +193,10 @@ async def _start(
     stack.push_async_callback(asyncio.to_thread, registry.close)
     mode = config.models.control_mode
     events = EventTee(CacheEvents(model_cache) if model_cache is not None else LogEvents())
+    # Instances that fail and restart are events too; a version that gives up is taken out of
+    # service on this loop.
+    registry.events = events
+    registry.bind_loop(asyncio.get_running_loop())
     manager = ModelManager(registry, events)
     if mode is ModelControlMode.POLL:
         # Started before the initial load so that no change in between is missed.
@@ -238,6 +244,7 @@ async def _start(
         tracer=build_tracer(config),
         server_name=config.server.name,
         private_paths=[config.cache.dir] if config.cache.dir is not None else [],
+        strict_readiness=config.server.strict_readiness,
     )
     # Entered before the listeners: stopped after them, once no request can finish a trace.
     stack.push_async_callback(asyncio.to_thread, dataplane.tracer.close)

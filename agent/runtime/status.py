@@ -143,6 +143,11 @@ class DeviceStatus:
         dp = self._dataplane
         last = self._last
         models = dp.repository_index()
+        fallbacks = dp.cpu_fallbacks()
+        for row in models:  # flagged apart from the reason, so the page can mark the row
+            note = fallbacks.get((row["name"], int(row.get("version") or -1)))
+            if note and row.get("state") == "READY":
+                row["cpu_fallback"] = note
         return {
             "agent_version": dp.server_metadata()["version"],
             "ready": dp.server_ready(),

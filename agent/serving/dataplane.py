@@ -92,8 +92,11 @@ class DataPlane:
         *,
         server_name: str = SERVER_NAME,
         private_paths: Iterable[Path] = (),
+        strict_readiness: bool = True,
     ) -> None:
         self._registry = registry
+        # Triton's --strict-readiness: ready only while every known model version serves.
+        self.strict_readiness = strict_readiness
         self._cache = cache
         self.canary = canary or CanaryManager(registry)
         self.shared_memory = shared_memory or SharedMemoryRegistry()
@@ -166,7 +169,18 @@ class DataPlane:
         return True
 
     def server_ready(self) -> bool:
-        return self._ready
+        """Ready once start-up is done and until the stop begins; with strict readiness (the
+        default, as Triton's), also only while every model the repository knows serves: each
+        version READY with an instance serving, or unloaded on purpose
+        (`ModelRegistry.all_ready`)."""
+        if not self._ready:
+            return False
+        return not self.strict_readiness or self._registry.all_ready()
+
+    def cpu_fallbacks(self) -> dict[tuple[str, int], str]:
+        """Loaded versions running without the accelerators their configs ask for (the
+        operator allowed it: models.allow_cpu_fallback), with what they run on instead."""
+        return self._registry.cpu_fallbacks()
 
     def server_metadata(self) -> dict[str, Any]:
         extensions = [

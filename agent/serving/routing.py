@@ -12,7 +12,7 @@
 `RequestRouter.admit` then checks the request against the version's signature (Triton's words,
 opened with the request's id) and records its input tensors when it is traced. The router also
 remembers where a sequence started, tells the canary how a request it routed went, and takes a
-version whose instance failed out of service.
+version whose instance failed out of service (unless its backend restarts its instances).
 
 Invariant (`agent.models.control`): from `resolve` to the scheduler's queue there is no
 suspension. `route` may wait only before it resolves, and the callers go on to `submit` without
@@ -121,7 +121,11 @@ class RequestRouter:
             self._canary.record(name, route.canary, latency_us, error)
 
     def instance_failed(self, route: Route, error: ModelInstanceFailedError) -> None:
-        """An instance of the routed version hung or died: take the version out of service."""
+        """An instance of the routed version hung or died: take the version out of service,
+        unless its backend restarts its instances itself (`ReportsHealth`: the version is then
+        not ready until one serves again, and gives itself up past its restart limit)."""
+        if route.loaded.monitor is not None:
+            return
         self._registry.mark_failed(
             route.served.name, route.number, error.message, loaded=route.loaded
         )

@@ -14,9 +14,11 @@ Page.poll((doc) => {
   const health = document.getElementById("health");
   health.textContent = doc.ready ? "Ready" : "Not ready";
   health.className = doc.ready ? "ok" : "bad";
+  // A version running without the accelerators its config asks for (as status_page.py marks it).
+  const fallback = (m) => (m.cpu_fallback ? ' <strong class="state-degraded">CPU fallback</strong>' : "");
   rows("models-body", doc.models || [], 4, (m) => `<tr><th scope="row">${esc(m.name)}</th>`
     + `<td>${esc(m.version)}</td><td class="state-${esc(m.state || "").toLowerCase()}">`
-    + `${esc(m.state)}</td><td>${esc(m.reason || null)}</td></tr>`);
+    + `${esc(m.state)}${fallback(m)}</td><td>${esc(m.reason || null)}</td></tr>`);
   const history = doc.history || {};
   const ms = (us) => (typeof us === "number" ? us / 1000 : null);
   rows("serving-body", doc.stats || [], 11, (m) => {

@@ -29,15 +29,19 @@ Cancellation: `run_requests` takes one `CancelSignal` per request from the sched
 cancelled while `execute` runs is marked in the worker (`request.is_cancelled()`), and once all
 are, the execute's BLS calls are cancelled (`python_bls` says when else they are).
 
-Isolation:
+Isolation and health (`agent.backends.python.supervisor`, docs/operations.md):
 
 * `execute` raises, or returns a response with an error: that request fails with BackendError
   (the exception's type and message); the worker and the model stay up.
-* `execute` gives no answer within `execute_timeout_seconds` (config parameter, default 30): the
-  worker is killed by its PID; a worker exits or is killed: ModelInstanceFailedError with the
-  reason. From then on every call fails with that reason; the data plane takes the version out
-  of service (`ModelRegistry.mark_failed`).
-* `initialize` raises, or the file has no `TritonPythonModel`: ModelLoadError naming the file.
+* A worker's process ends (it exits, is killed, by the OOM killer or anyone), stops answering
+  its heartbeat, or gives no answer to an `execute` within `execute_timeout_seconds` (config
+  parameter, default 30; it is then killed by its PID): the requests it was running fail with
+  ModelInstanceFailedError and the reason; its instance is DOWN at once and is started again
+  after a back-off (initialize runs again). Requests meanwhile go to the other instances, or
+  wait for one (at most `execute_timeout_seconds`). The version is not ready while no instance
+  is UP; after `restart_limit` restarts in a row it gives up (UNAVAILABLE, with the reason).
+* `initialize` raises at load, or the file has no `TritonPythonModel`: ModelLoadError naming the
+  file.
 
 Lifetime: see `agent.backends.python.process`. `close()` calls `finalize` (bounded by
 `finalize_timeout_seconds`, default 5), then ends each worker by PID. Config parameters and
@@ -49,7 +53,6 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import queue
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -63,11 +66,13 @@ from agent.backends.base import (
     DeclaresConfig,
     DecoupledRequest,
     HoldsWorkerMemory,
+    ReportsHealth,
     RequestFeeds,
     RunsDecoupled,
     RunsRequests,
 )
 from agent.backends.cancellation import CancelSignal
+from agent.backends.health import HealthListener, HealthState, RestartPolicy, VersionHealth
 from agent.backends.python import ipc
 from agent.backends.python.autocomplete import auto_complete_in_worker
 from agent.backends.python.bls import BlsCalls, BlsRunner
@@ -78,11 +83,18 @@ from agent.backends.python.config import (
     timeouts_from_config,
 )
 from agent.backends.python.custom_metrics import CustomMetricStore
-from agent.backends.python.instances import WorkerSite, start_workers
+from agent.backends.python.instances import (
+    WorkerSite,
+    instance_args,
+    restart_worker,
+    start_workers,
+)
 from agent.backends.python.outputs import checked_output
+from agent.backends.python.pool import WorkerPool
 from agent.backends.python.process import Launcher, Worker, exit_reason, kill_worker, reap_worker
 from agent.backends.python.side_messages import SideMessages
-from agent.backends.python.stream import DecoupledChannel
+from agent.backends.python.stream import DecoupledChannel, NotSent
+from agent.backends.python.supervisor import Supervisor, WorkerHooks
 from agent.errors import AgentError, BackendError, ModelInstanceFailedError, ModelLoadError
 from agent.proto import model_config_pb2 as mc
 from agent.repository.autocomplete import complete_config
@@ -91,7 +103,12 @@ from agent.tensors.datatypes import ModelTensor
 logger = logging.getLogger(__name__)
 
 
-class PythonBackend(Backend, RunsRequests, RunsDecoupled, DeclaresConfig, HoldsWorkerMemory):
+_PING_WAIT_S = 0.05  # a PING waits this long for a blocked pipe, then the next round tries
+
+
+class PythonBackend(
+    Backend, RunsRequests, RunsDecoupled, DeclaresConfig, HoldsWorkerMemory, ReportsHealth
+):
     """A Python model version: its worker processes and the config's tensors."""
 
     def __init__(
@@ -104,11 +121,14 @@ class PythonBackend(Backend, RunsRequests, RunsDecoupled, DeclaresConfig, HoldsW
         auto_complete: bool = True,
         custom_metrics: CustomMetricStore | None = None,
         bls: BlsRunner | None = None,
+        restart_policy: RestartPolicy | None = None,
+        health_listener: HealthListener | None = None,
     ) -> None:
-        """Start one worker per instance and run `initialize` in each.
+        """Start one worker per instance and run `initialize` in each; then supervise them.
 
         `bls` runs the BLS requests the model makes from `execute` (`agent.backends.python.bls`);
-        without it they fail with an error response.
+        without it they fail with an error response. `restart_policy`: when failed workers are
+        started again (default: `RestartPolicy()`); `health_listener` hears each change.
 
         Raises:
             ModelConfigError: inputs/outputs missing from the config, or a bad timeout parameter.
@@ -124,18 +144,21 @@ class PythonBackend(Backend, RunsRequests, RunsDecoupled, DeclaresConfig, HoldsW
             )
         self._bls = bls
         self._executes = itertools.count()  # sequence numbers of EXECUTE, which CANCEL names
-        self._failure: str | None = None
         self._side = SideMessages(self.name, self.version, custom_metrics, self._send)
         self._lock = threading.Lock()
         self._closed = False
-        self._workers: list[Worker] = []
-        self._idle: queue.SimpleQueue[Worker] = queue.SimpleQueue()
-        self._channels: dict[int, DecoupledChannel] = {}  # decoupled models: per worker
+        self._label = f"python model '{self.name}' version {self.version}"
+        self._workers: list[Worker] = []  # at load; then the supervisor keeps the current ones
+        self._args: list[dict[str, str]] = []  # each instance's `initialize` args
+        self._pool = WorkerPool(self._label)
+        self._channels: dict[Worker, DecoupledChannel] = {}  # decoupled models: per worker
         self._request_ids = itertools.count(1)
         self._launcher = Launcher(f"{self.name}-{self.version}")
-        site = WorkerSite(
+        self._supervisor: Supervisor | None = None
+        self._site = site = WorkerSite(
             self.name, self.version, self.model_file, self.timeouts, self._launcher, self._side
         )
+        policy = restart_policy or RestartPolicy()
         try:
             # As Triton: the model's auto_complete_config runs before the config is final; the
             # loader completes from `declared_config`, what it returned.
@@ -149,14 +172,33 @@ class PythonBackend(Backend, RunsRequests, RunsDecoupled, DeclaresConfig, HoldsW
             completed = complete_config(
                 config, self.name, self._inputs, self._outputs, auto_complete=True
             )
-            start_workers(site, completed, version_dir.parent, self._workers)
+            self._args = instance_args(site, completed, version_dir.parent)
+            start_workers(site, self._args, self._workers)
         except BaseException:
             self.close()
             raise
         for worker in self._workers:
             if self.decoupled:
-                self._channels[worker.index] = self._channel(worker)
-            self._idle.put(worker)
+                self._channels[worker] = self._channel(worker)
+            self._pool.put(worker)
+        health = VersionHealth([w.name for w in self._workers], policy, time.monotonic())
+        hooks = WorkerHooks(
+            restart=self._restart,
+            ended=self._worker_ended,
+            ping=lambda worker, message: worker.try_send(message, _PING_WAIT_S),
+            read_idle=None if self.decoupled else self._side.receive_one,
+        )
+        self._supervisor = Supervisor(
+            self._label,
+            self._workers,
+            self._pool,
+            health,
+            hooks,
+            heartbeat_timeout_s=self.timeouts.heartbeat_s or policy.heartbeat_timeout_s,
+            listener=health_listener,
+            extra={"model": self.name, "version": self.version},
+        )
+        self._supervisor.start()
 
     @property
     def inputs(self) -> Sequence[ModelTensor]:
@@ -167,16 +209,25 @@ class PythonBackend(Backend, RunsRequests, RunsDecoupled, DeclaresConfig, HoldsW
         return self._outputs
 
     @property
+    def health(self) -> HealthState:
+        """Which instances serve now (`agent.backends.health`)."""
+        assert self._supervisor is not None  # made when the load succeeded
+        return self._supervisor.state
+
+    @property
     def worker_pids(self) -> tuple[int, ...]:
-        """PIDs of the worker processes, instance order."""
-        return tuple(w.process.pid for w in self._workers)
+        """PIDs of the current worker processes, instance order (a DOWN instance has none)."""
+        return tuple(w.process.pid for w in self._current())
+
+    def _current(self) -> list[Worker]:
+        return self._supervisor.workers() if self._supervisor is not None else self._workers
 
     @property
     def worker_rss_bytes(self) -> int:
         """Resident memory of the live workers (0 where /proc is not readable)."""
         page = os.sysconf("SC_PAGE_SIZE")
         total = 0
-        for worker in self._workers:
+        for worker in self._current():
             try:
                 fields = Path(f"/proc/{worker.process.pid}/statm").read_text().split()
             except OSError:
@@ -222,15 +273,20 @@ class PythonBackend(Backend, RunsRequests, RunsDecoupled, DeclaresConfig, HoldsW
         Raises:
             BackendError: `execute` raised or returned a wrong number of responses (every
                 request of the batch fails).
-            ModelInstanceFailedError: the worker hung (and was killed) or died, now or before.
+            ModelInstanceFailedError: the worker hung (and was killed) or died while it ran
+                them.
+            ModelNotReadyError: no instance could take them within `execute_timeout_seconds`
+                (every instance restarting), or the version gave up.
         """
-        if self._failure is not None:
-            raise ModelInstanceFailedError(self._failure)
-        worker = self._idle.get()
-        try:
-            return self._run_on(worker, requests, cancelled, traces)
-        finally:
-            self._idle.put(worker)
+        for _ in range(len(self._args) + 1):
+            worker = self._pool.take(self.timeouts.execute_s)
+            try:
+                return self._run_on(worker, requests, cancelled, traces)
+            except _NotTaken:
+                continue  # it was gone before the requests reached it: they go to another
+            finally:
+                self._give_back(worker)
+        raise ModelInstanceFailedError(f"{self._label}: every instance failed before it ran")
 
     def run_decoupled(self, requests: Sequence[DecoupledRequest]) -> None:
         """Run the requests of one batch in ONE `execute` call of a decoupled model; returns
@@ -239,29 +295,40 @@ class PythonBackend(Backend, RunsRequests, RunsDecoupled, DeclaresConfig, HoldsW
         failure reaches the sinks as an error response with the final flag.
 
         Raises:
-            ModelInstanceFailedError: the worker hung (and was killed) or died, now or before.
+            ModelInstanceFailedError: the worker hung (and was killed) or died.
+            ModelNotReadyError: as `run_requests`.
         """
-        if self._failure is not None:
-            raise ModelInstanceFailedError(self._failure)
-        worker = self._idle.get()
-        try:
-            self._run_decoupled_on(worker, requests)
-        finally:
-            self._idle.put(worker)
+        for _ in range(len(self._args) + 1):
+            worker = self._pool.take(self.timeouts.execute_s)
+            try:
+                self._run_decoupled_on(worker, requests)
+                return
+            except _NotTaken:
+                continue  # it was gone before the requests reached it: they go to another
+            finally:
+                self._give_back(worker)
+        raise ModelInstanceFailedError(f"{self._label}: every instance failed before it ran")
+
+    def _give_back(self, worker: Worker) -> None:
+        if not self._pool.give_back(worker):  # its process ended while it ran: pipe closed here
+            self._close_pipe(worker)
 
     def _run_decoupled_on(
         self,
         worker: Worker,
         requests: Sequence[DecoupledRequest],
     ) -> None:
-        channel = self._channels[worker.index]
+        channel = self._channels[worker]
         ids = [next(self._request_ids) for _ in requests]
         try:
             reply = channel.execute(list(zip(ids, requests, strict=True)), self.timeouts.execute_s)
+        except NotSent:
+            self._pool.discard(worker)
+            raise _NotTaken from None
         except TimeoutError:
             self._hung(worker)
         except (EOFError, OSError, ipc.WireError):
-            self._fail(self._ended(worker))
+            raise ModelInstanceFailedError(self._ended(worker)) from None
         if reply.kind == ipc.ERROR:
             error = BackendError(
                 f"python model '{self.name}' execute failed: {reply.meta.get('message', '')}"
@@ -288,27 +355,49 @@ class PythonBackend(Backend, RunsRequests, RunsDecoupled, DeclaresConfig, HoldsW
             side_message,
             check,
             lambda: self._ended(worker),
+            worker.send,
         )
         relay.append(BlsRelay(self._bls, channel.send))
         return channel
 
     def _send(self, worker: Worker, message: ipc.Message) -> None:
-        channel = self._channels.get(worker.index)
-        if channel is not None:
-            channel.send(message)
-        else:
-            ipc.send(worker.conn, message)
+        worker.send(message)
+
+    def _restart(self, index: int) -> Worker:
+        """The supervisor's: start instance `index` again (blocking; raises ModelLoadError)."""
+        worker = restart_worker(self._site, self._args[index], index)
+        if self.decoupled:
+            self._channels[worker] = self._channel(worker)
+        return worker
+
+    def _worker_ended(self, worker: Worker, owned: bool) -> None:
+        """The supervisor's: a worker's process ended; `owned`: nobody holds it (close it
+        here), else the execution holding it closes it when it gives it back."""
+        self._side.release(worker)  # its series go with it, as in Triton
+        if owned:
+            self._close_pipe(worker)
+
+    def _close_pipe(self, worker: Worker) -> None:
+        channel = self._channels.pop(worker, None)
+        if channel is not None:  # its reader thread has seen EOF (or sees it now)
+            channel.join()
+        worker.conn.close()
 
     def close(self) -> None:
-        """Finalize every live worker (bounded), then end each process by PID. Idempotent."""
+        """Stop the supervision, finalize every live worker (bounded), then end each process by
+        PID. Idempotent."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+        if self._supervisor is not None:
+            self._supervisor.stop()  # a restart finishing after this ends its own worker
+        workers = self._current()
+        self._pool.fail(f"{self._label} was unloaded")
         for open_channel in self._channels.values():
             open_channel.closing = True
         asked = []
-        for worker in self._workers:
+        for worker in workers:
             if worker.ready and worker.process.poll() is None:
                 try:
                     self._send(worker, ipc.Message(ipc.FINALIZE))
@@ -319,8 +408,9 @@ class PythonBackend(Backend, RunsRequests, RunsDecoupled, DeclaresConfig, HoldsW
         finalized = set()
         for worker in asked:
             try:
-                self._receive(worker, deadline)
-                finalized.add(worker.index)
+                while self._receive(worker, deadline).kind != ipc.FINALIZED:
+                    pass  # a stray answer before it (a late RESULT is impossible: none runs)
+                finalized.add(worker)
             except (TimeoutError, EOFError, OSError, ipc.WireError):
                 logger.warning(
                     "python model %s instance %d: finalize did not finish within %g s",
@@ -329,18 +419,13 @@ class PythonBackend(Backend, RunsRequests, RunsDecoupled, DeclaresConfig, HoldsW
                     self.timeouts.finalize_s,
                     extra={"model": self.name, "version": self.version},
                 )
-        for worker in self._workers:
-            channel = self._channels.get(worker.index)
-            if channel is None:
-                worker.conn.close()
+        for worker in workers:
             self._side.release(worker)  # its series go with it, as in Triton
-            if worker.index in finalized:
+            if worker in finalized:
                 reap_worker(worker)  # it exits by itself after FINALIZED; SIGKILL if it lingers
             else:
                 kill_worker(worker)  # not initialized, stuck in finalize, or already gone
-            if channel is not None:  # its reader thread sees EOF now; then the pipe closes
-                channel.join()
-                worker.conn.close()
+            self._close_pipe(worker)  # a decoupled reader thread has seen EOF by now
         self._launcher.stop()
 
     def _receive(self, worker: Worker, deadline: float | None) -> ipc.Message:
@@ -349,7 +434,7 @@ class PythonBackend(Backend, RunsRequests, RunsDecoupled, DeclaresConfig, HoldsW
         Raises:
             TimeoutError, EOFError, OSError, ipc.WireError: as `ipc.receive`.
         """
-        channel = self._channels.get(worker.index)
+        channel = self._channels.get(worker)
         if channel is not None:  # its reader thread has the pipe
             return channel.receive(deadline)
         return self._side.receive(worker, deadline)
@@ -361,8 +446,6 @@ class PythonBackend(Backend, RunsRequests, RunsDecoupled, DeclaresConfig, HoldsW
         cancelled: Sequence[CancelSignal],
         traces: Sequence[object | None] = (),
     ) -> list[list[np.ndarray] | AgentError]:
-        if self._failure is not None:
-            raise ModelInstanceFailedError(self._failure)
         described: list[dict[str, object]] = [
             {"outputs": list(names), "inputs": len(feeds)} for feeds, names in requests
         ]
@@ -372,10 +455,16 @@ class PythonBackend(Backend, RunsRequests, RunsDecoupled, DeclaresConfig, HoldsW
         tensors = [item for feeds, _ in requests for item in feeds.items()]
         seq = next(self._executes)
         message = ipc.Message(ipc.EXECUTE, {"requests": described, "seq": seq}, tensors)
-        calls = BlsCalls(self._bls, worker.conn, self.timeouts.execute_s, self.name, traces)
+        try:
+            worker.send(message)
+        except OSError:
+            self._pool.discard(worker)  # dead before it took them: the caller tries another
+            raise _NotTaken from None
+        calls = BlsCalls(
+            self._bls, worker.conn, worker.send, self.timeouts.execute_s, self.name, traces
+        )
         calls.watch(seq, cancelled)
         try:
-            ipc.send(worker.conn, message)
             # The worker's own time counts: the clock restarts when its BLS calls are answered.
             deadline = time.monotonic() + self.timeouts.execute_s
             while True:
@@ -399,8 +488,10 @@ class PythonBackend(Backend, RunsRequests, RunsDecoupled, DeclaresConfig, HoldsW
                     break
         except TimeoutError:
             self._hung(worker)
-        except (EOFError, OSError, ipc.WireError):
-            self._fail(self._ended(worker))
+        except ipc.WireError as exc:  # a bug on one side: the worker's state is unknown
+            self._kill(worker, f"sent a malformed message ({exc})")
+        except (EOFError, OSError):
+            raise ModelInstanceFailedError(self._ended(worker)) from None
         finally:
             calls.cancel()  # calls still running (abandoned, or the worker died) are cancelled
         if reply.kind == ipc.ERROR:
@@ -434,21 +525,21 @@ class PythonBackend(Backend, RunsRequests, RunsDecoupled, DeclaresConfig, HoldsW
         return results
 
     def _hung(self, worker: Worker) -> NoReturn:
-        """Kill a worker that gave no answer in time; it fails the model (`_fail`)."""
-        kill_worker(worker)
-        self._fail(
-            f"python model '{self.name}' instance {worker.index} hung: no response within "
-            f"{self.timeouts.execute_s:g} s; worker killed"
-        )
+        """Kill a worker that gave no answer in time; its requests fail, the supervisor
+        restarts it."""
+        self._kill(worker, f"hung: no response within {self.timeouts.execute_s:g} s")
+
+    def _kill(self, worker: Worker, verdict: str) -> NoReturn:
+        if self._supervisor is not None:
+            self._supervisor.hung(worker, verdict)
+        else:
+            kill_worker(worker, verdict)
+        raise ModelInstanceFailedError(self._ended(worker))
 
     def _ended(self, worker: Worker) -> str:
-        """Why the model failed, once its worker died."""
+        """Why the worker's requests failed, once it ended."""
         return f"python model '{self.name}' instance {worker.index} {exit_reason(worker)}"
 
-    def _fail(self, reason: str) -> NoReturn:
-        """Remember the first failure, then raise ModelInstanceFailedError with it."""
-        with self._lock:
-            if self._failure is None:
-                self._failure = reason
-                logger.error("%s", reason, extra={"model": self.name, "version": self.version})
-        raise ModelInstanceFailedError(reason)
+
+class _NotTaken(Exception):
+    """The worker was gone before EXECUTE reached it: its requests can go to another."""

@@ -132,13 +132,16 @@ class BlsCalls:
         self,
         submit: BlsRunner | None,
         conn: Connection,
+        send: Callable[[ipc.Message], None],
         default_timeout_s: float,
         caller: str,
         traces: Sequence[object | None] = (),
     ) -> None:
+        """`conn`: the worker's pipe (waited on); `send`: the worker's send (its one lock)."""
         self._submit = submit
         self._traces = traces  # of the execute call's requests: the parents of traced calls
         self._conn = conn
+        self._send = send
         self._default_s = default_timeout_s
         self._caller = caller
         self._calls: dict[Any, _Call] = {}
@@ -167,7 +170,7 @@ class BlsCalls:
         if not new:
             return
         self._told.update(new)
-        ipc.send(self._conn, ipc.Message(ipc.CANCEL, {"seq": self._seq, "requests": new}))
+        self._send(ipc.Message(ipc.CANCEL, {"seq": self._seq, "requests": new}))
         if len(self._told) == len(self._signals):
             self.cancel_running()
 
@@ -323,7 +326,7 @@ class BlsCalls:
             meta["error"] = error
         if final is not None:  # a streamed call's response
             meta["final"] = final
-        ipc.send(self._conn, ipc.Message(ipc.BLS_RESULT, meta, tensors or []))
+        self._send(ipc.Message(ipc.BLS_RESULT, meta, tensors or []))
 
 
 def _poke(wake: Connection | None) -> None:

@@ -14,6 +14,8 @@ PYTHON_BACKEND = "python"
 EXECUTE_TIMEOUT_KEY = "execute_timeout_seconds"
 INITIALIZE_TIMEOUT_KEY = "initialize_timeout_seconds"
 FINALIZE_TIMEOUT_KEY = "finalize_timeout_seconds"
+# No heartbeat answer within this many seconds is a hang (default: models.heartbeat_timeout_ms).
+HEARTBEAT_TIMEOUT_KEY = "heartbeat_timeout_seconds"
 _DEFAULTS = {EXECUTE_TIMEOUT_KEY: 30.0, INITIALIZE_TIMEOUT_KEY: 120.0, FINALIZE_TIMEOUT_KEY: 5.0}
 
 
@@ -24,16 +26,18 @@ class Timeouts:
     execute_s: float
     initialize_s: float
     finalize_s: float
+    heartbeat_s: float | None = None  # None: the agent's default (RestartPolicy)
 
 
 def timeouts_from_config(config: mc.ModelConfig) -> Timeouts:
-    """The timeouts from the config's parameters (defaults 30 s, 120 s, 5 s).
+    """The timeouts from the config's parameters (defaults 30 s, 120 s, 5 s; the heartbeat's
+    is the agent's unless the config sets one).
 
     Raises:
         ModelConfigError: a value that is not a positive number; the message names the key.
     """
     values: dict[str, float] = {}
-    for key, default in _DEFAULTS.items():
+    for key, default in (*_DEFAULTS.items(), (HEARTBEAT_TIMEOUT_KEY, 0.0)):
         values[key] = default
         if key not in config.parameters:
             continue
@@ -48,7 +52,10 @@ def timeouts_from_config(config: mc.ModelConfig) -> Timeouts:
                 f"got {text!r}"
             )
     return Timeouts(
-        values[EXECUTE_TIMEOUT_KEY], values[INITIALIZE_TIMEOUT_KEY], values[FINALIZE_TIMEOUT_KEY]
+        values[EXECUTE_TIMEOUT_KEY],
+        values[INITIALIZE_TIMEOUT_KEY],
+        values[FINALIZE_TIMEOUT_KEY],
+        values[HEARTBEAT_TIMEOUT_KEY] or None,
     )
 
 

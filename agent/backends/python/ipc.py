@@ -76,6 +76,12 @@ METRIC_VALUE_RESULT = "metric_value_result"
 # any thread, during or after `execute`), and RESULT meta {"responses": []} when `execute`
 # returned.
 RESPONSE = "response"
+# Liveness (agent.backends.python.supervisor): agent → worker PING meta {"n"} at any time after
+# READY; the worker's pipe reader hands it to a thread of its own that answers PONG meta {"n"}
+# (the reader itself never writes: see the flow control above). A PONG may come late, after
+# the `execute` it overlapped: the numbers say which PING it answers.
+PING = "ping"
+PONG = "pong"
 
 MAX_HEADER_BYTES = 1 << 20
 

@@ -13,30 +13,64 @@ import contextlib
 import multiprocessing
 import os
 import queue
+import select
 import signal
 import subprocess
 import sys
 import threading
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 
 import agent
+from agent.backends.python import ipc
 from agent.errors import ModelLoadError
 
 _REAP_S = 5.0  # how long a worker that closed its pipe may take to exit before SIGKILL
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # compared and hashed by identity: a restart makes a new one
 class Worker:
-    """One worker process and its end of the pipe."""
+    """One worker process, its end of the pipe, and what its heartbeat says.
+
+    Sends go through `send` (one lock): the executor thread sends EXECUTE and BLS results, the
+    supervisor its PINGs. `pings` is the number of the last PING sent, `pongs` of the last PONG
+    read (by whoever reads the pipe then: the executor, a decoupled model's reader thread, or
+    the supervisor while the worker is idle).
+    """
 
     index: int
     name: str  # Triton's instance name: GROUP_INDEX
     process: subprocess.Popen[bytes]
     conn: Connection
     ready: bool = False  # initialize succeeded: finalize is due on close
+    pings: int = 0
+    pongs: int = 0
+    pinged_at: float = 0.0  # `time.monotonic()` when PING number `pings` went out
+    verdict: str = ""  # why the agent killed it ("hung: ..."), said instead of its signal
+    dead: bool = False  # its process ended: never handed out again
+    _send_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def send(self, message: ipc.Message) -> None:
+        """Send to the worker (blocking). Raises OSError when it is gone."""
+        with self._send_lock:
+            ipc.send(self.conn, message)
+
+    def try_send(self, message: ipc.Message, timeout_s: float) -> bool:
+        """Send a small message unless the pipe stays blocked for `timeout_s` (another send
+        holds it, or the worker has stopped reading). Raises OSError when it is gone."""
+        if not self._send_lock.acquire(timeout=timeout_s):
+            return False
+        try:
+            poller = select.poll()  # not select(): a busy agent's descriptors pass 1024
+            poller.register(self.conn.fileno(), select.POLLOUT)
+            if not poller.poll(timeout_s * 1000):
+                return False
+            ipc.send(self.conn, message)
+            return True
+        finally:
+            self._send_lock.release()
 
 
 class Launcher:
@@ -46,19 +80,29 @@ class Launcher:
         self._jobs: queue.SimpleQueue[tuple[list[str], int, Future[subprocess.Popen[bytes]]]] = (
             queue.SimpleQueue()
         )
+        self._lock = threading.Lock()
         self._stopped = False
         self._thread = threading.Thread(target=self._serve, name=f"launch-{label}", daemon=True)
         self._thread.start()
 
     def start(self, argv: list[str], fd: int) -> subprocess.Popen[bytes]:
+        """Start a process (from the launcher's thread).
+
+        Raises:
+            OSError: it could not be started, or the launcher has stopped (its backend closes).
+        """
         done: Future[subprocess.Popen[bytes]] = Future()
-        self._jobs.put((argv, fd, done))
+        with self._lock:
+            if self._stopped:
+                raise OSError("the model is closing: no new worker is started")
+            self._jobs.put((argv, fd, done))
         return done.result()
 
     def stop(self) -> None:
-        if not self._stopped:
-            self._stopped = True
-            self._jobs.put(([], -1, Future()))
+        with self._lock:
+            if not self._stopped:
+                self._stopped = True
+                self._jobs.put(([], -1, Future()))
 
     def _serve(self) -> None:
         env = dict(os.environ)
@@ -77,7 +121,11 @@ class Launcher:
                 done.set_exception(exc)
 
 
-def kill_worker(worker: Worker) -> None:
+def kill_worker(worker: Worker, verdict: str = "") -> None:
+    """SIGKILL the worker by PID and reap it; `verdict` (e.g. "hung: ...") says why, in place
+    of "killed by signal 9", wherever its end is reported."""
+    if verdict and not worker.verdict and worker.process.poll() is None:
+        worker.verdict = f"{verdict}; worker (pid {worker.process.pid}) killed"
     if worker.process.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(worker.process.pid, signal.SIGKILL)
@@ -118,8 +166,11 @@ def spawn_worker(launcher: Launcher, index: int, instance_name: str, model_name:
 
 
 def exit_reason(worker: Worker) -> str:
-    """How the worker ended ("exited with code N", "killed by signal N"), once it has."""
+    """How the worker ended ("exited with code N", "killed by signal N", or why the agent
+    killed it), once it has."""
     code = reap_worker(worker)
+    if worker.verdict:
+        return worker.verdict
     if code < 0:
         return f"worker (pid {worker.process.pid}) killed by signal {-code}"
     return f"worker (pid {worker.process.pid}) exited with code {code}"

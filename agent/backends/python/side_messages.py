@@ -67,8 +67,13 @@ class SideMessages:
         return None if self.handle(worker, message) else message
 
     def handle(self, worker: Worker, message: ipc.Message) -> bool:
-        """Handle a LOG, METRICS or METRIC_VALUE message (True); any other is for the caller."""
-        if message.kind == ipc.METRICS:
+        """Handle a LOG, METRICS, METRIC_VALUE or PONG message (True); any other is for the
+        caller."""
+        if message.kind == ipc.PONG:
+            number = message.meta.get("n")
+            if isinstance(number, int) and number > worker.pongs:
+                worker.pongs = number
+        elif message.kind == ipc.METRICS:
             self._apply_metrics(worker, message)
         elif message.kind == ipc.METRIC_VALUE:
             self._answer_metric_value(worker, message)

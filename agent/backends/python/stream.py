@@ -12,7 +12,9 @@ awaited (as for other models). `DecoupledChannel` owns the reading end from READ
 * when the pipe fails (the worker died or was killed), every open request ends with the
   reason, as a ModelInstanceFailedError response with the final flag.
 
-Sends are serialized by one lock: the executor thread sends EXECUTE, the event loop CANCEL.
+Sends go through the worker's one lock (`Worker.send`): the executor thread sends EXECUTE, the
+event loop CANCEL, the supervisor its heartbeat PINGs; the PONGs come back here like any side
+message.
 """
 
 from __future__ import annotations
@@ -44,6 +46,10 @@ class _Open:
     outputs: Sequence[str]
 
 
+class NotSent(Exception):
+    """EXECUTE did not reach the worker (it is gone), and none of its requests was answered."""
+
+
 class DecoupledChannel:
     """One decoupled worker's pipe: a reader thread, an inbox and the open requests."""
 
@@ -54,12 +60,13 @@ class DecoupledChannel:
         side_message: Callable[[ipc.Message], bool],
         check: OutputCheck,
         exit_reason: Callable[[], str],
+        send: Callable[[ipc.Message], None],
     ) -> None:
         self._conn = conn
         self._side_message = side_message
         self._check = check
         self._exit_reason = exit_reason
-        self._send_lock = threading.Lock()
+        self._send = send  # the worker's, under its lock
         self._lock = threading.Lock()
         self._open: dict[int, _Open] = {}
         self._inbox: queue.SimpleQueue[ipc.Message | BaseException] = queue.SimpleQueue()
@@ -74,8 +81,7 @@ class DecoupledChannel:
 
     def send(self, message: ipc.Message) -> None:
         """Send to the worker. Raises OSError when it is gone."""
-        with self._send_lock:
-            ipc.send(self._conn, message)
+        self._send(message)
 
     def receive(self, deadline: float | None) -> ipc.Message:
         """The next message for the executor (RESULT, ERROR, FINALIZED ...).
@@ -104,15 +110,27 @@ class DecoupledChannel:
         streams from inside `execute` is alive).
 
         Raises:
+            NotSent: the worker was gone before EXECUTE reached it, and no sink was told
+                anything (the requests can go to another worker).
             TimeoutError: nothing from the worker for `execute_s`.
             EOFError, OSError, ipc.WireError: the pipe failed.
         """
+        if not self._thread.is_alive():
+            raise NotSent  # its reader saw the pipe end: the worker is gone
         described = []
         for request_id, (feeds, names, sink) in requests:
             self.open(request_id, sink, names)
             described.append({"id": request_id, "outputs": list(names), "inputs": len(feeds)})
         tensors = [item for _, (feeds, _, _) in requests for item in feeds.items()]
-        self.send(ipc.Message(ipc.EXECUTE, {"requests": described}, tensors))
+        try:
+            self.send(ipc.Message(ipc.EXECUTE, {"requests": described}, tensors))
+        except OSError:
+            with self._lock:  # unless the reader ended them already (then they were told)
+                if all(request_id in self._open for request_id, _ in requests):
+                    for request_id, _ in requests:
+                        del self._open[request_id]
+                    raise NotSent from None
+            raise
         for request_id, (_, _, sink) in requests:
             self.watch_cancel(request_id, sink)
         waited_from = time.monotonic()

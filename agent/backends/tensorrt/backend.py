@@ -21,6 +21,11 @@ in, enqueues and copies out. `run` is blocking (the scheduler calls it off the e
 serialized by a lock, since an execution context is not thread-safe. `device_memory_bytes` is the
 engine's activation memory plus the I/O buffers (on a Jetson, GPU memory is the same RAM the
 memory budget covers).
+
+A run that fails in TensorRT or CUDA (not one whose input the profile refuses) is judged by a
+probe on zeros, and the execution context rebuilt when that fails too
+(`agent.backends.session_health`); a sticky CUDA error fails the rebuilds until the version
+gives up, with the reason.
 """
 
 from __future__ import annotations
@@ -32,8 +37,10 @@ from typing import Any
 
 import numpy as np
 
-from agent.backends.base import Backend, DeclaresConfig, ReportsProviders
+from agent.backends.base import Backend, DeclaresConfig, ReportsHealth, ReportsProviders
 from agent.backends.cuda import cuda_check, cuda_runtime
+from agent.backends.health import HealthListener, HealthState, RestartPolicy
+from agent.backends.session_health import SessionGuard
 from agent.backends.tensorrt.api import ICudaEngine, IExecutionContext, TensorRT
 from agent.backends.tensorrt.build import import_tensorrt
 from agent.backends.tensorrt.config import complete_from_engine
@@ -57,7 +64,7 @@ def _activation_bytes(engine: ICudaEngine) -> int:
     return int(size or 0)
 
 
-class TensorRTBackend(Backend, DeclaresConfig, ReportsProviders):
+class TensorRTBackend(Backend, DeclaresConfig, ReportsProviders, ReportsHealth):
     """A model version running a serialized TensorRT engine on one CUDA device."""
 
     def __init__(
@@ -68,6 +75,8 @@ class TensorRTBackend(Backend, DeclaresConfig, ReportsProviders):
         device: int = 0,
         model_name: str = "",
         auto_complete: bool = False,
+        restart_policy: RestartPolicy | None = None,
+        health_listener: HealthListener | None = None,
     ) -> None:
         """Deserialize the engine, complete the config from it (auto-complete on), allocate
         buffers for max_batch_size and a stream.
@@ -82,6 +91,14 @@ class TensorRTBackend(Backend, DeclaresConfig, ReportsProviders):
         if not path.is_file():
             raise ModelLoadError(f"engine file {path} not found")
         self._trt = trt
+        self._guard = SessionGuard(
+            f"model '{model_name or config.name}' (tensorrt)",
+            restart_policy or RestartPolicy(),
+            probe=self._probe,
+            rebuild=self._rebuild,
+            listener=health_listener,
+            probe_ok=False,  # until the first probe passes, below
+        )
         self._lock = threading.Lock()
         self._buffers: dict[str, int] = {}
         self._stream: Any = None
@@ -124,6 +141,39 @@ class TensorRTBackend(Backend, DeclaresConfig, ReportsProviders):
         self.device_memory_bytes = _activation_bytes(self._engine) + io_bytes
         self.providers: tuple[str, ...] = ("TensorRT",)
         self.missing_providers: tuple[str, ...] = ()
+        self._guard.baseline(self._probe_passes())
+
+    @property
+    def health(self) -> HealthState:
+        """Whether the execution context serves (`agent.backends.session_health`)."""
+        return self._guard.state
+
+    def _probe(self) -> None:
+        """One run on zeros of the smallest shape, straight on the context."""
+        feeds = {
+            t.name: np.zeros(
+                tuple(1 if d is None else d for d in t.shape), dtype=self._dtypes[t.name]
+            )
+            for t in self._inputs
+        }
+        self._execute(feeds, [t.name for t in self._outputs])
+
+    def _probe_passes(self) -> bool:
+        try:
+            self._probe()
+        except (BackendError, InvalidInputError):  # its profile refuses ones: no probe
+            return False
+        return True
+
+    def _rebuild(self) -> None:
+        """A new execution context on the same engine and buffers, in place of the old one."""
+        with self._lock:
+            context = self._engine.create_execution_context()
+            if context is None:
+                raise ModelLoadError("TensorRT cannot create an execution context")
+            for name, pointer in self._buffers.items():
+                context.set_tensor_address(name, pointer)
+            self._context = context
 
     def _names(self) -> list[str]:
         return [self._engine.get_tensor_name(i) for i in range(self._engine.num_io_tensors)]
@@ -169,8 +219,22 @@ class TensorRTBackend(Backend, DeclaresConfig, ReportsProviders):
 
         Raises:
             InvalidInputError: a batch larger than the profile allows.
-            BackendError: TensorRT or CUDA failed.
+            BackendError: TensorRT or CUDA failed (the context is probed, and rebuilt if it
+                fails that too).
+            ModelNotReadyError: the context is being rebuilt and is not back in time, or the
+                version gave up.
         """
+        self._guard.wait_ready()
+        try:
+            return self._execute(feeds, output_names)
+        except BackendError as exc:
+            error = exc
+        self._guard.failed(error)
+        raise error
+
+    def _execute(
+        self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]
+    ) -> list[np.ndarray]:
         cudart = self._cudart
         h2d = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
         d2h = cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
@@ -214,6 +278,7 @@ class TensorRTBackend(Backend, DeclaresConfig, ReportsProviders):
 
     def close(self) -> None:
         """Free the buffers and the stream, then drop the context and engine."""
+        self._guard.close()
         cudart = self._cudart
         for pointer in self._buffers.values():
             cudart.cudaFree(pointer)

@@ -358,8 +358,16 @@ def _get(agent: RunningAgent, path: str) -> tuple[int, Any]:
         return exc.code, json.loads(exc.read())
 
 
-def test_health_answers_carry_the_open_inference_protocol_bodies(agent: RunningAgent) -> None:
+def test_health_answers_carry_the_open_inference_protocol_bodies(
+    agent: RunningAgent, http: Http
+) -> None:
     assert _get(agent, "/v2/health/live") == (200, {"live": True})
+    # Triton's strict readiness: a model whose load failed (as other tests make "broken"'s) is
+    # not ready, so neither is the server, until it is unloaded.
+    with pytest.raises(InferenceServerException):
+        http.load_model("broken")
+    assert _get(agent, "/v2/health/ready") == (503, {"ready": False})
+    http.unload_model("broken")
     assert _get(agent, "/v2/health/ready") == (200, {"ready": True})
     assert _get(agent, "/v2/models/m/ready") == (200, {"name": "m", "ready": True})
     assert _get(agent, "/v2/models/m/versions/1/ready") == (200, {"name": "m", "ready": True})

@@ -16,7 +16,7 @@ from google.protobuf import text_format
 
 from agent import pb_utils
 from agent.backends.python.backend import PythonBackend
-from agent.errors import AgentError, ModelInstanceFailedError
+from agent.errors import AgentError
 from agent.proto import model_config_pb2 as mc
 from tests.decoupled_models import DECOUPLED_MODEL, decoupled_config
 from tests.python_models import write_python_model
@@ -79,7 +79,9 @@ def test_execute_that_raises_ends_every_request_with_its_error(backend: PythonBa
         assert error == "TritonModelException: execute gave up"
 
 
-def test_a_dead_worker_ends_the_open_requests(backend: PythonBackend) -> None:
+def test_a_dead_worker_ends_the_open_requests_and_a_new_one_takes_the_next(
+    backend: PythonBackend,
+) -> None:
     sink = Collector()
     backend.run_decoupled([(feeds(5, 2), ["OUT"], sink)])  # streams until cancelled
     (pid,) = backend.worker_pids
@@ -87,8 +89,13 @@ def test_a_dead_worker_ends_the_open_requests(backend: PythonBackend) -> None:
     assert sink.done.wait(30)
     assert sink.items[-1][2] is True
     assert "killed by signal 9" in str(sink.items[-1][1])
-    with pytest.raises(ModelInstanceFailedError):
-        backend.run_decoupled([(feeds(1, 0), ["OUT"], Collector())])
+    # The instance restarts by itself: the next request waits for the new worker (bounded).
+    later = Collector()
+    backend.run_decoupled([(feeds(1, 0), ["OUT"], later)])
+    assert later.done.wait(30)
+    assert later.items == [(0, None, False), (None, None, True)]
+    (new,) = backend.worker_pids
+    assert new != pid
 
 
 def test_the_sender_s_checks_use_triton_s_words() -> None:

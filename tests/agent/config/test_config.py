@@ -8,10 +8,17 @@ from typing import Any
 
 import pytest
 
+from agent.backends.health import RestartPolicy
 from agent.config.choices import GrpcEngine, LogLevel, ModelControlMode, Protocol, TraceMode
 from agent.config.loader import load_config
 from agent.config.render import render_toml
-from agent.config.schema import AgentConfig, LogConfig, ModelsConfig, ServerConfig
+from agent.config.schema import (
+    AgentConfig,
+    LogConfig,
+    ModelsConfig,
+    ServerConfig,
+    restart_policy,
+)
 from agent.errors import AgentConfigError
 from agent.fleet.config import MqttConfig
 
@@ -470,3 +477,42 @@ def test_a_spelling_given_in_code_becomes_its_member() -> None:
         LogConfig(trace_mode=bad)
     with pytest.raises(AgentConfigError, match=r"'mqtt\.protocol' must be one of auto, 5, 3\.1\.1"):
         MqttConfig(protocol=bad)
+
+
+def test_the_health_keys_are_read_and_become_the_restart_policy(tmp_path: Path, repo: Path) -> None:
+    path = repo_toml(
+        tmp_path,
+        "restart_backoff_ms = 250\nrestart_backoff_max_ms = 4000\nrestart_limit = 2\n"
+        "restart_reset_ms = 0\nheartbeat_interval_ms = 500\nheartbeat_timeout_ms = 3000\n"
+        "allow_cpu_fallback = true\n[server]\nstrict_readiness = false\n",
+    )
+    config = load_config(path, {})
+    assert config.server.strict_readiness is False
+    assert config.models.allow_cpu_fallback is True
+    assert restart_policy(config.models) == RestartPolicy(
+        backoff_s=0.25,
+        backoff_max_s=4.0,
+        restart_limit=2,
+        reset_after_s=0.0,
+        heartbeat_interval_s=0.5,
+        heartbeat_timeout_s=3.0,
+    )
+    defaults = load_config(repo_toml(tmp_path), {})
+    assert defaults.server.strict_readiness is True  # Triton's default
+    assert defaults.models.allow_cpu_fallback is False
+    assert restart_policy(defaults.models) == RestartPolicy()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("restart_limit = -1", r"models\.restart_limit must be >= 0 \(0: no restarts\)"),
+        ("restart_backoff_ms = 5", r"models\.restart_backoff_ms must be >= 10"),
+        ("restart_backoff_max_ms = 100", r"restart_backoff_max_ms \(100\) must be at least"),
+        ("heartbeat_timeout_ms = 1000", r"heartbeat_timeout_ms \(1000\) must be at least"),
+        ("restart_reset_ms = -1", r"models\.restart_reset_ms must be >= 0"),
+    ],
+)
+def test_bad_health_keys_name_the_key(tmp_path: Path, repo: Path, extra: str, message: str) -> None:
+    with pytest.raises(AgentConfigError, match=message):
+        load_config(repo_toml(tmp_path, extra + "\n"), {})

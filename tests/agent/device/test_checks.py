@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.device.checks import Status, agent_checks, device_checks, worst
+from agent.backends.onnx import ACCELERATORS
+from agent.device.checks import (
+    ACCELERATOR_PROVIDERS,
+    Status,
+    accelerator_checks,
+    agent_checks,
+    device_checks,
+    worst,
+)
 
 GIB = 1 << 30
 
@@ -174,3 +182,59 @@ def test_a_tiny_budget_fails_and_an_unreachable_broker_warns() -> None:
 def test_no_model_source_warns() -> None:
     checks = by_name(agent_checks(agent(models_source=None)))
     assert checks["models"].status is Status.WARN
+
+
+def accelerators(**agent: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "accelerators": [{"model": "det", "names": ["tensorrt"]}],
+        "allow_cpu_fallback": False,
+        "exit_on_error": True,
+    }
+    return {**base, **agent}
+
+
+def test_a_model_asking_for_a_missing_accelerator_is_refused_and_stops_start_up() -> None:
+    (line,) = accelerator_checks(accelerators(), facts())
+    assert line.name == "model det"
+    assert line.status is Status.FAIL
+    assert (
+        "will be refused: its config asks for tensorrt (TensorrtExecutionProvider)" in line.detail
+    )
+    assert "models.allow_cpu_fallback = true" in line.fix
+
+
+def test_without_exit_on_error_a_refused_model_only_warns() -> None:
+    (line,) = accelerator_checks(accelerators(exit_on_error=False), facts())
+    assert line.status is Status.WARN
+    assert "start-up stops" not in line.detail
+
+
+def test_the_cpu_fallback_is_shown_as_a_warning() -> None:
+    (line,) = accelerator_checks(accelerators(allow_cpu_fallback=True), facts())
+    assert line.status is Status.WARN
+    assert line.detail.startswith("CPU fallback: tensorrt (TensorrtExecutionProvider)")
+
+
+def test_an_accelerator_the_runtime_has_is_ok() -> None:
+    gpu = {
+        "version": "1.20.1",
+        "providers": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+        "distributions": ["onnxruntime-gpu==1.20.1"],
+    }
+    (line,) = accelerator_checks(accelerators(), facts(onnxruntime=gpu))
+    assert line.status is Status.OK
+
+
+def test_an_unknown_accelerator_is_refused_even_with_the_fallback() -> None:
+    agent = accelerators(accelerators=[{"model": "det", "names": ["tensorrtt"]}])
+    (line,) = accelerator_checks({**agent, "allow_cpu_fallback": True}, facts())
+    assert line.status is Status.FAIL
+    assert "tensorrtt (unknown accelerator)" in line.detail
+
+
+def test_no_model_asking_for_accelerators_adds_no_line() -> None:
+    assert accelerator_checks(accelerators(accelerators=[]), facts()) == []
+
+
+def test_the_doctor_maps_accelerators_as_the_onnx_backend_does() -> None:
+    assert ACCELERATOR_PROVIDERS == ACCELERATORS

@@ -15,8 +15,6 @@ from typing import Any
 
 import numpy as np
 import onnx
-import onnxruntime as ort
-import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from agent.config.choices import ModelControlMode
@@ -255,24 +253,3 @@ MODEL_MIB = re.compile(r"model m version 1 ready .*, (\d+) MiB\)")
 
 def _metrics_port(proc: subprocess.Popen[str]) -> int:
     return int(LOGS[proc.pid].wait_for(METRICS).group(1))
-
-
-def test_missing_gpu_provider_on_cpu_machine_is_reported_not_fatal(tmp_path: Path) -> None:
-    if "TensorrtExecutionProvider" in ort.get_available_providers():
-        pytest.skip("this onnxruntime has the TensorRT provider: nothing is missing to report")
-    repo = tmp_path / "models"
-    accel = (
-        "optimization { execution_accelerators { gpu_execution_accelerator : "
-        '[ { name : "tensorrt" parameters { key: "precision_mode" value: "FP16" } } ] } }\n'
-    )
-    write_model(repo, "m", mlp_model(), M_CONFIG + accel)
-    config = AgentConfig(
-        server=ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1),
-        models=ModelsConfig(repository=repo),
-    )
-    with running_agent(config) as agent:
-        assert infer(agent.http_port)[0] == 200
-        [row] = agent.dataplane.repository_index()
-        assert row["state"] == "READY"
-        assert "TensorrtExecutionProvider" in row["reason"]
-        assert "CPUExecutionProvider" in row["reason"]

@@ -13,6 +13,7 @@ What the reader does with each message:
   (`expect_stream`), to its callback, reply after reply until one says "final"; a reply nobody
   waits for (the call was abandoned or cancelled) is dropped at once, so its tensors are freed;
 * CANCEL goes to the `on_cancel` callback (it marks requests of the running `execute`);
+* PING goes to the `on_ping` callback (a thread of its own answers it: this one never writes);
 * anything else (EXECUTE, FINALIZE ...) waits in order for the main loop's `receive`.
 
 When the pipe closes or breaks, every waiting call gets an error reply and `receive` raises.
@@ -36,10 +37,14 @@ class Mailbox:
     """Reads `conn` on a daemon thread (after `start`) and files each message."""
 
     def __init__(
-        self, conn: Connection, on_cancel: Callable[[ipc.Message], None] | None = None
+        self,
+        conn: Connection,
+        on_cancel: Callable[[ipc.Message], None] | None = None,
+        on_ping: Callable[[ipc.Message], None] | None = None,
     ) -> None:
         self._conn = conn
         self._on_cancel = on_cancel
+        self._on_ping = on_ping
         self._cond = threading.Condition()
         self._slots: dict[int, Future[ipc.Message]] = {}
         # Streamed calls (BLS with decoupled=True): every reply until one with meta "final".
@@ -124,6 +129,9 @@ class Mailbox:
             elif message.kind == ipc.CANCEL:
                 if self._on_cancel is not None:
                     self._on_cancel(message)
+            elif message.kind == ipc.PING:
+                if self._on_ping is not None:
+                    self._on_ping(message)
             else:
                 with self._cond:
                     self._others.append(message)

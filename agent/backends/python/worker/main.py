@@ -16,7 +16,10 @@ FD is this end of a socketpair inherited from the agent, PPID the agent's pid. T
    it exits without finalizing.
 
 A reader thread (`agent.backends.python.worker.mailbox`) takes every message off the pipe as it
-arrives, so the agent never blocks writing to this worker. Inside `execute`,
+arrives, so the agent never blocks writing to this worker. The agent's heartbeat PINGs are
+answered (PONG) by a thread of their own as soon as that reader has them, also while `execute`
+runs: a slow `execute` keeps answering, a stopped or wedged process does not (the agent then
+kills and replaces it, `agent.backends.python.supervisor`). Inside `execute`,
 `pb_utils.InferenceRequest.exec` / `async_exec` send BLS messages and wait for their BLS_RESULT
 (`agent.backends.python.worker.bls_client`; `async def execute` runs on one event loop per
 worker). A CANCEL from the agent marks requests of the running execute (`request.is_cancelled()`).
@@ -38,6 +41,7 @@ import inspect
 import itertools
 import json
 import os
+import queue
 import signal
 import sys
 import threading
@@ -93,8 +97,9 @@ def main(argv: list[str]) -> int:
     pb_utils.set_log_sink(wire.log)
     running = _Running()
     cancels = _Cancels(running)
+    pongs = _Pongs(wire)
     # One reader thread takes every message off the pipe as it arrives (python_mailbox says why).
-    mailbox = Mailbox(conn, on_cancel=cancels.route)
+    mailbox = Mailbox(conn, on_cancel=cancels.route, on_ping=pongs.ping)
     mailbox.start()
     ids = itertools.count(1)  # ids of calls to the agent (BLS, metric values)
     bls = bls_client.BlsClient(wire.send, mailbox, ids)
@@ -155,6 +160,30 @@ def _decoupled_runtime(wire: _Wire, init: ipc.Message) -> decoupled.DecoupledRun
         return None
     name = str(args.get("model_name", ""))
     return decoupled.DecoupledRuntime(wire.send, name, _response_tensors, _run_coroutine)
+
+
+class _Pongs:
+    """Answers the agent's PINGs from a thread of its own (the pipe reader never writes)."""
+
+    def __init__(self, wire: _Wire) -> None:
+        self._wire = wire
+        self._pings: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def ping(self, message: ipc.Message) -> None:
+        """A PING, from the reader thread: queued for the answering thread (started at once)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._answer, name="pong", daemon=True)
+            self._thread.start()
+        self._pings.put(message.meta.get("n"))
+
+    def _answer(self) -> None:
+        while True:
+            number = self._pings.get()
+            try:
+                self._wire.send(ipc.Message(ipc.PONG, {"n": number}))
+            except OSError:
+                return  # the agent is gone: the main loop ends the worker
 
 
 class _Running:
