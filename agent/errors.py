@@ -56,6 +56,11 @@ class OverloadedError(AgentError):
     """The agent cannot accept more work right now (queue full); the client may retry."""
 
 
+class MemoryPressureError(OverloadedError):
+    """Taking this request now would take the agent past its memory budget (HTTP 503, gRPC
+    RESOURCE_EXHAUSTED); the client may retry once others are served."""
+
+
 class RequestTimeoutError(AgentError):
     """The request's queue timeout expired before it ran (timeout_action REJECT)."""
 

@@ -11,6 +11,7 @@ Runtime, files).
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 from collections.abc import Sequence
@@ -18,7 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from agent.backends.tensorrt.api import TensorRT
+from agent.errors import MemoryPressureError
 from agent.models.device_memory import DeviceMemory, MemoryKind
+from agent.models.inflight import InflightBytes
 from agent.serving.cuda_regions import IPC_HANDLE_SIZE, CudaCallError
 
 # The clock and the host -----------------------------------------------------------------------
@@ -38,7 +41,14 @@ class FakeClock:
 
 
 class FakeMemoryBudget:
-    """The memory budget `/metrics` reads: fixed figures."""
+    """The memory budget `/metrics` reads: fixed figures; its pool for requests in flight is the
+    real one, holding 300,000 of its 1,000,000 bytes after one refusal."""
+
+    def __init__(self) -> None:
+        self.inflight: InflightBytes | None = InflightBytes(1_000_000)
+        self.held = self.inflight.hold(300_000, "a request")
+        with contextlib.suppress(MemoryPressureError):
+            self.inflight.hold(800_000, "a large request")
 
     def budget_bytes(self) -> int:
         return 4_000_000

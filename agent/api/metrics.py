@@ -22,7 +22,9 @@ Python models' custom metrics (`pb_utils.MetricFamily`,
 `agent.backends.python.custom_metrics`): each family under its own name and description,
 counters untyped like the ones above.
 Host-wide: nv_cpu_utilization, nv_cpu_memory_total_bytes, nv_cpu_memory_used_bytes, and, with a
-`MemorySource`, edge_agent_memory_budget_bytes and edge_agent_memory_used_bytes. With a
+`MemorySource`, edge_agent_memory_budget_bytes and edge_agent_memory_used_bytes, and with its
+pool for requests in flight edge_agent_memory_inflight_capacity_bytes, _inflight_bytes,
+_inflight_peak_bytes and the counter edge_agent_memory_inflight_refused_total. With a
 `GpuReader` (NVML, or tegrastats on Jetson; `agent.device.gpu`), per GPU (label
 `gpu_uuid`): nv_gpu_utilization (0.0 to 1.0), nv_gpu_memory_total_bytes,
 nv_gpu_memory_used_bytes, nv_gpu_power_usage and nv_gpu_power_limit (watts), and
@@ -42,12 +44,18 @@ from typing import Final, Protocol
 import psutil
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric, UnknownMetricFamily
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+    UnknownMetricFamily,
+)
 
 from agent.api.http.connection import CONNECTION_GUARD, ConnectionGuard, connection_middleware
 from agent.api.http.limits import ConnectionLimits
 from agent.backends.python.custom_metrics import FamilySnapshot
 from agent.device.gpu import GpuReader, GpuReading
+from agent.models.inflight import InflightBytes
 from agent.scheduling.statistics import (
     FIRST_RESPONSE_BUCKETS_MS,
     Duration,
@@ -81,6 +89,11 @@ class MemorySource(Protocol):
 
     def used_bytes(self) -> int:
         """Bytes the loaded models hold now."""
+        ...
+
+    @property
+    def inflight(self) -> InflightBytes | None:
+        """The budget's pool for requests in flight (None: not counted)."""
         ...
 
 
@@ -194,6 +207,29 @@ class TritonCollector:
                 "Memory the agent's loaded models use, in bytes",
                 value=self._memory.used_bytes(),
             )
+            inflight = self._memory.inflight
+            if inflight is not None:
+                figures = inflight.figures()
+                yield GaugeMetricFamily(
+                    "edge_agent_memory_inflight_capacity_bytes",
+                    "The memory budget's share kept for requests in flight, in bytes",
+                    value=figures.capacity_bytes,
+                )
+                yield GaugeMetricFamily(
+                    "edge_agent_memory_inflight_bytes",
+                    "Bytes held now by requests in flight (bodies, tensors, responses)",
+                    value=figures.held_bytes,
+                )
+                yield GaugeMetricFamily(
+                    "edge_agent_memory_inflight_peak_bytes",
+                    "The most bytes requests in flight held at once since the start",
+                    value=figures.peak_bytes,
+                )
+                yield CounterMetricFamily(
+                    "edge_agent_memory_inflight_refused",
+                    "Requests refused because they did not fit in the memory in flight",
+                    value=figures.refused,
+                )
 
 
 # Triton's GPU families: name, help text, the figure, untyped (a counter) or gauge.

@@ -154,6 +154,13 @@ def add_serve_command(commands: Any) -> None:
         help="memory the models may use (default: cgroup memory.max, else 80%% of RAM)",
     )
     serve.add_argument(
+        "--inflight-memory-bytes",
+        type=int,
+        dest="models.inflight_memory_bytes",
+        help="the memory budget's share kept for requests in flight "
+        "(default: a quarter of the budget, 64 MiB to 1 GiB)",
+    )
+    serve.add_argument(
         "--response-cache-bytes",
         type=int,
         dest="models.response_cache_bytes",

@@ -8,7 +8,8 @@
               http_restricted_api, grpc_restricted_protocol, strict_security, status_token,
               status_sample_ms, strict_readiness
     [models]  repository, demo, strict_model_config, exit_on_error, intra_op_threads,
-              memory_budget_bytes, response_cache_bytes, max_queue_size, control_mode,
+              memory_budget_bytes, inflight_memory_bytes, response_cache_bytes, max_queue_size,
+              control_mode,
               load_models, poll_quiet_ms, restart_backoff_ms, restart_backoff_max_ms,
               restart_limit, restart_reset_ms, heartbeat_interval_ms, heartbeat_timeout_ms,
               allow_cpu_fallback
@@ -92,6 +93,9 @@ class ModelsConfig:
     exit_on_error: bool = True  # a model that fails to load stops start-up
     intra_op_threads: int = 0  # ONNX Runtime threads per session; 0: cores / instances
     memory_budget_bytes: int = 0  # 0: the cgroup's memory.max, else 80% of RAM
+    # The budget's share kept for requests in flight (agent.models.inflight); 0: a quarter of
+    # the budget, between 64 MiB and 1 GiB.
+    inflight_memory_bytes: int = 0
     response_cache_bytes: int = 64 * 1024 * 1024  # agent-wide, for models with response_cache
     max_queue_size: int = 1024  # per model version, when the config sets no max_queue_size
     control_mode: ModelControlMode = ModelControlMode.NONE  # Triton's --model-control-mode
@@ -197,7 +201,12 @@ def validate(config: AgentConfig, *, serving: bool = True) -> None:
         )
     _validate_trace(config.log)
     validate_security(server)
-    for key in ("intra_op_threads", "memory_budget_bytes", "response_cache_bytes"):
+    for key in (
+        "intra_op_threads",
+        "memory_budget_bytes",
+        "inflight_memory_bytes",
+        "response_cache_bytes",
+    ):
         if getattr(models, key) < 0:
             raise AgentConfigError(f"models.{key} must be >= 0")
     if models.max_queue_size < 1:

@@ -87,6 +87,8 @@ class TelemetrySampler:
                 "budget_bytes": self._ledger.budget_bytes(),
                 "used_bytes": self._ledger.used_bytes(),
             }
+            if self._ledger.inflight is not None:
+                body["memory"].update(self._ledger.inflight.figures().to_json())
         if self._cache_disk is not None:
             body["cache_disk_bytes"] = self._cache_disk()
         body["sync"] = dict(self._sync_state()) if self._sync_state is not None else None

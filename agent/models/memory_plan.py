@@ -5,7 +5,8 @@
 * `measure_footprint` measures RSS growth from loading a model and running it at batch 1 and at
   its max batch, with the RSS reader injected.
 * `plan_capacity` (pure) picks the batch cap and instance count that fit in what is left.
-* `MemoryLedger` (thread-safe) holds the budget and each loaded (model, version)'s reservation.
+* `MemoryLedger` (thread-safe) holds the budget and each loaded (model, version)'s reservation,
+  and the pool kept for requests in flight (`agent.models.inflight`), reserved before any model.
 
 Invariants: a `Footprint` never shrinks with the batch size and never goes negative; a
 `CapacityPlan` never exceeds the budget left it was planned against; the ledger never lets
@@ -30,6 +31,7 @@ from typing import TypeAlias, TypeVar
 import psutil
 
 from agent.errors import MemoryBudgetError
+from agent.models.inflight import InflightBytes, default_capacity
 from agent.proto import model_config_pb2 as mc
 from agent.repository.model_config import instance_count
 
@@ -37,6 +39,7 @@ logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 ModelKey: TypeAlias = tuple[str, str]  # (model name, version)
+INFLIGHT_KEY: ModelKey = ("edge-agent", "in flight")
 
 MIB = 1 << 20
 _V1_UNLIMITED = 1 << 62  # cgroup v1 says "no limit" with LONG_MAX rounded down to a page
@@ -249,6 +252,23 @@ class MemoryLedger:
         self._budget = budget_bytes
         self._reserved: dict[ModelKey, int] = {}
         self._lock = threading.Lock()
+        # Requests in flight: set by `keep_for_inflight` (None: nothing is counted, as in tools
+        # and tests that plan models alone).
+        self.inflight: InflightBytes | None = None
+
+    def keep_for_inflight(self, nbytes: int) -> InflightBytes:
+        """Reserve the pool for requests in flight and return it (`agent.models.inflight`).
+
+        Args:
+            nbytes: the pool's size; 0: `inflight.default_capacity` of what is left.
+
+        Raises:
+            MemoryBudgetError: a configured size that does not fit in what is left.
+        """
+        size = nbytes or default_capacity(self._budget, self.left())
+        self.reserve(INFLIGHT_KEY, size)
+        self.inflight = InflightBytes(size)
+        return self.inflight
 
     def budget_bytes(self) -> int:
         """The whole budget."""

@@ -34,7 +34,7 @@ from agent.config.security import (
     tls_files,
 )
 from agent.device.gpu import CachedGpuReader, detect_gpu_reader
-from agent.errors import ModelLoadError
+from agent.errors import AgentConfigError, MemoryBudgetError, ModelLoadError
 from agent.fleet.link import FleetLink
 from agent.fleet.telemetry import TelemetrySampler
 from agent.models.cache_control import CachedVersions, CacheEvents
@@ -163,7 +163,21 @@ async def _start(
     ledger = MemoryLedger(budget)
     # The budget covers the models; the agent's own start-up memory is counted against it first.
     ledger.reserve(("edge-agent", "base"), min(process_rss_bytes(), budget // 2))
-    logger.info("memory budget %d MiB (%s)", budget >> 20, source)
+    # Then the requests in flight: kept before any model plans, so a full repository still
+    # leaves room to serve.
+    try:
+        inflight = ledger.keep_for_inflight(config.models.inflight_memory_bytes)
+    except MemoryBudgetError:
+        raise AgentConfigError(
+            f"models.inflight_memory_bytes ({config.models.inflight_memory_bytes}) is more than "
+            f"the {ledger.left() >> 20} MiB the memory budget has left after the agent itself"
+        ) from None
+    logger.info(
+        "memory budget %d MiB (%s), %d MiB of it for requests in flight",
+        budget >> 20,
+        source,
+        inflight.capacity_bytes >> 20,
+    )
     stats = StatisticsRegistry()
     registry = ModelRegistry(
         repo,

@@ -36,6 +36,7 @@ from agent.errors import (
 )
 from agent.models.cache_control import CachedVersions
 from agent.models.control import ModelControlMode, ModelManager
+from agent.models.inflight import InflightBytes
 from agent.models.pushed import PushedModels
 from agent.models.registry import ModelRegistry
 from agent.proto import model_config_pb2 as mc
@@ -153,6 +154,13 @@ class DataPlane:
     def pushed(self) -> PushedModels | None:
         """Models loaded from files sent with the load request (None: such loads are refused)."""
         return self._control.pushed
+
+    @property
+    def inflight(self) -> InflightBytes | None:
+        """The memory budget's pool for requests in flight, which every transport asks before it
+        takes a request's bytes (None: an agent without a budget, as in tools and tests)."""
+        ledger = self._registry.ledger
+        return ledger.inflight if ledger is not None else None
 
     @property
     def cuda_shared_memory(self) -> CudaRegions:

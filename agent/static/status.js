@@ -40,7 +40,11 @@ Page.poll((doc) => {
       .map(([k, v]) => `${k}: ${v}`).join("; ") || null;
   }
   const resources = [["Memory budget", bytes(memory.budget_bytes)],
-    ["Memory used", bytes(memory.used_bytes)], ["Cache on disk", bytes(doc.cache_disk_bytes)],
+    ["Memory used", bytes(memory.used_bytes)],
+    ["Memory in flight", memory.inflight_capacity_bytes === undefined ? "-"
+      : `${bytes(memory.inflight_bytes)} of ${bytes(memory.inflight_capacity_bytes)}`
+      + ` (peak ${bytes(memory.inflight_peak_bytes)}, ${esc(memory.inflight_refused)} refused)`],
+    ["Cache on disk", bytes(doc.cache_disk_bytes)],
     ["Sync", esc(syncState)], ["Sync last error", esc(syncError)],
     ...(doc.gpu || []).map((g) => [`GPU ${esc(g.index)}`, esc(gpuLine(g))])];
   rows("resources-body", resources, 2, ([k, v]) => `<tr><th scope="row">${k}</th><td>${v}</td></tr>`);

@@ -51,6 +51,7 @@ from agent.errors import (
     InternalError,
     InvalidInputError,
     MemoryBudgetError,
+    MemoryPressureError,
     ModelConfigError,
     ModelControlDisabledError,
     ModelControlError,
@@ -68,6 +69,7 @@ from agent.errors import (
     UnsupportedError,
     lookup,
 )
+from agent.models.inflight import Hold, body_cost
 from agent.models.pushed import FILE_PREFIX
 from agent.proto import grpc_service_pb2 as pb
 from agent.serving.dataplane import DataPlane
@@ -94,6 +96,7 @@ STATUS_FOR_ERROR: dict[type[AgentError], Status] = {
     ModelNotReadyError: Status.UNAVAILABLE,
     ModelControlDisabledError: Status.UNAVAILABLE,
     OverloadedError: Status.UNAVAILABLE,
+    MemoryPressureError: Status.RESOURCE_EXHAUSTED,
     StoppingError: Status.UNAVAILABLE,  # HTTP only; listed for completeness
     RequestTimeoutError: Status.UNAVAILABLE,
     BackendError: Status.INTERNAL,
@@ -269,7 +272,12 @@ class InferenceService:
             raise StatusError(Status.INTERNAL, DESERIALIZE_FAILED) from None
 
     async def ModelInfer(self, data: bytes, call: Call) -> bytes:
-        """ModelInfer from the request's bytes to the response's, on both engines."""
+        """ModelInfer from the request's bytes to the response's, on both engines.
+
+        The message is held in the memory budget's pool for requests in flight until the reply
+        is handed to the engine (RESOURCE_EXHAUSTED when it does not fit); what then waits for
+        the peer is each engine's per-connection cap."""
+        hold = self._hold(data)
         try:
             if self._dp.tracer.active:
                 return await self._infer_traced(data, call)
@@ -280,6 +288,26 @@ class InferenceService:
             return grpc_wire.encode_serialized(response, decoded.request)
         except Exception as exc:
             raise self._status_error(exc, "ModelInfer") from exc
+        finally:
+            if hold is not None:
+                hold.release()
+
+    def _hold(self, data: bytes) -> Hold | None:
+        """Hold a request message's bytes in flight (None: no pool, or nothing to hold).
+
+        Raises:
+            StatusError: RESOURCE_EXHAUSTED, the message does not fit in the pool now.
+        """
+        pool = self._dp.inflight
+        if pool is None:
+            return None
+        try:
+            return pool.hold(
+                body_cost(len(data), binary=True),
+                f"a request message of {len(data) / (1 << 20):.1f} MiB",
+            )
+        except MemoryPressureError as exc:
+            raise self._status_error(exc, "ModelInfer") from None
 
     async def _infer_traced(self, data: bytes, call: Call) -> bytes:
         """ModelInfer with Triton's gRPC timestamps when the request is sampled for tracing."""

@@ -82,6 +82,8 @@ def create_app(
         body_timeout_s=limits.body_timeout_s,
         access=access,
         status_token=status_token,
+        # None in the tools that build the app without a data plane (the OpenAPI walk)
+        inflight=dataplane.inflight if dataplane is not None else None,
     )
     app = web.Application(
         middlewares=[request_middleware(policy)],

@@ -27,6 +27,7 @@ from agent.errors import (
     InternalError,
     InvalidInputError,
     MemoryBudgetError,
+    MemoryPressureError,
     ModelConfigError,
     ModelControlDisabledError,
     ModelControlError,
@@ -78,6 +79,7 @@ STATUS_FOR_ERROR: dict[type[AgentError], int] = {
     ModelNotReadyError: 503,
     ModelControlDisabledError: 503,
     OverloadedError: 503,
+    MemoryPressureError: 503,
     StoppingError: 503,
     RequestTimeoutError: 503,
 }

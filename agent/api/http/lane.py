@@ -9,9 +9,10 @@ same error table (`agent.api.http.errors`) as aiohttp's door, so a client reads 
 and bytes from either.
 
 The lane skips work, never rules: for each request it asks the app's `HttpPolicy` what aiohttp's
-middleware asks (restricted API groups, the declared body length, the stop). A refusal that
-keeps the connection (a restricted group: 403) it answers itself once the body is in; one whose
-body will never be read (413, a body still arriving at the stop: 503) it hands to aiohttp's
+middleware asks (restricted API groups, the declared body length, memory in flight, the stop). A
+refusal that keeps the connection (a restricted group: 403) it answers itself once the body is
+in; one whose body will never be read (413, no memory in flight for it or a body still arriving
+at the stop: 503) it hands to aiohttp's
 door, which answers it from the same policy and error table and lingers, reading the rest, so
 the client sees the answer before the close.
 
@@ -42,7 +43,8 @@ from agent.api.http.errors import error_answer, error_body
 from agent.api.http.infer import answer_infer
 from agent.api.http.limits import must_close
 from agent.api.http.policy import HttpPolicy
-from agent.errors import AgentError
+from agent.errors import AgentError, MemoryPressureError
+from agent.models.inflight import Hold
 from agent.serving.dataplane import DataPlane
 from agent.tensors.limits import TensorLimits
 from agent.tracing.tracer import PROPAGATED
@@ -240,6 +242,7 @@ class LaneConnection:
         self._head: InferHead | None = None
         self._head_size = 0
         self._refusal: AgentError | None = None  # the policy's answer to the head being read
+        self._hold: Hold | None = None  # the memory in flight of the request being read or run
         self._body_since: float | None = None  # loop time the lane began to wait for a body
         self._task: asyncio.Task[None] | None = None
         self._paused = False  # the transport's write buffer is full
@@ -282,6 +285,7 @@ class LaneConnection:
     def connection_lost(self) -> None:
         self.done = True
         self._transport = None
+        self._release()
         if self._task is not None:
             self._task.cancel()  # as aiohttp's handler_cancellation: a queued request never runs
 
@@ -308,7 +312,13 @@ class LaneConnection:
             self._pieces = [b"".join(self._pieces)]
         return self._pieces[0] if self._pieces else b""
 
+    def _release(self) -> None:
+        hold, self._hold = self._hold, None
+        if hold is not None:
+            hold.release()
+
     def _hand_over(self) -> None:
+        self._release()  # aiohttp's door asks the policy again
         received = self._buffered()
         self._pieces, self._size, self._head, self._body_since = [], 0, None, None
         self._refusal = None
@@ -344,6 +354,14 @@ class LaneConnection:
                     # error table) and lingers, reading the rest, so the client sees the answer.
                     self._hand_over()
                     return
+                if refusal is None:
+                    try:
+                        self._hold = lane.policy.hold_body(
+                            head.content_length, binary=head.header_length is not None
+                        )
+                    except MemoryPressureError:
+                        self._hand_over()  # its body is never read: refused there (503)
+                        return
                 self._head, self._head_size = head, end + 4
                 self._refusal = refusal  # answered once its body is in (the connection goes on)
             head = self._head
@@ -397,7 +415,9 @@ class LaneConnection:
         finally:
             self._task = None
             self._owner.request_finished()
-        if self._send(status, payload, json_length, close):
+        sent = self._send(status, payload, json_length, close)
+        self._release()  # handed to the socket: HTTP/1.1 reads no more while it waits there
+        if sent:
             self._advance()
 
     def _send(self, status: int, payload: bytes, json_length: int | None, close: bool) -> bool:

@@ -5,7 +5,9 @@ connection guard, `agent.api.http.connection`, and the gRPC engines enforce them
 
 * `ClientTimeoutError` (408): a body that did not arrive within `server.body_timeout_ms`;
 * `StoppingError` (503): the agent began to stop while a body was still arriving;
-* `agent.errors.PayloadTooLargeError` (413): a body over `server.max_request_bytes`.
+* `agent.errors.PayloadTooLargeError` (413): a body over `server.max_request_bytes`;
+* `agent.errors.MemoryPressureError` (503): a body that does not fit in the memory budget's pool
+  for requests in flight.
 
 After any of them the rest of the body is never read, so the answer closes the connection
 (`must_close`). Which request meets which limit is the HTTP policy's decision
@@ -18,7 +20,13 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from agent.errors import AgentError, InvalidInputError, OverloadedError, PayloadTooLargeError
+from agent.errors import (
+    AgentError,
+    InvalidInputError,
+    MemoryPressureError,
+    OverloadedError,
+    PayloadTooLargeError,
+)
 
 __all__ = [
     "ClientTimeoutError",
@@ -63,4 +71,6 @@ async def read_body(request: web.Request) -> bytes:
 
 def must_close(error: BaseException) -> bool:
     """Whether an answer to this error must close the connection: the body was not read whole."""
-    return isinstance(error, PayloadTooLargeError | ClientTimeoutError | StoppingError)
+    return isinstance(
+        error, PayloadTooLargeError | ClientTimeoutError | StoppingError | MemoryPressureError
+    )

@@ -6,8 +6,8 @@ One layer, since each middleware layer costs a coroutine per request on the even
 1. the request is marked as running on its connection (`agent.api.http.connection`), so the
    guard's clock never closes it mid-request;
 2. the policy's rules (`agent.api.http.policy`): the status token (401), restricted API groups
-   (403), the declared body length (413), then the body read up front within its timeout (408)
-   and the stop (503);
+   (403), the declared body length (413), the body's memory in flight (503, held until the
+   handler returns), then the body read up front within its timeout (408) and the stop (503);
 3. the handler;
 4. errors, from any of these or the handler, through the one error table
    (`agent.api.http.errors`): agent errors and aiohttp's own HTTP errors become Triton-style
@@ -21,10 +21,12 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from agent.api.http.codec import HEADER_LENGTH
 from agent.api.http.connection import running_on
 from agent.api.http.context import DATAPLANE
 from agent.api.http.errors import error_answer, error_response
 from agent.api.http.policy import HttpPolicy
+from agent.models.inflight import Hold
 from agent.pages import unauthorized
 
 __all__ = ["request_middleware"]
@@ -40,6 +42,7 @@ def request_middleware(policy: HttpPolicy) -> Middleware:
         tracked = running_on(request)
         if tracked is not None:
             tracked.request_started()
+        hold: Hold | None = None
         try:
             resource = request.match_info.route.resource  # None: 404/405, from aiohttp
             route = resource.canonical if resource is not None else None
@@ -49,7 +52,11 @@ def request_middleware(policy: HttpPolicy) -> Middleware:
             if refusal is not None:
                 raise refusal
             if request.body_exists:
+                binary = HEADER_LENGTH in request.headers
+                hold = policy.hold_body(request.content_length, binary=binary)
                 await policy.read_body(request)
+                if hold is None:  # no declared length: held as read
+                    hold = policy.hold_body(len(await request.read()), binary=binary)
             return await handler(request)
         except web.HTTPRequestEntityTooLarge:  # a body without a declared length, found too long
             return _answer(request, policy.body_too_large(None))
@@ -60,6 +67,8 @@ def request_middleware(policy: HttpPolicy) -> Middleware:
         except Exception as exc:  # noqa: BLE001 - by the table; a bug logged by error_answer
             return _answer(request, exc)
         finally:
+            if hold is not None:
+                hold.release()
             if tracked is not None:
                 tracked.request_finished()
 

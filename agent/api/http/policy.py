@@ -11,13 +11,16 @@ came through. The rules, in this order:
 1. the status page's token, on the status routes only: 401 before anything else is read;
 2. restricted API groups (`agent.api.access`): 403 without the group's header, before the body;
 3. the declared body length: over `max_request_bytes`, 413 before a byte of the body is read;
-4. a body still arriving: it must arrive within `body_timeout_s` (else 408), and once the agent
+4. memory in flight (`agent.models.inflight`): the declared body, times its decode factor, must
+   fit in the memory budget's pool for requests in flight, else 503 before a byte of the body
+   is read; the hold lasts until the answer is handed to the socket (`hold_body`);
+5. a body still arriving: it must arrive within `body_timeout_s` (else 408), and once the agent
    begins to stop (`begin_stop`), it is answered 503 at once: aiohttp drops what a connection
    sends after its server began to stop, so such a body could never complete.
 
-After 3 and 4 the rest of the body is never read, so the answer closes the connection. A door
+After 3, 4 and 5 the rest of the body is never read, so the answer closes the connection. A door
 may skip work, never a rule: the lane asks `refusal` and `stopping` for every request, answers a
-403 itself, and hands a request whose body will never be read (3, 4) to aiohttp's door, whose
+403 itself, and hands a request whose body will never be read (3 to 5) to aiohttp's door, whose
 middleware asks the same questions and reads the rest away before it closes; the lane serves no
 status route. A reload swaps the restrictions inside `ApiAccess` (one reference), read per
 request.
@@ -36,6 +39,7 @@ from agent.api.access import ApiAccess, Headers, RestrictedApiError, http_endpoi
 from agent.api.http.limits import ClientTimeoutError, StoppingError, read_body
 from agent.api.status_page import STATUS_PATHS
 from agent.errors import AgentError, PayloadTooLargeError
+from agent.models.inflight import Hold, InflightBytes, body_cost
 from agent.pages import request_token, token_matches
 
 __all__ = ["HTTP_POLICY", "HttpPolicy"]
@@ -50,11 +54,13 @@ class HttpPolicy:
         access: the restricted API groups (None: the agent started without any, and nothing is
             checked per request; a reload cannot add the first one).
         status_token: the status page's token in force, read per request (None: open).
+        inflight: the memory budget's pool for requests in flight (None: not counted).
     """
 
     __slots__ = (
         "_access",
         "_guarded",
+        "_inflight",
         "_stopping",
         "_token",
         "body_timeout_s",
@@ -68,8 +74,10 @@ class HttpPolicy:
         body_timeout_s: float,
         access: ApiAccess | None = None,
         status_token: Callable[[], str | None] | None = None,
+        inflight: InflightBytes | None = None,
     ) -> None:
         self.max_request_bytes = max_request_bytes
+        self._inflight = inflight
         self.body_timeout_s = body_timeout_s
         self._access = access
         self._token = status_token
@@ -124,6 +132,25 @@ class HttpPolicy:
         if declared_length is not None and declared_length > self.max_request_bytes:
             return self.body_too_large(declared_length)
         return None
+
+    def hold_body(self, length: int | None, *, binary: bool) -> Hold | None:
+        """Rule 4: hold a body's bytes in flight before it is read (None: nothing to hold).
+
+        Args:
+            length: the body's length (declared, or as read when it was not declared).
+            binary: whether it carries binary tensors (`Inference-Header-Content-Length`): a JSON
+                body costs more to decode (`agent.models.inflight.body_cost`).
+
+        Raises:
+            MemoryPressureError: the body does not fit in the pool now (503, the connection
+                closes: the body is never read).
+        """
+        if self._inflight is None or not length:
+            return None
+        kind = "a binary body" if binary else "a JSON body"
+        return self._inflight.hold(
+            body_cost(length, binary=binary), f"{kind} of {length / (1 << 20):.1f} MiB"
+        )
 
     def body_too_large(self, declared_length: int | None) -> PayloadTooLargeError:
         """Rule 3's error, for a declared length or for a body found too long while read."""

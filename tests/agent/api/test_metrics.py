@@ -140,6 +140,10 @@ def test_memory_source_and_host_gauges() -> None:
     _, s = scrape(populated(), FakeMemoryBudget())
     assert s["edge_agent_memory_budget_bytes", frozenset()] == 4_000_000
     assert s["edge_agent_memory_used_bytes", frozenset()] == 1_500_000
+    assert s["edge_agent_memory_inflight_capacity_bytes", frozenset()] == 1_000_000
+    assert s["edge_agent_memory_inflight_bytes", frozenset()] == 300_000
+    assert s["edge_agent_memory_inflight_peak_bytes", frozenset()] == 300_000
+    assert s["edge_agent_memory_inflight_refused_total", frozenset()] == 1
     assert s["nv_cpu_utilization", frozenset()] == 0.25
     assert s["nv_cpu_memory_total_bytes", frozenset()] == 8_000
     assert s["nv_cpu_memory_used_bytes", frozenset()] == 3_000
