@@ -532,7 +532,7 @@ def render_suite(
         parts += [
             "Agent memory (RSS, MB): idle after loading, peak under load (sampled every 0.1 s), "
             f"right after the load and {SETTLE_AFTER_LOAD_S:.0f} s later; the memory plan's "
-            "figure for the model (edge_agent_memory_used_bytes), and RSS above idle as a "
+            "figure for the model (edge_agent_memory_models_bytes), and RSS above idle as a "
             "multiple of it (targets: peak <= 1.1, 10 s after <= 0.5).",
             "",
             markdown_table(

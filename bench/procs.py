@@ -24,7 +24,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 _LISTENING = re.compile(r"listening on http://([^\s:]+):(\d+)")
 _GRPC = re.compile(r"gRPC on ([^\s:]+):(\d+)")
 _METRICS = re.compile(r"metrics on http://([^\s:]+):(\d+)/metrics")
-_PLAN = re.compile(r"^edge_agent_memory_used_bytes ([0-9.e+]+)$", re.MULTILINE)
+_PLAN = re.compile(r"^edge_agent_memory_models_bytes ([0-9.e+]+)$", re.MULTILINE)
 MB = 1024 * 1024
 
 
@@ -176,7 +176,7 @@ class AgentProcess:
 
     def memory_plan_bytes(self) -> int:
         """What the agent's memory plan reserves for its loaded models
-        (`edge_agent_memory_used_bytes`), 0 when it cannot be read."""
+        (`edge_agent_memory_models_bytes`), 0 when it cannot be read."""
         if not self.metrics_port:
             return 0
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"

@@ -56,6 +56,9 @@ class FakeMemoryBudget:
     def used_bytes(self) -> int:
         return 1_500_000
 
+    def models_bytes(self) -> int:
+        return 200_000
+
 
 class FakeHostProbe:
     """The host's CPU and RAM (psutil's figures in the agent): fixed figures."""

@@ -22,7 +22,9 @@ Python models' custom metrics (`pb_utils.MetricFamily`,
 `agent.backends.python.custom_metrics`): each family under its own name and description,
 counters untyped like the ones above.
 Host-wide: nv_cpu_utilization, nv_cpu_memory_total_bytes, nv_cpu_memory_used_bytes, and, with a
-`MemorySource`, edge_agent_memory_budget_bytes and edge_agent_memory_used_bytes, and with its
+`MemorySource`, edge_agent_memory_budget_bytes, edge_agent_memory_used_bytes (everything
+reserved: the agent's own memory, requests in flight, models), edge_agent_memory_models_bytes
+(the models' plans alone), and with its
 pool for requests in flight edge_agent_memory_inflight_capacity_bytes, _inflight_bytes,
 _inflight_peak_bytes and the counter edge_agent_memory_inflight_refused_total. With a
 `GpuReader` (NVML, or tegrastats on Jetson; `agent.device.gpu`), per GPU (label
@@ -89,6 +91,10 @@ class MemorySource(Protocol):
 
     def used_bytes(self) -> int:
         """Bytes the loaded models hold now."""
+        ...
+
+    def models_bytes(self) -> int:
+        """Bytes the loaded model versions' plans reserved."""
         ...
 
     @property
@@ -206,6 +212,11 @@ class TritonCollector:
                 "edge_agent_memory_used_bytes",
                 "Memory the agent's loaded models use, in bytes",
                 value=self._memory.used_bytes(),
+            )
+            yield GaugeMetricFamily(
+                "edge_agent_memory_models_bytes",
+                "Memory the loaded model versions' plans reserved, in bytes",
+                value=self._memory.models_bytes(),
             )
             inflight = self._memory.inflight
             if inflight is not None:

@@ -39,7 +39,8 @@ logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 ModelKey: TypeAlias = tuple[str, str]  # (model name, version)
-INFLIGHT_KEY: ModelKey = ("edge-agent", "in flight")
+AGENT_KEY = "edge-agent"  # the agent's own reservations: its base memory, requests in flight
+INFLIGHT_KEY: ModelKey = (AGENT_KEY, "in flight")
 
 MIB = 1 << 20
 _V1_UNLIMITED = 1 << 62  # cgroup v1 says "no limit" with LONG_MAX rounded down to a page
@@ -278,6 +279,11 @@ class MemoryLedger:
         """Bytes reserved in total."""
         with self._lock:
             return sum(self._reserved.values())
+
+    def models_bytes(self) -> int:
+        """Bytes the loaded model versions' plans reserved (the agent's own keys left out)."""
+        with self._lock:
+            return sum(n for key, n in self._reserved.items() if key[0] != AGENT_KEY)
 
     def left(self) -> int:
         """Bytes not reserved yet."""

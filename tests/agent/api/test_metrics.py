@@ -140,6 +140,7 @@ def test_memory_source_and_host_gauges() -> None:
     _, s = scrape(populated(), FakeMemoryBudget())
     assert s["edge_agent_memory_budget_bytes", frozenset()] == 4_000_000
     assert s["edge_agent_memory_used_bytes", frozenset()] == 1_500_000
+    assert s["edge_agent_memory_models_bytes", frozenset()] == 200_000
     assert s["edge_agent_memory_inflight_capacity_bytes", frozenset()] == 1_000_000
     assert s["edge_agent_memory_inflight_bytes", frozenset()] == 300_000
     assert s["edge_agent_memory_inflight_peak_bytes", frozenset()] == 300_000

@@ -88,5 +88,8 @@ def test_the_ledger_keeps_the_pool_before_any_model() -> None:
     assert pool.capacity_bytes == 256 * MIB
     assert ledger.reserved()[INFLIGHT_KEY] == 256 * MIB
     assert ledger.left() == (1 << 30) - 356 * MIB
+    ledger.reserve(("m", "1"), 5 * MIB)
+    assert ledger.models_bytes() == 5 * MIB
+    assert ledger.used_bytes() == 361 * MIB
     configured = MemoryLedger(1 << 30).keep_for_inflight(10 * MIB)
     assert configured.capacity_bytes == 10 * MIB

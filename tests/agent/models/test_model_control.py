@@ -205,7 +205,9 @@ def test_memory_aware_swap_drains_first_when_both_do_not_fit(tmp_path: Path) -> 
     )
     write_model(repo, "m", big_mlp(2), None, (2,))
     # First run: how much the agent plus one version holds in the budget.
-    proc, port = run_agent_process(repo)
+    # The pool for requests in flight fixed: by default it follows the budget, which changes.
+    inflight = ("--inflight-memory-bytes", str(64 << 20))
+    proc, port = run_agent_process(repo, *inflight)
     first_pid = proc.pid
     try:
         metrics_port = _metrics_port(proc)
@@ -217,7 +219,7 @@ def test_memory_aware_swap_drains_first_when_both_do_not_fit(tmp_path: Path) -> 
     # Second run: the same start-up plus room for one version and a half, not two.
     model_mib = int(LOGS[first_pid].wait_for(MODEL_MIB).group(1))
     budget = int(one_version + model_mib * (1 << 20) // 2)
-    proc, port = run_agent_process(repo, "--memory-budget-bytes", str(budget))
+    proc, port = run_agent_process(repo, "--memory-budget-bytes", str(budget), *inflight)
     try:
         client = subprocess.Popen(
             [sys.executable, "-m", "tests.load_client", f"127.0.0.1:{port}", "m", "100"],
