@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -59,9 +59,14 @@ class AgentProcess:
     """
 
     def __init__(
-        self, repository: Path, intra_op_threads: int, start_timeout_s: float = 180.0
+        self,
+        repository: Path,
+        intra_op_threads: int,
+        start_timeout_s: float = 180.0,
+        extra_args: Sequence[str] = (),
     ) -> None:
         self.repository = repository
+        self.extra_args = tuple(extra_args)  # more `serve` options (a budget, an engine)
         self.intra_op_threads = intra_op_threads
         self.start_timeout_s = start_timeout_s
         self.port = 0
@@ -130,6 +135,7 @@ class AgentProcess:
             "0",
             "--intra-op-threads",
             str(self.intra_op_threads),
+            *self.extra_args,
         ]
         self._proc = subprocess.Popen(
             command,
