@@ -59,9 +59,14 @@ class AgentProcess:
     """
 
     def __init__(
-        self, repository: Path, intra_op_threads: int, start_timeout_s: float = 180.0
+        self,
+        repository: Path,
+        intra_op_threads: int,
+        start_timeout_s: float = 180.0,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         self.repository = repository
+        self.extra_args = extra_args  # more `serve` flags (`--grpc-engine grpcio`)
         self.intra_op_threads = intra_op_threads
         self.start_timeout_s = start_timeout_s
         self.port = 0
@@ -130,6 +135,7 @@ class AgentProcess:
             "0",
             "--intra-op-threads",
             str(self.intra_op_threads),
+            *self.extra_args,
         ]
         self._proc = subprocess.Popen(
             command,
