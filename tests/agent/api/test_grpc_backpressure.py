@@ -177,13 +177,14 @@ def test_a_stalled_client_is_closed_after_the_send_timeout(repo: Path, engine: G
     )
     config = AgentConfig(server=server, models=ModelsConfig(repository=repo, intra_op_threads=1))
     with running_agent(config) as agent:
-        assert agent.grpc_port is not None
-        slow = never_reading(agent.grpc_port, calls=100)
+        port = agent.grpc_port
+        assert port is not None
+        slow = never_reading(port, calls=100)
         try:
             address = slow.sock.getsockname()
-            assert _connected(agent.grpc_port, address)
+            assert _connected(port, address)
             wait_until(
-                lambda: not _connected(agent.grpc_port, address),
+                lambda: not _connected(port, address),
                 "the stalled connection to be closed",
                 timeout_s=60,
                 interval_s=0.1,
