@@ -15,7 +15,7 @@ Each case starts a fresh agent (`python -m agent serve`, a 4 GiB budget as on a 
     HTTP slow reader         600 pipelined requests for a 4 MiB output each, never read:
                              <= 128 MiB
     gRPC slow reader         the same over gRPC with the peer's windows at 2^31-1, for each engine
-                             (`bench.grpc_slow_reader`, when present): <= 128 MiB
+                             (`bench.grpc_slow_reader`), and a normal client's p99: <= 128 MiB
     idle connections         1,000 connections that send nothing: <= 64 MiB
     small streams            200 gRPC ModelStreamInfer streams, one request each, held open:
                              <= 64 MiB
@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib
 import json
 import socket
 import sys
@@ -51,6 +50,7 @@ from onnx import TensorProto, helper
 from agent.proto import grpc_service_pb2 as pb
 from agent.proto import grpc_service_pb2_grpc as pb_grpc
 from agent.runtime.fd_limit import raise_open_file_limit
+from bench import grpc_slow_reader
 from bench.models import MODELS, write_mlp_repositories, write_model_files, write_repository
 from bench.perf import find_perf_analyzer, run_perf_analyzer
 from bench.procs import AgentProcess, BenchError, RssSampler
@@ -58,7 +58,6 @@ from bench.report import load_average, markdown_table
 
 MIB = 1 << 20
 BUDGET = 4 << 30
-WIDE = 1 << 20  # elements of the wide model's output: 4 MiB of FP32
 
 
 @dataclass(slots=True)
@@ -87,8 +86,9 @@ def _save(repo: Path, name: str, graph: onnx.GraphProto, config: str) -> None:
 
 
 def write_pressure_repository(root: Path) -> Path:
-    """`sum` (FP32 [-1] -> its sum, [1]) and `wide` (FP32 [1] -> 4 MiB of it), no batching."""
-    repo = root / "pressure"
+    """`wide` (FP32 [1] -> 4 MiB of it) and `small` (`bench.grpc_slow_reader`'s), and `sum`
+    (FP32 [-1] -> its sum, [1]), no batching."""
+    repo = grpc_slow_reader.write_repository(root / "pressure")
     x = helper.make_tensor_value_info("X", TensorProto.FLOAT, [-1])
     y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1])
     summed = helper.make_graph(
@@ -101,20 +101,6 @@ def write_pressure_repository(root: Path) -> Path:
         'name: "sum"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 0\n'
         'input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
         'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n',
-    )
-    one = helper.make_tensor_value_info("X", TensorProto.FLOAT, [1])
-    out = helper.make_tensor_value_info("Y", TensorProto.FLOAT, [WIDE])
-    shape = helper.make_tensor("shape", TensorProto.INT64, [1], [WIDE])
-    wide = helper.make_graph(
-        [helper.make_node("Expand", ["X", "shape"], ["Y"])], "wide", [one], [out], [shape]
-    )
-    _save(
-        repo,
-        "wide",
-        wide,
-        'name: "wide"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 0\n'
-        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
-        f'output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ {WIDE} ] }} ]\n',
     )
     return repo
 
@@ -358,21 +344,23 @@ class _Stopper:
         self.agent.stop()
 
 
-def grpc_slow_reader_cases() -> list[Case]:
-    try:
-        grpc_slow_reader = importlib.import_module("bench.grpc_slow_reader")
-    except ImportError:
-        print("gRPC slow reader: bench.grpc_slow_reader is not in this tree; skipped")
-        return []
+def grpc_slow_reader_cases(root: Path) -> list[Case]:
+    """`bench.grpc_slow_reader` on each engine: 600 calls for 4 MiB each with the windows at
+    2^31-1, never read, beside a normal client (its p99 alone and beside, in the answers)."""
+    repo = grpc_slow_reader.write_repository(root / "slow-reader")
+    args = argparse.Namespace(calls=600, requests=200, settle_s=4.0, max_wait_s=25.0)
     cases = []
-    for row in grpc_slow_reader.measure_engines():
+    for engine in ("loop", "grpcio"):
+        r = grpc_slow_reader.run_engine(engine, repo, args)
+        served = "served" if r.served else "NOT served"
         cases.append(
             Case(
-                f"gRPC slow reader, {row.engine}",
+                f"gRPC slow reader, {engine}",
                 "4 MiB answers, windows 2^31-1",
-                row.growth_bytes,
+                r.growth_bytes,
                 128 * MIB,
-                row.summary,
+                f"{r.calls_sent} sent; others {served}, p99 "
+                f"{r.baseline_p99_ms:.1f} -> {r.slow_p99_ms:.1f} ms",
             )
         )
     return cases
@@ -510,7 +498,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             case_json(repo, size, 1, body),
             case_json(repo, size, 6, body),
             case_http_slow_reader(repo, 600),
-            *grpc_slow_reader_cases(),
+            *grpc_slow_reader_cases(root),
             case_idle(repo, 1000),
             case_streams(repo, 200),
         ]

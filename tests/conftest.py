@@ -39,6 +39,7 @@ MARKS_BY_PATH: dict[str, tuple[str, ...]] = {
     "agent/runtime/test_stop_budget.py": ("e2e",),
     # Agents started in a thread by the tests themselves
     "agent/api/test_api_security.py": ("e2e",),
+    "agent/api/test_grpc_backpressure.py": ("e2e",),
     "agent/api/test_grpc_engine_grpcio.py": ("e2e",),
     "agent/api/test_grpc_loop.py": ("e2e",),
     "agent/api/test_http_fuzz_regressions.py": ("e2e",),

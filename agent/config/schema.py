@@ -3,7 +3,8 @@
     [server]  name, host, http_port, http_infer_lane, grpc_port, grpc_engine, metrics_port,
               max_request_bytes,
               shared_memory, max_bytes_elements, max_connections, header_timeout_ms,
-              body_timeout_ms, idle_timeout_ms, stop_timeout_ms, tls_cert_file, tls_key_file,
+              body_timeout_ms, idle_timeout_ms, send_timeout_ms, stop_timeout_ms, tls_cert_file,
+              tls_key_file,
               tls_client_ca_file,
               http_restricted_api, grpc_restricted_protocol, strict_security, status_token,
               status_sample_ms, strict_readiness
@@ -63,6 +64,9 @@ class ServerConfig:
     header_timeout_ms: int = 30_000  # request line + headers, from their first byte
     body_timeout_ms: int = 60_000  # a request's body, once its headers are in; else 408
     idle_timeout_ms: int = 75_000  # an HTTP or gRPC connection without a request is closed
+    # A gRPC connection whose unsent answers are over its cap and whose peer takes no byte for
+    # this long is closed (agent/api/grpc/sending.py).
+    send_timeout_ms: int = 30_000
     # The whole stop on SIGTERM (agent/runtime/shutdown.py): under the unit's TimeoutStopSec=45s.
     stop_timeout_ms: int = 40_000
     # Off loopback (agent/api/tls.py, agent/api/access.py, agent/config/security.py):
@@ -191,7 +195,8 @@ def validate(config: AgentConfig, *, serving: bool = True) -> None:
     for key in ("max_bytes_elements", "max_connections"):
         if getattr(server, key) < 1:
             raise AgentConfigError(f"server.{key} must be >= 1, got {getattr(server, key)}")
-    for key in ("header_timeout_ms", "body_timeout_ms", "idle_timeout_ms", "status_sample_ms"):
+    timeouts = ("header_timeout_ms", "body_timeout_ms", "idle_timeout_ms", "send_timeout_ms")
+    for key in (*timeouts, "status_sample_ms"):
         if getattr(server, key) < 10:
             raise AgentConfigError(f"server.{key} must be >= 10, got {getattr(server, key)}")
     if server.stop_timeout_ms < 100:

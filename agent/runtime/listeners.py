@@ -65,6 +65,7 @@ def connection_limits(config: AgentConfig) -> ConnectionLimits:
         header_timeout_s=server.header_timeout_ms / 1000,
         idle_timeout_s=server.idle_timeout_ms / 1000,
         body_timeout_s=server.body_timeout_ms / 1000,
+        send_timeout_s=server.send_timeout_ms / 1000,
     )
 
 

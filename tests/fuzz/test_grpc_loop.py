@@ -420,7 +420,7 @@ class _Peer:
 
 _FLOW_OPS = st.lists(
     st.tuples(
-        st.sampled_from(["window", "stream-window", "settings", "send"]),
+        st.sampled_from(["window", "stream-window", "settings", "send", "reset"]),
         st.integers(0, 40_000),
         st.integers(0, 3),
     ),
@@ -448,6 +448,7 @@ def test_data_never_exceeds_the_peer_windows_and_all_of_it_goes_out(
         peer.streams[sid] = initial
     assert not any(isinstance(e, c.ConnectionEnded) for e in conn.receive(opening))
     expected = {sid: b"" for sid in sids}
+    reset: set[int] = set()
     peer.read(conn.data_to_send())
 
     def send(sid: int, size: int) -> None:
@@ -470,7 +471,12 @@ def test_data_never_exceeds_the_peer_windows_and_all_of_it_goes_out(
             for open_sid in conn.streams:
                 peer.streams[open_sid] += delta
             conn.receive(f.settings_frame({f.INITIAL_WINDOW_SIZE: amount}))
+        elif op == "reset" and sid in conn.streams:
+            reset.add(sid)  # its backlog is dropped with it
+            conn.receive(f.rst_stream_frame(sid, f.CANCEL))
         peer.read(conn.data_to_send())
+        # the edge's back-pressure reads one counter: it is every backlog's sum
+        assert conn.backlogged == sum(conn.backlog(sid) for sid in sids)
     for sid in sids:
         if sid in conn.streams:
             send(sid, 100)
@@ -486,8 +492,9 @@ def test_data_never_exceeds_the_peer_windows_and_all_of_it_goes_out(
     peer.connection += big
     peer.read(conn.data_to_send())
     assert not conn.streams
-    assert peer.finished == set(sids)
-    for sid in sids:
+    assert conn.backlogged == 0
+    assert peer.finished == set(sids) - reset
+    for sid in set(sids) - reset:
         assert peer.received.get(sid, b"") == expected[sid]
 
 

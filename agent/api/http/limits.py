@@ -53,6 +53,9 @@ class ConnectionLimits:
     header_timeout_s: float = 30.0
     idle_timeout_s: float = 75.0
     body_timeout_s: float = 60.0
+    # gRPC: a connection backed up over its cap (agent.api.grpc.sending) whose peer takes no
+    # byte for this long is closed.
+    send_timeout_s: float = 30.0
 
 
 async def read_body(request: web.Request) -> bytes:

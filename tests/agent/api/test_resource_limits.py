@@ -22,6 +22,7 @@ from agent.proto import grpc_service_pb2 as pb
 from agent.proto import grpc_service_pb2_grpc as pb_grpc
 from agent.runtime.daemon import RunningAgent
 from agent.runtime.fd_limit import raise_open_file_limit
+from agent.runtime.listeners import connection_limits
 from agent.tensors.limits import TensorLimits, check_declared
 from tests.agent.api.test_http_errors import GOOD, assert_still_serves, call, infer_json
 from tests.models import build_test_repository
@@ -395,20 +396,24 @@ def test_limit_settings_load_from_toml_and_are_checked(tmp_path: Path) -> None:
     path = tmp_path / "agent.toml"
     path.write_text(
         "[server]\nmax_connections = 10\nheader_timeout_ms = 500\nbody_timeout_ms = 600\n"
-        "idle_timeout_ms = 700\nmax_bytes_elements = 42\n"
+        "idle_timeout_ms = 700\nmax_bytes_elements = 42\nsend_timeout_ms = 800\n"
     )
-    server = load_config(path, serving=False).server
+    config = load_config(path, serving=False)
+    server = config.server
     assert (server.max_connections, server.max_bytes_elements) == (10, 42)
     assert (server.header_timeout_ms, server.body_timeout_ms, server.idle_timeout_ms) == (
         500,
         600,
         700,
     )
+    assert connection_limits(config).send_timeout_s == 0.8
+    assert ServerConfig().send_timeout_ms == 30_000
     for bad in (
         ServerConfig(max_connections=0),
         ServerConfig(max_bytes_elements=0),
         ServerConfig(header_timeout_ms=0),
         ServerConfig(idle_timeout_ms=5),
+        ServerConfig(send_timeout_ms=5),
     ):
         with pytest.raises(AgentConfigError, match="server\\."):
             validate(AgentConfig(server=bad), serving=False)

@@ -10,7 +10,8 @@ Invariants:
   raised to match, so a client sends a large tensor without waiting on WINDOW_UPDATEs; we give
   credit back once half of a window is consumed (not per request);
 * a response never exceeds the peer's windows: what does not fit waits in the stream's backlog
-  and goes out on WINDOW_UPDATE, its trailers after it;
+  and goes out on WINDOW_UPDATE, its trailers after it; `backlogged` counts those bytes over
+  all streams (the edge holds them, with its write buffer, to the connection's cap);
 * a call's messages are cut out of its DATA by `messages.MessageReader` (the size limit at each
   prefix, gzip/deflate); one it refuses ends the call with its status (`StreamReset`); DATA is
   handed over as views of the read, so a message is copied once, when it is complete;
@@ -93,6 +94,7 @@ class _Stream:
         "backlog",
         "headers_sent",
         "id",
+        "queued",
         "reader",
         "recv_unacked",
         "remote_closed",
@@ -109,6 +111,7 @@ class _Stream:
         self.remote_closed = False
         self.reader = MessageReader(max_message)
         self.backlog: deque[memoryview] = deque()
+        self.queued = 0  # bytes in `backlog`
         self.trailers: bytes | None = None  # waiting for the backlog to drain
         self.to_receive: int | None = None  # what content-length has still to come (None: any)
 
@@ -137,6 +140,7 @@ class Connection:
         self._peer_max_frame = f.DEFAULT_MAX_FRAME
         self._recv_unacked = 0
         self._blocked: dict[int, _Stream] = {}
+        self.backlogged = 0  # bytes in every stream's backlog: the edge's back-pressure counts it
         # Bytes held in unfinished messages over all streams. Credit is returned as DATA
         # arrives (holding it back would stall a message larger than the window), so this cap
         # bounds what one connection can make the server hold: one whole message of the
@@ -268,6 +272,7 @@ class Connection:
                 raise f.FrameError(f.PROTOCOL_ERROR, f"RST_STREAM on idle stream {sid}")
             if (dropped := self.streams.pop(sid, None)) is not None:
                 self.held -= dropped.reader.buffered
+                self._forget_backlog(dropped)
                 self._blocked.pop(sid, None)
                 self._remember(sid, reset_here=False)
                 events.append(StreamReset(sid))
@@ -466,6 +471,7 @@ class Connection:
         """A stream error (§5.4.2): RST_STREAM, the call is over, the connection goes on."""
         del self.streams[stream.id]
         self.held -= stream.reader.buffered
+        self._forget_backlog(stream)
         self._blocked.pop(stream.id, None)
         self._out.append(f.rst_stream_frame(stream.id, code))
         self._remember(stream.id, reset_here=True)
@@ -490,7 +496,7 @@ class Connection:
     def backlog(self, sid: int) -> int:
         """Bytes of a stream waiting for the peer's window."""
         stream = self.streams.get(sid)
-        return sum(len(part) for part in stream.backlog) if stream is not None else 0
+        return stream.queued if stream is not None else 0
 
     def send_message(self, sid: int, message: bytes) -> None:
         """One gRPC message on a stream (the response headers first, once)."""
@@ -504,7 +510,7 @@ class Connection:
             )
         data = memoryview(f.grpc_prefix(len(message)) + message)
         if stream.backlog:
-            stream.backlog.append(data)
+            self._queue(stream, data)
         else:
             self._send_data(stream, data)
 
@@ -531,7 +537,7 @@ class Connection:
             self._out.append(f.goaway_frame(self.last_stream, f.NO_ERROR, message.encode()))
 
     def _refuse(self, stream: _Stream, status: Status, message: str) -> None:
-        stream.backlog.clear()
+        self._forget_backlog(stream)
         self._blocked.pop(stream.id, None)
         stream.headers_sent, was_sent = True, stream.headers_sent
         block = (b"" if was_sent else f.RESPONSE_HEADERS) + f.trailers_block(status, message)
@@ -546,6 +552,7 @@ class Connection:
             self._out.append(f.rst_stream_frame(stream.id, f.NO_ERROR))
         del self.streams[stream.id]
         self.held -= stream.reader.buffered
+        self._forget_backlog(stream)
         self._blocked.pop(stream.id, None)
         self._remember(stream.id, reset_here=not stream.remote_closed)
 
@@ -560,8 +567,18 @@ class Connection:
             self._send_window -= size
             stream.send_window -= size
         if size < len(data):
-            stream.backlog.append(data[max(size, 0) :])
+            self._queue(stream, data[max(size, 0) :])
             self._blocked[stream.id] = stream
+
+    def _queue(self, stream: _Stream, part: memoryview) -> None:
+        stream.backlog.append(part)
+        stream.queued += len(part)
+        self.backlogged += len(part)
+
+    def _forget_backlog(self, stream: _Stream) -> None:
+        stream.backlog.clear()
+        self.backlogged -= stream.queued
+        stream.queued = 0
 
     def _flush_blocked(self, events: list[Event]) -> None:
         for stream in list(self._blocked.values()):
@@ -569,9 +586,12 @@ class Connection:
                 break
             del self._blocked[stream.id]
             backlog, stream.backlog = stream.backlog, deque()
+            self.backlogged -= stream.queued
+            stream.queued = 0
             while backlog and not stream.backlog:
                 self._send_data(stream, backlog.popleft())
-            stream.backlog.extend(backlog)
+            for part in backlog:
+                self._queue(stream, part)
             if stream.backlog:
                 self._blocked[stream.id] = stream
             elif stream.trailers is not None:

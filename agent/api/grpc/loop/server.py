@@ -7,6 +7,15 @@ by raising `StatusError`; this module knows no method and no servicer. Connectio
 grpc core's: connections over the cap are closed as accepted, a client that does not finish the
 HTTP/2 handshake in time is cut, a connection without calls for the idle timeout gets GOAWAY.
 `stop(grace)` sends GOAWAY, lets open calls finish within `grace`, then cancels the rest.
+
+Back-pressure: a connection's unsent answers (the transport's write buffer plus the core's
+backlog behind the peer's windows) are held to `sending.UNSENT_CAP`, however large the windows
+the peer grants. The transport's buffer over the cap pauses reading (`pause_writing`) until it
+is down to a quarter (`resume_writing`); a unary call received whole runs only when the
+connection's `SendBudget` admits it, else it waits, unrun; a streaming call produces its next
+answer only once the connection is under the cap. A connection backed up whose peer takes no
+byte for `limits.send_timeout_s` is closed (`StallClock`). The backlog alone never pauses
+reading: the peer's WINDOW_UPDATEs that would drain it come that way.
 """
 
 from __future__ import annotations
@@ -14,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -21,12 +31,11 @@ from typing import Any, cast
 from google.protobuf.message import DecodeError, Message
 
 from agent.api.grpc.loop import connection as c
+from agent.api.grpc.sending import UNSENT_CAP, SendBudget, StallClock
 from agent.api.grpc.status import DESERIALIZE_FAILED, Status, StatusError
 from agent.api.http.limits import ConnectionLimits
 
 logger = logging.getLogger(__name__)
-
-_BACKLOG_LIMIT = 4 * 1024 * 1024  # a stream's responses waiting on the peer's window: pause
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +69,7 @@ class CallContext:
 
 
 class _Call:
-    __slots__ = ("context", "deadline", "message", "method", "queue", "task")
+    __slots__ = ("admitted", "context", "deadline", "message", "method", "queue", "task")
 
     def __init__(self, method: Method, context: CallContext) -> None:
         self.method = method
@@ -69,6 +78,7 @@ class _Call:
         self.task: asyncio.Task[None] | None = None
         self.queue: asyncio.Queue[Message | bytes | None] | None = None
         self.deadline: asyncio.TimerHandle | None = None
+        self.admitted = False  # a unary call the send budget let run (it counts there)
 
 
 class GrpcProtocol(asyncio.Protocol):
@@ -80,7 +90,13 @@ class GrpcProtocol(asyncio.Protocol):
         self._calls: dict[int, _Call] = {}
         self._transport: asyncio.Transport | None = None
         self._peer = ""
-        self._windows: asyncio.Event | None = None
+        self._budget = SendBudget()
+        self._stall = StallClock(server.limits.send_timeout_s)
+        self._ready: deque[int] = deque()  # unary calls received whole, waiting for the budget
+        self._paused = False  # the transport's buffer went over the cap: reading is paused
+        self._drained: asyncio.Event | None = None  # streams waiting for the connection to drain
+        self._pressure: asyncio.TimerHandle | None = None  # looks while backed up or waiting
+        self._written = 0  # bytes handed to the transport
         self._idle_ticks = 0
         self._seen = 0
         self._flush_soon = False
@@ -98,8 +114,22 @@ class GrpcProtocol(asyncio.Protocol):
             transport.close()
             return
         self._transport = cast(asyncio.Transport, transport)
+        self._transport.set_write_buffer_limits(high=UNSENT_CAP, low=UNSENT_CAP // 4)
         self._peer = _peer(transport.get_extra_info("peername"))
         self._write()
+
+    def pause_writing(self) -> None:
+        """The transport's buffer is over the cap: read nothing more until the peer drains it."""
+        self._paused = True
+        if self._transport is not None:
+            self._transport.pause_reading()
+        self._watch()
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.resume_reading()
+        self._relieve()
 
     def data_received(self, data: bytes) -> None:
         core = self._core
@@ -114,8 +144,7 @@ class GrpcProtocol(asyncio.Protocol):
             elif kind is c.StreamReset:
                 self._drop(cast(c.StreamReset, event).stream)
             elif kind is c.WindowOpened:
-                if self._windows is not None:
-                    self._windows.set()
+                self._relieve()
             elif kind is c.ConnectionEnded:
                 self._write()
                 self._close()
@@ -131,10 +160,13 @@ class GrpcProtocol(asyncio.Protocol):
             if call.deadline is not None:
                 call.deadline.cancel()
         self._calls.clear()
+        self._ready.clear()
         if self._timer is not None:
             self._timer.cancel()
-        if self._windows is not None:
-            self._windows.set()
+        if self._pressure is not None:
+            self._pressure.cancel()
+        if self._drained is not None:
+            self._drained.set()
         self._server.connections.discard(self)
         if not self.closed.done():
             self.closed.set_result(None)
@@ -185,7 +217,8 @@ class GrpcProtocol(asyncio.Protocol):
         elif call.message is None:
             self._end(sid, Status.UNIMPLEMENTED, "a unary call takes one request; none was sent")
         else:
-            call.task = asyncio.get_running_loop().create_task(self._unary(sid, call))
+            self._ready.append(sid)
+            self._relieve()
 
     async def _unary(self, sid: int, call: _Call) -> None:
         assert call.message is not None
@@ -227,10 +260,11 @@ class GrpcProtocol(asyncio.Protocol):
                 if not self._reply(sid, reply):
                     return
                 self._write_soon()
-                while self._core.backlog(sid) > _BACKLOG_LIMIT and sid in self._calls:
-                    self._windows = self._windows or asyncio.Event()
-                    self._windows.clear()
-                    await self._windows.wait()
+                while sid in self._calls and self._backed_up():
+                    self._drained = self._drained or asyncio.Event()
+                    self._drained.clear()
+                    self._watch()
+                    await self._drained.wait()
         except StatusError as exc:
             self._complete(sid, exc.status, exc.message)
             return
@@ -256,6 +290,7 @@ class GrpcProtocol(asyncio.Protocol):
                 f"{self._server.max_message_bytes})",
             )
             return False
+        self._budget.answered(len(payload))
         self._core.send_message(sid, payload)
         return True
 
@@ -266,7 +301,11 @@ class GrpcProtocol(asyncio.Protocol):
             return  # reset or timed out meanwhile
         if call.deadline is not None:
             call.deadline.cancel()
+        if call.admitted:
+            self._budget.ended()
         self._core.finish(sid, status, message)
+        if self._ready:
+            self._relieve()  # writes first: the budget counts this answer as unsent
         if self._calls:
             self._write_soon()  # others may finish in this iteration: one send for all
         else:
@@ -289,6 +328,64 @@ class GrpcProtocol(asyncio.Protocol):
                 call.task.cancel()
             if call.deadline is not None:
                 call.deadline.cancel()
+            if call.admitted:
+                self._budget.ended()
+                if self._ready:
+                    self._relieve()
+
+    # Back-pressure ----------------------------------------------------------------------------
+
+    def _unsent(self) -> int:
+        """Answers' bytes the peer has not taken: the transport's buffer and the core's backlog."""
+        buffered = self._transport.get_write_buffer_size() if self._transport is not None else 0
+        return buffered + self._core.backlogged
+
+    def _backed_up(self) -> bool:
+        return self._paused or self._unsent() > UNSENT_CAP
+
+    def _relieve(self) -> None:
+        """The connection may have drained: run the waiting calls the budget admits, wake the
+        streams if it is under the cap, keep looking while it is not."""
+        ready = self._ready
+        if ready:
+            self._write()  # what the core holds is in the transport's count
+        while ready and not self._paused and self._budget.admit(self._unsent()):
+            sid = ready.popleft()
+            call = self._calls.get(sid)
+            if call is not None:  # else reset or timed out while it waited
+                call.admitted = True
+                self._budget.started()
+                call.task = asyncio.get_running_loop().create_task(self._unary(sid, call))
+        backed_up = self._backed_up()
+        if self._drained is not None and not backed_up:
+            self._drained.set()
+        if ready or backed_up:
+            self._watch()
+
+    def _watch(self) -> None:
+        """Look again soon (the transport says when its buffer drains to a quarter, not to the
+        cap; a peer's window may open nothing): the stall clock, then `_relieve`."""
+        if self._pressure is None and self._transport is not None:
+            interval = min(1.0, self._server.limits.send_timeout_s / 4)
+            self._pressure = asyncio.get_running_loop().call_later(interval, self._look)
+
+    def _look(self) -> None:
+        self._pressure = None
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        taken = self._written - transport.get_write_buffer_size()
+        now = asyncio.get_running_loop().time()
+        if self._stall.stalled(now, taken, self._backed_up()):
+            logger.info(
+                "gRPC client %s took none of %d unsent bytes for %.0f s: closed",
+                self._peer,
+                self._unsent(),
+                self._stall.timeout_s,
+            )
+            self.abort()
+            return
+        self._relieve()
 
     # Connection -------------------------------------------------------------------------------
 
@@ -308,6 +405,7 @@ class GrpcProtocol(asyncio.Protocol):
     def _write(self) -> None:
         data = self._core.data_to_send()
         if data and self._transport is not None and not self._transport.is_closing():
+            self._written += len(data)
             self._transport.write(data)
 
     def _close(self) -> None:
