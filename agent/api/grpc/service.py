@@ -116,6 +116,7 @@ _REFUSAL = "ModelInfer RPC doesn't support models with decoupled transaction pol
 _SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 # The methods that take the request's bytes (they decode through `grpc_wire.decode_infer`), and
 # the one that returns the response's bytes.
+_STREAM_AHEAD = 16  # a stream's answers made before the engine takes them
 _BYTES_IN = frozenset({"ModelInfer", "ModelStreamInfer"})
 _BYTES_OUT = frozenset({"ModelInfer"})
 
@@ -171,6 +172,11 @@ def _mapped(
             raise self._status_error(exc, handler.__name__) from exc
 
     return wrapper
+
+
+def _releaser(hold: Hold) -> Callable[[asyncio.Future[Any]], None]:
+    """A done callback giving `hold` back."""
+    return lambda _: hold.release()
 
 
 def _require_local_caller() -> None:
@@ -277,8 +283,9 @@ class InferenceService:
         The message is held in the memory budget's pool for requests in flight until the reply
         is handed to the engine (RESOURCE_EXHAUSTED when it does not fit); what then waits for
         the peer is each engine's per-connection cap."""
-        hold = self._hold(data)
+        hold: Hold | None = None
         try:
+            hold = self._hold(data)
             if self._dp.tracer.active:
                 return await self._infer_traced(data, call)
             decoded = self._decode(data)
@@ -296,18 +303,15 @@ class InferenceService:
         """Hold a request message's bytes in flight (None: no pool, or nothing to hold).
 
         Raises:
-            StatusError: RESOURCE_EXHAUSTED, the message does not fit in the pool now.
+            MemoryPressureError: the message does not fit in the pool now (RESOURCE_EXHAUSTED).
         """
         pool = self._dp.inflight
         if pool is None:
             return None
-        try:
-            return pool.hold(
-                body_cost(len(data), binary=True),
-                f"a request message of {len(data) / (1 << 20):.1f} MiB",
-            )
-        except MemoryPressureError as exc:
-            raise self._status_error(exc, "ModelInfer") from None
+        return pool.hold(
+            body_cost(len(data), binary=True),
+            f"a request message of {len(data) / (1 << 20):.1f} MiB",
+        )
 
     async def _infer_traced(self, data: bytes, call: Call) -> bytes:
         """ModelInfer with Triton's gRPC timestamps when the request is sampled for tracing."""
@@ -345,26 +349,37 @@ class InferenceService:
         client cancels the stream (or goes away), its requests are cancelled.
         """
         _call.set(call)
-        out: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        # (message, whether it took room): None ends the stream.
+        out: asyncio.Queue[tuple[pb.ModelStreamInferResponse, bool] | None] = asyncio.Queue()
+        # Answers made ahead of the engine taking them: past this a model's answers wait (a
+        # decoupled model is paused by its response iterator), not piled up here.
+        room = asyncio.Semaphore(_STREAM_AHEAD)
         running: set[asyncio.Task[None]] = set()
 
         async def serve(decoded: grpc_wire.DecodedInfer) -> None:
             async for message in self._stream_one(decoded):
-                out.put_nowait(message)
+                await room.acquire()
+                out.put_nowait((message, True))
 
         async def read() -> None:
             try:
                 # Requests are decoded and their tasks started in arrival order, and each reaches
                 # its model's queue without waiting: requests that share a queue keep the order.
                 async for data in requests:
+                    hold: Hold | None = None
                     try:
+                        hold = self._hold(data)  # in flight until its last answer is made
                         decoded = self._decode(data)
                     except AgentError as exc:
-                        out.put_nowait(self._stream_error(exc))
+                        if hold is not None:
+                            hold.release()
+                        out.put_nowait((self._stream_error(exc), False))
                         continue
                     task = asyncio.ensure_future(serve(decoded))
                     running.add(task)
                     task.add_done_callback(running.discard)
+                    if hold is not None:
+                        task.add_done_callback(_releaser(hold))
                 while running:  # the client half-closed: finish what it asked for
                     await asyncio.wait(set(running))
             finally:
@@ -372,7 +387,10 @@ class InferenceService:
 
         reader = asyncio.ensure_future(read())
         try:
-            while (message := await out.get()) is not None:
+            while (item := await out.get()) is not None:
+                message, took_room = item
+                if took_room:
+                    room.release()
                 yield message
             await reader  # a broken request stream surfaces here
         except Exception as exc:
