@@ -10,6 +10,8 @@ is asserted: most calls were never run (the model's statistics), the RSS grew by
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -152,6 +154,53 @@ def test_a_client_that_never_reads_is_held_and_a_normal_client_is_served(
                 return len(seen) > 20 and seen[-1] == seen[-21]
 
             wait_until(settled, "the slow client's calls to stop running", timeout_s=60)
+            growth = peak.stop() - before
+        finally:
+            peak.stop()
+            slow.close()
+        assert seen[-1] - runs_before < CALLS // 4, seen[-1] - runs_before
+        assert growth < 128 * MIB, f"RSS grew by {growth / MIB:.0f} MiB"
+    finally:
+        client.close()
+
+
+def http_wide_request() -> bytes:
+    """One HTTP/1.1 request for `wide`'s 4 MiB answer, binary tensors."""
+    header = (
+        b'{"inputs":[{"name":"X","datatype":"FP32","shape":[1],'
+        b'"parameters":{"binary_data_size":4}}],'
+        b'"outputs":[{"name":"Y","parameters":{"binary_data":true}}]}'
+    )
+    body = header + np.ones(1, np.float32).tobytes()
+    return (
+        b"POST /v2/models/wide/infer HTTP/1.1\r\nHost: localhost\r\n"
+        b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n"
+        % (len(header), len(body))
+    ) + body
+
+
+def test_http_requests_pipelined_and_never_read_are_held_as_well(agent: RunningAgent) -> None:
+    """HTTP/1.1 already stops reading a connection whose answer waits in the socket: pinned."""
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{agent.grpc_port}")
+    try:
+        runs_before = wide_runs(client)
+        before = rss()
+        peak = PeakRss()
+        slow = socket.create_connection(("127.0.0.1", agent.http_port))
+        slow.setblocking(False)
+        pending = memoryview(http_wide_request() * CALLS)
+        try:
+            with contextlib.suppress(BlockingIOError):
+                while pending:
+                    pending = pending[slow.send(pending) :]
+            seen: list[int] = []
+
+            def settled() -> bool:
+                assert small_served(client)
+                seen.append(wide_runs(client))
+                return len(seen) > 20 and seen[-1] == seen[-21]
+
+            wait_until(settled, "the pipelined requests to stop running", timeout_s=60)
             growth = peak.stop() - before
         finally:
             peak.stop()
