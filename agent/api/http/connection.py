@@ -8,7 +8,9 @@ listening socket and adds both (`agent.api.http.limits.ConnectionLimits`):
 * at most `max_connections` connections are open; one more is answered 503 (JSON) and closed;
 * a connection whose request line and headers do not arrive within `header_timeout_s` of its
   first byte (slow-loris), or that stays idle `idle_timeout_s` without a request (a fresh
-  connection that sends nothing, or keep-alive after a response), is closed.
+  connection that sends nothing, or keep-alive after a response), is closed;
+* a connection whose answers wait in its transport while its peer takes no byte of them for
+  `send_timeout_s` is cut (a reader that stalled: its answers would be held forever).
 
 Each connection starts in the app's infer lane, when it has one (`agent.api.http.lane`), and
 goes to aiohttp's handler when the lane hands it over; the guard's limits hold for both.
@@ -85,6 +87,8 @@ class Tracked(asyncio.Protocol):
         self._running = 0  # requests whose handler is running
         self._partial = False  # bytes of a request arrived, its headers are not complete yet
         self._paused = False
+        self._unsent = 0  # answer bytes waiting in the transport at the last sweep
+        self._unsent_since = 0.0  # loop time they last moved
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport
@@ -161,10 +165,31 @@ class Tracked(asyncio.Protocol):
         if self._transport is not None:
             self._transport.close()
 
+    def _stalled(self, now: float, send_timeout_s: float) -> bool:
+        """Whether answers wait in the transport for the peer (the connection is not idle then).
+        A peer that took no byte of them for `send_timeout_s` is cut: `close` would wait for
+        the buffer to drain, and it never would."""
+        transport = cast(asyncio.WriteTransport, self._transport)
+        unsent = transport.get_write_buffer_size()
+        if not unsent:
+            self._unsent = 0
+            return False
+        if unsent != self._unsent:  # it moved (or a new answer came): the clock starts again
+            self._unsent, self._unsent_since = unsent, now
+        elif now - self._unsent_since >= send_timeout_s:
+            logger.debug("aborting a connection: its peer took no byte for %.0f s", send_timeout_s)
+            transport.abort()
+            self._transport = None
+        return True
+
     def expire_if_due(self, now: float, limits: ConnectionLimits, tick_s: float) -> None:
         """Close the connection when its headers or its idle time are over their limit; a body
         the lane has waited a tick for goes to aiohttp, which times it (`body_timeout_s`)."""
-        if self._running or self._transport is None:
+        if self._transport is None:
+            return
+        if self._stalled(now, limits.send_timeout_s):
+            return
+        if self._running:
             return
         if self.inner is None and self.lane is not None:
             since = self.lane.waiting_body_since()
@@ -197,7 +222,8 @@ class ConnectionGuard:
         self._idle: asyncio.Future[None] | None = None  # set while `wait_idle` waits
         self._sweeper: asyncio.TimerHandle | None = None
         # Timeouts are honoured within a quarter of the shorter one (at most 1 s late).
-        self._tick_s = min(1.0, max(0.01, min(limits.header_timeout_s, limits.idle_timeout_s) / 4))
+        shortest = min(limits.header_timeout_s, limits.idle_timeout_s, limits.send_timeout_s)
+        self._tick_s = min(1.0, max(0.01, shortest / 4))
 
     def bind(self, server: web.Server) -> None:
         """Serve through `server` (the `AppRunner`'s, once set up)."""

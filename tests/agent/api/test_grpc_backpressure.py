@@ -265,3 +265,24 @@ def test_a_client_that_reads_gets_many_large_answers_at_once(agent: RunningAgent
         assert all(float(a.as_numpy("Y")[0, -1]) == 3.0 for a in answers)
     finally:
         client.close()
+
+
+def test_an_http_client_that_stopped_reading_is_cut_after_the_send_timeout(repo: Path) -> None:
+    server = ServerConfig(http_port=0, grpc_port=-1, metrics_port=-1, send_timeout_ms=400)
+    config = AgentConfig(server=server, models=ModelsConfig(repository=repo, intra_op_threads=1))
+    with running_agent(config) as agent:
+        port = agent.http_port
+        slow = socket.create_connection(("127.0.0.1", port))
+        try:
+            slow.sendall(http_wide_request() * 4)  # 16 MiB of answers: more than the sockets hold
+            address = slow.getsockname()
+            # accepted (until then the agent holds no socket for it), then cut
+            wait_until(lambda: _connected(port, address), "the connection accepted", timeout_s=60)
+            wait_until(
+                lambda: not _connected(port, address),
+                "the stalled HTTP connection to be cut",
+                timeout_s=60,
+                interval_s=0.1,
+            )
+        finally:
+            slow.close()
