@@ -32,13 +32,14 @@ keeps the old parser's exact acceptance and values, with no new dependency.
 Same answers as the plain path, always: every value is parsed by `json.loads` as before, and
 the numpy conversion follows the plain path's rules over the whole array (an integer for a float
 datatype is converted as numpy would convert the whole list: all-integer data through int64, any
-float present through float64). What the fast conversion does not cover it hands back to the
-plain path for that input (`json.loads` of the span, then `tensor_from_json`): ragged nesting,
-integers of 19 digits or more. A body that is not valid JSON is decoded again by the plain path,
-so its error message (with its line and column) is the same; the codec also checks every span's
-syntax before it reports any other 400, so a malformed body is reported as malformed first. The
-one difference: a declared shape over the limits is refused (413) before the data is parsed, so
-a body both over the limit and malformed in its data gets the 413.
+float present through float64). An array the scan does not cut out (ragged
+nesting, `NaN`, booleans, strings, more than 32 levels or 65536 arrays) stays in the document
+and is parsed with it; a span holding an integer beyond int64 is handed back to the plain path
+(`json.loads` of the span, then `tensor_from_json`). A body that is not valid JSON is decoded
+again by the plain path, so its error message (with its line and column) is the same; the codec
+also checks every span's syntax before it reports any other 400, so a malformed body is reported
+as malformed first. The one difference: a declared shape over the limits is refused (413)
+before the data is parsed, so a body both over the limit and malformed in its data gets the 413.
 """
 
 from __future__ import annotations
@@ -72,12 +73,12 @@ _TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*+"|[\[\]{}:,]', re.DOTALL)
 _WS = re.compile(rb"[ \t\n\r]*")
 # Characters a span may hold: JSON number characters, brackets, commas and whitespace.
 _RUN = re.compile(rb"[\[\]0-9eE+\-., \t\n\r]*")
-# An integer of 19 digits or more may not fit int64: such spans take the plain path.
-_LONG_INT = re.compile(rb"[0-9]{19}")
 _NO_BRACKETS = bytes.maketrans(b"[]", b"  ")
 _CLOSE = re.compile(rb"\]")
 _OPEN = re.compile(rb"\[")
 _FLOAT_MARK = re.compile(rb"[.eE]")
+_INT64 = np.dtype(np.int64)
+_FLOAT64 = np.dtype(np.float64)
 _COMMA = re.compile(rb",")
 
 # A view of the body (the infer lane hands its receive buffer over as one): `re` reads it in
@@ -148,8 +149,6 @@ class SplicedData:
                 kind = "strings" if datatype == "BYTES" else "true or false"
                 raise InvalidInputError(f"input '{name}': {datatype} data must be {kind}")
             return plain(np.empty(span.shape).tolist(), datatype, shape, name)
-        if _LONG_INT.search(body, span.start, span.end) is not None:
-            return plain(self._values(span), datatype, shape, name)
         dtype = datatypes.BY_KSERVE[datatype].numpy
         mixed = _FLOAT_MARK.search(body, span.start, span.end) is not None
         integral = dtype.kind in "iu"
@@ -160,9 +159,16 @@ class SplicedData:
         info = np.iinfo(dtype) if integral else None
         done = 0
         for values in self._chunks(span):
-            chunk = np.array(values, dtype=np.float64) if mixed else np.asarray(values)
-            if chunk.dtype.kind not in "if":  # out of int64's range after all
+            chunk = np.asarray(values)
+            # An integer beyond int64 makes numpy's list uint64, float64 or object: the plain
+            # path's rules then depend on every value, so it decodes this span. (float64 is
+            # right only where a float is in the chunk: numpy converts each int to float.)
+            if chunk.dtype != _INT64 and (
+                chunk.dtype != _FLOAT64 or not any(type(v) is float for v in values)
+            ):
                 return plain(self._values(span), datatype, shape, name)
+            if mixed:  # ints among floats: numpy converts the whole list to float64
+                chunk = chunk.astype(np.float64)
             if info is not None and (int(chunk.min()) < info.min or int(chunk.max()) > info.max):
                 raise InvalidInputError(
                     f"input '{name}': a value is outside the range of {datatype} "
@@ -198,8 +204,8 @@ class SplicedData:
                 values = json.loads(text)
             except ValueError:
                 raise MalformedSpanError from None
-            if not values or not all(type(v) is int or type(v) is float for v in values):
-                raise MalformedSpanError  # cannot happen: the scan saw only number characters
+            if not values:  # an empty piece: "1,,2" (numbers are all a span's text can hold)
+                raise MalformedSpanError
             yield values
             pos = cut + 1
 
