@@ -460,7 +460,8 @@ def _numeric_from_json(values: object, dtype: np.dtype, datatype: str, name: str
                 f"input '{name}': a value is outside the range of {datatype} "
                 f"[{info.min}, {info.max}]"
             )
-    return raw.astype(dtype)
+    with np.errstate(over="ignore"):  # a float past FP16/FP32's range is infinity, as in C
+        return raw.astype(dtype)
 
 
 def _flatten(values: object) -> Iterator[object]:
