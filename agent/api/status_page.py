@@ -163,6 +163,7 @@ def _resources(doc: Mapping[str, Any]) -> str:
     rows = [
         ("Memory budget", fmt_bytes(memory.get("budget_bytes"))),
         ("Memory used", fmt_bytes(memory.get("used_bytes"))),
+        ("Memory in flight", inflight_line(memory)),
         ("Cache on disk", fmt_bytes(doc.get("cache_disk_bytes"))),
         ("Sync", esc(sync_state)),
         ("Sync last error", esc(sync_error)),
@@ -172,6 +173,18 @@ def _resources(doc: Mapping[str, Any]) -> str:
     return (
         '<div class="scroll"><table><caption>Resources</caption><tbody id="resources-body">'
         f"{cells}</tbody></table></div>"
+    )
+
+
+def inflight_line(memory: Mapping[str, Any]) -> str:
+    """The pool for requests in flight in words (the same as status.js's row)."""
+    if memory.get("inflight_capacity_bytes") is None:
+        return fmt_bytes(None)
+    return (
+        f"{fmt_bytes(memory.get('inflight_bytes'))} of "
+        f"{fmt_bytes(memory.get('inflight_capacity_bytes'))} "
+        f"(peak {fmt_bytes(memory.get('inflight_peak_bytes'))}, "
+        f"{esc(memory.get('inflight_refused'))} refused)"
     )
 
 

@@ -41,7 +41,7 @@ Page.poll((doc) => {
   }
   const resources = [["Memory budget", bytes(memory.budget_bytes)],
     ["Memory used", bytes(memory.used_bytes)],
-    ["Memory in flight", memory.inflight_capacity_bytes === undefined ? "-"
+    ["Memory in flight", memory.inflight_capacity_bytes === undefined ? bytes(undefined)
       : `${bytes(memory.inflight_bytes)} of ${bytes(memory.inflight_capacity_bytes)}`
       + ` (peak ${bytes(memory.inflight_peak_bytes)}, ${esc(memory.inflight_refused)} refused)`],
     ["Cache on disk", bytes(doc.cache_disk_bytes)],

@@ -117,6 +117,24 @@ def test_a_gpu_reading_in_words() -> None:
     assert '<th scope="row">GPU 0</th><td>35 % busy, 1.0 GiB of 8.0 GiB, 41.2 W</td>' in page
 
 
+def test_the_memory_in_flight_in_words() -> None:
+    memory = {
+        "budget_bytes": 4 << 30,
+        "used_bytes": 2 << 30,
+        "inflight_capacity_bytes": 1 << 30,
+        "inflight_bytes": 3 << 20,
+        "inflight_peak_bytes": 171 << 20,
+        "inflight_refused": 2,
+    }
+    page = render_status({"ready": True, "models": [], "memory": memory})
+    assert (
+        '<th scope="row">Memory in flight</th>'
+        "<td>3.0 MiB of 1.0 GiB (peak 171.0 MiB, 2 refused)</td>"
+    ) in page
+    before = render_status({"ready": True, "models": [], "memory": {"budget_bytes": 1}})
+    assert '<th scope="row">Memory in flight</th><td>\u2013</td>' in before
+
+
 def test_a_waves_row_shows_job_states_rollbacks_details_and_the_gate() -> None:
     board = render_dashboard({"now": 10.0, "devices": [], "events": [], "rollouts": [
         {"id": "m-v3", "model": "m", "version": 3, "state": "aborted",
