@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -139,27 +139,8 @@ def test_a_client_that_never_reads_is_held_and_a_normal_client_is_served(
         wide.set_data_from_numpy(np.ones(1, np.float32))
         assert client.infer("wide", [wide]).as_numpy("Y").shape == (1, WIDE)  # warm
         assert small_served(client)
-        runs_before = wide_runs(client)
-        before = rss()
-        peak = PeakRss()
-        slow = never_reading(agent.grpc_port)
-        try:
-            # The agent runs what fits in the socket buffers and the connection's cap, then
-            # holds the rest unrun: its runs of `wide` stop moving while `small` is served.
-            seen: list[int] = []
-
-            def settled() -> bool:
-                assert small_served(client)
-                seen.append(wide_runs(client))
-                return len(seen) > 20 and seen[-1] == seen[-21]
-
-            wait_until(settled, "the slow client's calls to stop running", timeout_s=60)
-            growth = peak.stop() - before
-        finally:
-            peak.stop()
-            slow.close()
-        assert seen[-1] - runs_before < CALLS // 4, seen[-1] - runs_before
-        assert growth < 128 * MIB, f"RSS grew by {growth / MIB:.0f} MiB"
+        port = agent.grpc_port
+        assert_held(client, lambda: never_reading(port).sock)
     finally:
         client.close()
 
@@ -179,34 +160,51 @@ def http_wide_request() -> bytes:
     ) + body
 
 
+def pipelined_never_reading(port: int) -> socket.socket:
+    """A connection that sent as many of `CALLS` requests for `wide` as the agent read."""
+    slow = socket.create_connection(("127.0.0.1", port))
+    slow.setblocking(False)
+    pending = memoryview(http_wide_request() * CALLS)
+    with contextlib.suppress(BlockingIOError):
+        while pending:
+            pending = pending[slow.send(pending) :]
+    return slow
+
+
+def assert_held(
+    client: grpcclient.InferenceServerClient, open_slow: Callable[[], socket.socket]
+) -> None:
+    """The slow client `open_slow` opens costs < 128 MiB and fewer than a quarter of its calls run.
+
+    The agent runs what fits in the socket buffers and the connection's cap, then holds the rest
+    unrun: its runs of `wide` stop moving while `small` is served meanwhile.
+    """
+    runs_before = wide_runs(client)
+    before = rss()
+    peak = PeakRss()
+    slow = open_slow()
+    try:
+        seen: list[int] = []
+
+        def settled() -> bool:
+            assert small_served(client)
+            seen.append(wide_runs(client))
+            return len(seen) > 20 and seen[-1] == seen[-21]
+
+        wait_until(settled, "the slow client's calls to stop running", timeout_s=60)
+        growth = peak.stop() - before
+    finally:
+        peak.stop()
+        slow.close()
+    assert seen[-1] - runs_before < CALLS // 4, seen[-1] - runs_before
+    assert growth < 128 * MIB, f"RSS grew by {growth / MIB:.0f} MiB"
+
+
 def test_http_requests_pipelined_and_never_read_are_held_as_well(agent: RunningAgent) -> None:
     """HTTP/1.1 already stops reading a connection whose answer waits in the socket: pinned."""
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{agent.grpc_port}")
     try:
-        runs_before = wide_runs(client)
-        before = rss()
-        peak = PeakRss()
-        slow = socket.create_connection(("127.0.0.1", agent.http_port))
-        slow.setblocking(False)
-        pending = memoryview(http_wide_request() * CALLS)
-        try:
-            with contextlib.suppress(BlockingIOError):
-                while pending:
-                    pending = pending[slow.send(pending) :]
-            seen: list[int] = []
-
-            def settled() -> bool:
-                assert small_served(client)
-                seen.append(wide_runs(client))
-                return len(seen) > 20 and seen[-1] == seen[-21]
-
-            wait_until(settled, "the pipelined requests to stop running", timeout_s=60)
-            growth = peak.stop() - before
-        finally:
-            peak.stop()
-            slow.close()
-        assert seen[-1] - runs_before < CALLS // 4, seen[-1] - runs_before
-        assert growth < 128 * MIB, f"RSS grew by {growth / MIB:.0f} MiB"
+        assert_held(client, lambda: pipelined_never_reading(agent.http_port))
     finally:
         client.close()
 
