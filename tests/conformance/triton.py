@@ -68,7 +68,7 @@ def find_triton() -> TritonInstall | str:
         capture_output=True,
     )
     if probe.returncode != 0:
-        return "Triton's Python stub needs numpy < 2 for /usr/bin/python3 (apt-get install python3-numpy)"
+        return "Triton's Python stub needs numpy < 2 in /usr/bin/python3 (python3-numpy)"
     return install
 
 
