@@ -5,10 +5,12 @@ PYTHON ?= python3
 VENV ?= .venv
 PERF_VENV ?= .venv-perf
 KSERVE_VENV ?= .venv-kserve
+TRITON_VENV ?= .venv-triton
+TRITON_VERSION ?= 0.7.0
 KSERVE_VERSION ?= 0.21.0
 BIN := $(VENV)/bin
 
-.PHONY: run test check fuzz lint typecheck unit perf-analyzer kserve-sdk systemd-tools mosquitto chromium rabbitmq fuse lint-ansible bench powercut proto clean demo fleet-10k fleet-cluster
+.PHONY: run test check fuzz lint typecheck unit perf-analyzer kserve-sdk triton systemd-tools mosquitto chromium rabbitmq fuse lint-ansible bench powercut proto clean demo fleet-10k fleet-cluster
 
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
@@ -42,7 +44,7 @@ lint: $(BIN)/.installed
 typecheck: $(BIN)/.installed
 	$(BIN)/mypy
 
-unit: $(BIN)/.installed mosquitto chromium rabbitmq fuse
+unit: $(BIN)/.installed mosquitto chromium rabbitmq fuse triton
 	PERF_ANALYZER=$(CURDIR)/$(PERF_VENV)/bin/perf_analyzer \
 	  KSERVE_PYTHON=$(CURDIR)/$(KSERVE_VENV)/bin/python $(BIN)/pytest
 
@@ -65,6 +67,20 @@ kserve-sdk:
 	@$(KSERVE_VENV)/bin/python -c 'import kserve' 2>/dev/null || { \
 	  $(PYTHON) -m venv $(KSERVE_VENV) && $(KSERVE_VENV)/bin/pip install -q 'kserve==$(KSERVE_VERSION)'; } \
 	  || echo "KServe's SDK could not be installed; tests/agent/api/test_kserve_sdk.py will skip"
+
+# The real tritonserver (2.51.0, from the nvidia-pytriton wheel) for tests/conformance, the
+# differential suite, in a venv of its own: a test dependency only, nothing of it ships. Its Python
+# backend stub embeds Debian's libpython3.11 and needs numpy < 2 there (python3-numpy). Best
+# effort: without it those tests skip and say why.
+triton:
+	@ls $(TRITON_VENV)/lib/python3*/site-packages/pytriton/tritonserver/bin/tritonserver >/dev/null 2>&1 || { \
+	  $(PYTHON) -m venv $(TRITON_VENV) && $(TRITON_VENV)/bin/pip install -q 'nvidia-pytriton==$(TRITON_VERSION)'; } \
+	  || echo "tritonserver could not be installed; tests/conformance will skip"
+	@/usr/bin/python3 -c 'import numpy' 2>/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-numpy >/dev/null \
+	      || echo "python3-numpy could not be installed; tests/conformance will skip"; \
+	  else echo "python3-numpy missing: sudo apt-get install python3-numpy (tests/conformance will skip)"; fi; }
 
 # systemd-analyze / systemd-sysusers for tests/deploy (Debian's "systemd" package; no running
 # systemd needed).
@@ -148,4 +164,4 @@ proto: $(BIN)/.installed
 	$(BIN)/python agent/proto/fix_generated.py agent/proto/*_pb2.py agent/proto/*_pb2_grpc.py
 
 clean:
-	rm -rf $(VENV) $(PERF_VENV) $(KSERVE_VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(PERF_VENV) $(KSERVE_VENV) $(TRITON_VENV) .mypy_cache .ruff_cache .pytest_cache

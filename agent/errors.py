@@ -73,6 +73,40 @@ class BackendError(AgentError):
     """The inference backend failed while running a request that passed validation."""
 
 
+class ModelReportedError(BackendError):
+    """A model failed a request with one of Triton's error codes (`pb_utils.TritonError(message,
+    code)`, returned in its response or raised). The message is the model's own; the subclass
+    is the code, and each transport answers with Triton's status for it (INTERNAL: this class)."""
+
+
+class ModelReportedUnknownError(ModelReportedError):
+    """TritonError.UNKNOWN (HTTP 400, gRPC UNKNOWN)."""
+
+
+class ModelReportedNotFoundError(ModelReportedError):
+    """TritonError.NOT_FOUND (HTTP 404, gRPC NOT_FOUND)."""
+
+
+class ModelReportedInvalidArgError(ModelReportedError):
+    """TritonError.INVALID_ARG (HTTP 400, gRPC INVALID_ARGUMENT)."""
+
+
+class ModelReportedUnavailableError(ModelReportedError):
+    """TritonError.UNAVAILABLE (HTTP 503, gRPC UNAVAILABLE)."""
+
+
+class ModelReportedUnsupportedError(ModelReportedError):
+    """TritonError.UNSUPPORTED (HTTP 501, gRPC UNIMPLEMENTED)."""
+
+
+class ModelReportedExistsError(ModelReportedError):
+    """TritonError.ALREADY_EXISTS (HTTP 400, gRPC ALREADY_EXISTS)."""
+
+
+class ModelReportedCancelledError(ModelReportedError):
+    """TritonError.CANCELLED (HTTP 400, gRPC CANCELLED)."""
+
+
 class ModelInstanceFailedError(BackendError):
     """A model instance failed while it ran the request (its worker hung and was killed, or
     died). A backend that restarts its instances (`ReportsHealth`) serves on with the others;

@@ -8,7 +8,7 @@ them, the fast loop while working; `make test` runs them all, as CI does:
     bench     runs a benchmark or perf_analyzer
     external  needs a service or tool from outside the Python environment: Mosquitto,
               RabbitMQ, Chromium, Ansible, systemd tools, a package index, KServe's SDK,
-              perf_analyzer, a GPU
+              perf_analyzer, a GPU, the real tritonserver (tests/conformance)
 
 The marks are applied at collection from the fixtures a test uses (MARKS_BY_FIXTURE) and from
 where it lives (MARKS_BY_PATH: folders, modules, and single tests whose own bodies start an
@@ -94,6 +94,7 @@ MARKS_BY_PATH: dict[str, tuple[str, ...]] = {
     ),
     # Tools from outside the Python environment
     "agent/api/test_kserve_sdk.py": ("external",),  # KServe's SDK in its own venv
+    "conformance": ("e2e", "external"),  # the real tritonserver beside an agent
     "agent/manager/test_dashboard.py": ("external",),  # headless chromium
     "agent/fleet/test_store_forward.py": ("external",),  # a broker it restarts
     "agent/manager/test_rollout_fleet.py": ("e2e", "external"),  # 20 agents, Mosquitto, RabbitMQ

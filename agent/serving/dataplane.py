@@ -214,7 +214,8 @@ class DataPlane:
         return {
             "name": served.name,
             "versions": versions,
-            "platform": served.config.platform,
+            # Triton's: the platform, else the backend ("python" for a Python model)
+            "platform": served.config.platform or served.config.backend,
             "inputs": [c.metadata(sig.batched) for c in sig.inputs.values()],
             "outputs": [c.metadata(sig.batched) for c in sig.outputs.values()],
         }

@@ -89,6 +89,7 @@ from agent.backends.python.instances import (
     restart_worker,
     start_workers,
 )
+from agent.backends.python.model_errors import raised_error, reported_error
 from agent.backends.python.outputs import checked_output
 from agent.backends.python.pool import WorkerPool
 from agent.backends.python.process import Launcher, Worker, exit_reason, kill_worker, reap_worker
@@ -495,6 +496,8 @@ class PythonBackend(
         finally:
             calls.cancel()  # calls still running (abandoned, or the worker died) are cancelled
         if reply.kind == ipc.ERROR:
+            if reply.meta.get("user"):  # execute raised: Triton's words
+                raise raised_error(self.name, worker.index, reply.meta)
             raise BackendError(
                 f"python model '{self.name}' execute failed: {reply.meta.get('message', '')}"
             )
@@ -507,6 +510,9 @@ class PythonBackend(
             count = int(answer.get("tensors", 0))
             returned = dict(reply.tensors[offset : offset + count])
             offset += count
+            if "code" in answer:  # the model's own TritonError: its message and code
+                results.append(reported_error(str(answer["error"]), answer["code"]))
+                continue
             if "error" in answer:
                 results.append(
                     BackendError(f"python model '{self.name}' execute failed: {answer['error']}")

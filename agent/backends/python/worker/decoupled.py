@@ -29,7 +29,7 @@ from agent import pb_utils
 from agent.backends.python import ipc
 
 # An output response's tensors, or why they cannot be sent (python_worker's checks).
-TensorsOf = Callable[[Any], "list[tuple[str, Any]] | str"]
+TensorsOf = Callable[[Any], "list[tuple[str, Any]] | dict[str, Any]"]
 
 
 class DecoupledRuntime:
@@ -125,8 +125,8 @@ class DecoupledRuntime:
                     meta["error"] = str(text)
                 else:
                     outcome = self._tensors_of(response)
-                    if isinstance(outcome, str):
-                        meta["error"] = outcome
+                    if isinstance(outcome, dict):
+                        meta["error"] = str(outcome["error"])
                     else:
                         tensors = outcome
             if final:

@@ -385,7 +385,7 @@ def _execute(model: Any, message: ipc.Message, running: _Running) -> ipc.Message
             responses = _run_coroutine(responses)
     except Exception as exc:  # noqa: BLE001 - user code: report it, stay alive
         traceback.print_exc()
-        return _error(_describe(exc), user=True)
+        return _raised(exc)
     if responses is None and any(sent):  # answered through response senders (Triton allows)
         responses = [slot[0] if slot else None for slot in sent]
     if not isinstance(responses, list | tuple) or len(responses) != len(requests):
@@ -398,8 +398,8 @@ def _execute(model: Any, message: ipc.Message, running: _Running) -> ipc.Message
     tensors: list[tuple[str, Any]] = []
     for response in responses:
         outcome = _response_tensors(response)
-        if isinstance(outcome, str):
-            answers.append({"error": outcome})
+        if isinstance(outcome, dict):
+            answers.append(outcome)
         else:
             answers.append({"tensors": len(outcome)})
             tensors.extend(outcome)
@@ -439,24 +439,37 @@ def _run_coroutine(awaitable: Any) -> Any:
     return _loop.run_until_complete(awaitable)
 
 
-def _response_tensors(response: Any) -> list[tuple[str, Any]] | str:
-    """A response's output tensors, or why they cannot be sent."""
+def _response_tensors(response: Any) -> list[tuple[str, Any]] | dict[str, Any]:
+    """A response's output tensors, or the answer saying why there are none: {"error": text},
+    with "code" (Triton's) when the model reported the error itself."""
     if not isinstance(response, pb_utils.InferenceResponse):
-        return f"execute returned {_kind_of(response)} instead of an InferenceResponse"
+        return {"error": f"execute returned {_kind_of(response)} instead of an InferenceResponse"}
     error = response.error()
     if error is not None:
-        text = error.message() if isinstance(error, pb_utils.ModelError) else str(error)
-        return f"the model reported an error: {text}"
+        if isinstance(error, pb_utils.ModelError):
+            return {"error": error.message(), "code": error.code()}
+        return {"error": str(error), "code": pb_utils.ModelError.INTERNAL}
     tensors = []
     for tensor in response.output_tensors():
         if not isinstance(tensor, pb_utils.Tensor):
-            return f"output {_kind_of(tensor)} is not a pb_utils.Tensor"
+            return {"error": f"output {_kind_of(tensor)} is not a pb_utils.Tensor"}
         try:
             pb_utils.numpy_to_kserve(tensor.as_numpy().dtype)
         except ValueError as exc:
-            return f"output '{tensor.name()}': {exc}"
+            return {"error": f"output '{tensor.name()}': {exc}"}
         tensors.append((tensor.name(), tensor.as_numpy()))
     return tensors
+
+
+def _raised(exc: Exception) -> ipc.Message:
+    """ERROR for an exception `execute` raised, in Triton's words: "<Type>: <message>" and the
+    model's frames, innermost first ("At:\n  <file>(<line>): <function>"). Raised, a TritonError
+    is INTERNAL as any exception: its code counts only in a response (Triton's TritonError cannot
+    be raised at all)."""
+    frames = traceback.extract_tb(exc.__traceback__)[1:]  # [0]: this worker calling execute
+    where = "".join(f"\n  {f.filename}({f.lineno}): {f.name}" for f in reversed(frames))
+    text = _describe(exc) + (f"\n\nAt:{where}\n" if where else "")
+    return _error(text, user=True)
 
 
 def _finalize(model: Any) -> None:
@@ -475,7 +488,8 @@ def _error(message: str, *, user: bool = False) -> ipc.Message:
 
 def _describe(exc: BaseException) -> str:
     text = exc.message() if isinstance(exc, pb_utils.ModelError) else str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    kind = "TritonError" if type(exc) is pb_utils.ModelError else type(exc).__name__
+    return f"{kind}: {text}" if text else kind
 
 
 def _kind_of(value: object) -> str:
