@@ -78,7 +78,7 @@ triton:
 	  || echo "tritonserver could not be installed; tests/conformance will skip"
 	@/usr/bin/python3 -c 'import numpy' 2>/dev/null || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-numpy >/dev/null \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-numpy >/dev/null; } \
 	      || echo "python3-numpy could not be installed; tests/conformance will skip"; \
 	  else echo "python3-numpy missing: sudo apt-get install python3-numpy (tests/conformance will skip)"; fi; }
 
