@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sync.errors import SyncConfigError
 from sync.model_signature import (
@@ -30,7 +31,9 @@ from sync.model_signature import (
     parse_trusted_signers,
 )
 from sync.policy import parse_desired
-from sync.store import S3Settings
+
+if TYPE_CHECKING:
+    from sync.store import S3Settings  # urllib3 and the cache's writer: only for a sync
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +63,8 @@ class SyncConfig:
     @property
     def s3(self) -> S3Settings:
         """S3 endpoint and region settings."""
+        from sync.store import S3Settings  # noqa: PLC0415 - see the imports
+
         return S3Settings(endpoint_url=self.s3_endpoint, region=self.s3_region)
 
 

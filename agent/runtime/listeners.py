@@ -21,7 +21,6 @@ from typing import Protocol
 from aiohttp import web
 
 from agent.api.access import ApiAccess
-from agent.api.grpc.aio import start_grpc_server
 from agent.api.grpc.loop import start_loop_grpc_server
 from agent.api.http.connection import CONNECTION_GUARD, ConnectionGuard
 from agent.api.http.limits import ConnectionLimits
@@ -188,9 +187,13 @@ class Listeners:
             return None
         tensor_limits = TensorLimits(server.max_request_bytes, server.max_bytes_elements)
         restricted = access if "grpc" in access.enforced else None
-        start = (
-            start_loop_grpc_server if server.grpc_engine is GrpcEngine.LOOP else start_grpc_server
-        )
+        if server.grpc_engine is GrpcEngine.LOOP:
+            start = start_loop_grpc_server
+        else:
+            # grpcio (the [grpcio] extra) is imported for its engine only.
+            from agent.api.grpc.aio import start_grpc_server  # noqa: PLC0415
+
+            start = start_grpc_server
         grpc_server, grpc_port = await start(
             dataplane,
             server.host,
