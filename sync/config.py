@@ -19,6 +19,7 @@ it reads this section like its own, from the file, the environment and flags, fo
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -98,8 +99,30 @@ def validate(config: SyncConfig, cache_dir: Path | None) -> None:
         raise SyncConfigError("sync.max_parallel must be 1..32")
     if config.max_version_bytes < 1:
         raise SyncConfigError("sync.max_version_bytes must be >= 1")
+    if config.source.startswith("s3://"):
+        need_extra("boto3", "s3", 'sync.source = "s3://..."')
     parse_desired(config.desired)
-    signature_check(config)
+    check = signature_check(config)
+    if check.policy is not SignaturePolicy.OFF:
+        need_extra("model_signing", "signing", "sync.model_signature_policy")
+
+
+def need_extra(module: str, extra: str, feature: str) -> None:
+    """Refuse a feature whose pip extra is not installed, naming the fix (as the agent's own
+    `agent.config.extras`, which sync/ does not import).
+
+    Raises:
+        SyncConfigError: `module` cannot be imported; the message names `extra`.
+    """
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise SyncConfigError(
+            f"{feature} needs the {extra} extra ({module} is not installed): "
+            f"pip install 'edge-agent[{extra}]'"
+        )
 
 
 def signature_check(config: SyncConfig) -> SignatureCheck:

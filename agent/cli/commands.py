@@ -19,6 +19,7 @@ from agent.cli import doctor as doctor_cli
 from agent.cli import serve, sign_model, swap
 from agent.cli.exit_codes import EXIT_CONFIG
 from agent.cli.serve_args import add_serve_command, config_flags
+from agent.config.extras import missing_extra
 from agent.config.loader import load_config
 from agent.config.tools import check_command, show_command
 from agent.errors import AgentConfigError
@@ -70,6 +71,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_sync(args)
     if args.command == "fleet":
         return fleet_cli.run(args)
+    if args.command in ("sign-model", "verify-model", "quantize"):
+        extra = "quantize" if args.command == "quantize" else "signing"
+        missing = missing_extra(extra, f"edge-agent {args.command}")
+        if missing is not None:
+            print(f"edge-agent: error: {missing}", file=sys.stderr)
+            return EXIT_CONFIG
     if args.command in ("sign-model", "verify-model"):
         return sign_model.run(args)
     if args.command == "doctor":

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -79,6 +80,10 @@ class _GrpcServer(Protocol):
     """Either gRPC engine's server: `stop` stops accepting, then waits `grace` for calls."""
 
     async def stop(self, grace: float | None) -> None: ...
+
+
+# Either engine's start function (the same arguments; its server and bound port).
+_StartGrpc = Callable[..., Awaitable[tuple[_GrpcServer, int]]]
 
 
 @dataclass(slots=True)
@@ -188,7 +193,7 @@ class Listeners:
         tensor_limits = TensorLimits(server.max_request_bytes, server.max_bytes_elements)
         restricted = access if "grpc" in access.enforced else None
         if server.grpc_engine is GrpcEngine.LOOP:
-            start = start_loop_grpc_server
+            start: _StartGrpc = start_loop_grpc_server
         else:
             # grpcio (the [grpcio] extra) is imported for its engine only.
             from agent.api.grpc.aio import start_grpc_server  # noqa: PLC0415
