@@ -160,6 +160,8 @@ proto: $(BIN)/.installed
 	$(BIN)/python -m grpc_tools.protoc -I agent/proto --python_out=agent/proto \
 	  --pyi_out=agent/proto --grpc_python_out=agent/proto \
 	  agent/proto/model_config.proto agent/proto/grpc_service.proto
+	$(BIN)/python -m grpc_tools.protoc -I agent/proto --python_out=agent/proto \
+	  --pyi_out=agent/proto agent/proto/onnx_model.proto
 	rm -f agent/proto/model_config_pb2_grpc.py
 	$(BIN)/python agent/proto/fix_generated.py agent/proto/*_pb2.py agent/proto/*_pb2_grpc.py
 

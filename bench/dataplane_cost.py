@@ -24,7 +24,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import numpy as np
-import onnx
 
 from agent.models.loader import LoadSettings
 from agent.models.registry import ModelRegistry
@@ -43,7 +42,7 @@ async def measure(calls: int, rounds: int, *, stub: bool) -> dict[str, list[floa
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "models"
         (root / "mlp" / "1").mkdir(parents=True)
-        onnx.save(mlp_model(), str(root / "mlp" / "1" / "model.onnx"))
+        (root / "mlp" / "1" / "model.onnx").write_bytes(mlp_model().SerializeToString())
         registry = ModelRegistry(root, LoadSettings(intra_op_threads=1, measure_memory=False))
         try:
             if registry.load_all():

@@ -34,6 +34,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from agent.proto import onnx_model_pb2 as onnx_pb
 from agent.runtime.demo import IR_VERSION, OPSET, mlp_model
 
 CONFIG = """name: "m"
@@ -78,10 +79,10 @@ def slow_model(layers: int = 1500, width: int = 1024) -> onnx.ModelProto:
     return model
 
 
-def write_version(root: Path, version: int, model: onnx.ModelProto) -> Path:
+def write_version(root: Path, version: int, model: onnx.ModelProto | onnx_pb.ModelProto) -> Path:
     folder = root / f"src{version}" / "m"
     (folder / str(version)).mkdir(parents=True)
-    onnx.save(model, str(folder / str(version) / "model.onnx"))
+    (folder / str(version) / "model.onnx").write_bytes(model.SerializeToString())
     (folder / "config.pbtxt").write_text(CONFIG)
     return folder
 

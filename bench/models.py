@@ -159,7 +159,7 @@ class BenchModel:
 
     def build(self) -> onnx.ModelProto:
         if self.key == "mlp":
-            return mlp_model(seed=1)
+            return onnx.load_from_string(mlp_model(seed=1).SerializeToString())
         if self.key == "cnn":
             return mobilenetv2_like(seed=0)
         raise ValueError(f"unknown benchmark model {self.key!r}")

@@ -22,31 +22,73 @@ rename), and `gc.collect` old versions under a disk budget. Module map:
     errors.py      `CacheError` tree
 """
 
-from model_cache.activation import ACTIVATE_STEPS
-from model_cache.blobs import BlobStore
-from model_cache.errors import (
-    BlobTooLargeError,
-    CacheError,
-    CacheFullError,
-    CorruptBlobError,
-    InvalidVersionError,
-    VersionNotFoundError,
-)
-from model_cache.gc import GcReport, budget_order, collect, plan_retention
-from model_cache.install import INSTALL_STEPS, FaultHook
-from model_cache.layout import CacheLayout
-from model_cache.records import (
-    CacheEvent,
-    InstalledVersion,
-    RejectedVersion,
-    RejectionCause,
-    VersionRecord,
-    VersionState,
-)
-from model_cache.recovery import RecoveryReport
-from model_cache.rejections import Rejections
-from model_cache.state import StateDB
-from model_cache.versions import ModelCache
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from model_cache.activation import ACTIVATE_STEPS
+    from model_cache.blobs import BlobStore
+    from model_cache.errors import (
+        BlobTooLargeError,
+        CacheError,
+        CacheFullError,
+        CorruptBlobError,
+        InvalidVersionError,
+        VersionNotFoundError,
+    )
+    from model_cache.gc import GcReport, budget_order, collect, plan_retention
+    from model_cache.install import INSTALL_STEPS, FaultHook
+    from model_cache.layout import CacheLayout
+    from model_cache.records import (
+        CacheEvent,
+        InstalledVersion,
+        RejectedVersion,
+        RejectionCause,
+        VersionRecord,
+        VersionState,
+    )
+    from model_cache.recovery import RecoveryReport
+    from model_cache.rejections import Rejections
+    from model_cache.state import StateDB
+    from model_cache.versions import ModelCache
+
+# Imported on first use: the agent reads `model_cache.layout` (and `CacheError`) at every start,
+# but the SQLite state and the steps behind `ModelCache` only when a cache.dir is configured.
+_HOME = {
+    "ACTIVATE_STEPS": "model_cache.activation",
+    "BlobStore": "model_cache.blobs",
+    "BlobTooLargeError": "model_cache.errors",
+    "CacheError": "model_cache.errors",
+    "CacheEvent": "model_cache.records",
+    "CacheFullError": "model_cache.errors",
+    "CacheLayout": "model_cache.layout",
+    "CorruptBlobError": "model_cache.errors",
+    "FaultHook": "model_cache.install",
+    "GcReport": "model_cache.gc",
+    "INSTALL_STEPS": "model_cache.install",
+    "InstalledVersion": "model_cache.records",
+    "InvalidVersionError": "model_cache.errors",
+    "ModelCache": "model_cache.versions",
+    "RecoveryReport": "model_cache.recovery",
+    "RejectedVersion": "model_cache.records",
+    "RejectionCause": "model_cache.records",
+    "Rejections": "model_cache.rejections",
+    "StateDB": "model_cache.state",
+    "VersionNotFoundError": "model_cache.errors",
+    "VersionRecord": "model_cache.records",
+    "VersionState": "model_cache.records",
+    "budget_order": "model_cache.gc",
+    "collect": "model_cache.gc",
+    "plan_retention": "model_cache.gc",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module 'model_cache' has no attribute '{name}'")
+    return getattr(importlib.import_module(module), name)
+
 
 __all__ = [
     "ACTIVATE_STEPS",

@@ -19,8 +19,10 @@ it reads this section like its own, from the file, the environment and flags, fo
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sync.errors import SyncConfigError
 from sync.model_signature import (
@@ -30,7 +32,9 @@ from sync.model_signature import (
     parse_trusted_signers,
 )
 from sync.policy import parse_desired
-from sync.store import S3Settings
+
+if TYPE_CHECKING:
+    from sync.store import S3Settings  # urllib3 and the cache's writer: only for a sync
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +64,8 @@ class SyncConfig:
     @property
     def s3(self) -> S3Settings:
         """S3 endpoint and region settings."""
+        from sync.store import S3Settings  # noqa: PLC0415 - see the imports
+
         return S3Settings(endpoint_url=self.s3_endpoint, region=self.s3_region)
 
 
@@ -93,8 +99,30 @@ def validate(config: SyncConfig, cache_dir: Path | None) -> None:
         raise SyncConfigError("sync.max_parallel must be 1..32")
     if config.max_version_bytes < 1:
         raise SyncConfigError("sync.max_version_bytes must be >= 1")
+    if config.source.startswith("s3://"):
+        need_extra("boto3", "s3", 'sync.source = "s3://..."')
     parse_desired(config.desired)
-    signature_check(config)
+    check = signature_check(config)
+    if check.policy is not SignaturePolicy.OFF:
+        need_extra("model_signing", "signing", "sync.model_signature_policy")
+
+
+def need_extra(module: str, extra: str, feature: str) -> None:
+    """Refuse a feature whose pip extra is not installed, naming the fix (as the agent's own
+    `agent.config.extras`, which sync/ does not import).
+
+    Raises:
+        SyncConfigError: `module` cannot be imported; the message names `extra`.
+    """
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise SyncConfigError(
+            f"{feature} needs the {extra} extra ({module} is not installed): "
+            f"pip install 'edge-agent[{extra}]'"
+        )
 
 
 def signature_check(config: SyncConfig) -> SignatureCheck:

@@ -37,12 +37,13 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+if TYPE_CHECKING:
+    from cryptography import x509
+
+# cryptography (~8 MiB of RSS) is imported by the functions that read keys and certificates:
+# the config loader imports this module for every agent, most of which check no signature.
 
 SIGNATURE_NAME = "model.sig"  # OMS's default name for the detached bundle
 MAX_BUNDLE_BYTES = 4 * 1024 * 1024  # one resource line per file: 10,000 files fit easily
@@ -138,6 +139,9 @@ def load_public_key(data: bytes, source: str) -> bytes:
     Returns:
         The key as SubjectPublicKeyInfo PEM (what OMS hashes into its key hint).
     """
+    from cryptography.hazmat.primitives import serialization  # noqa: PLC0415 - see the imports
+    from cryptography.hazmat.primitives.asymmetric import ec  # noqa: PLC0415
+
     try:
         key = serialization.load_pem_public_key(data)
     except ValueError:
@@ -180,6 +184,8 @@ def parse_trusted_signers(entries: Iterable[str]) -> tuple[TrustedSigner, ...]:
         except OSError as exc:
             raise ValueError(f"trusted_model_signers: cannot read {path}: {exc.strerror}") from None
         if b"-----BEGIN CERTIFICATE-----" in data:
+            from cryptography import x509  # noqa: PLC0415 - see the imports
+
             try:
                 x509.load_pem_x509_certificates(data)
             except ValueError:
@@ -328,6 +334,8 @@ def _candidates(
     leaf = _signing_certificate(_bundle_json(bundle))
     if leaf is None:
         return []
+    from cryptography.x509.oid import NameOID  # noqa: PLC0415 - see the imports
+
     names = leaf.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
     common_name = str(names[0].value) if names else ""
     subject = leaf.subject.rfc4514_string()
@@ -336,6 +344,8 @@ def _candidates(
 
 def _signing_certificate(doc: dict[str, Any]) -> x509.Certificate | None:
     """The bundle's signing (leaf) certificate, when it was signed in certificate mode."""
+    from cryptography import x509  # noqa: PLC0415 - see the imports
+
     chain = doc["verificationMaterial"].get("x509CertificateChain")
     if chain is None:
         return None
@@ -351,6 +361,8 @@ def _verified_statement(
 ) -> tuple[dict[str, str], str, tuple[str, str]]:
     """Verify the bundle with `signer` (the library does) → (resources, model name, method)."""
     # Imported here: the library (and sigstore behind it) loads only when a signature is checked.
+    from cryptography import x509  # noqa: PLC0415 - see the imports
+    from cryptography.hazmat.primitives import serialization  # noqa: PLC0415
     from model_signing._signing import (  # noqa: PLC0415
         sign_certificate,
         sign_ec_key,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from sync.config import need_extra
 from sync.errors import SyncConfigError
 from sync.store import FileStore, HttpStore, ObjectStore, S3Settings
 
@@ -36,7 +37,8 @@ def open_store(url: str, s3: S3Settings | None = None) -> ObjectStore:
             raise SyncConfigError(f"HTTP URL without a host: {url!r}")
         return HttpStore(url)
     if parsed.scheme == "s3":
-        # boto3 is heavy: imported only for s3://, so the other stores never load it.
+        # boto3 is heavy (the s3 extra): imported only for s3://, so the other stores never load it.
+        need_extra("boto3", "s3", f"the store {url}")
         from sync.s3 import S3Store  # noqa: PLC0415
 
         if not parsed.netloc:

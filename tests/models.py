@@ -7,6 +7,7 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
+from agent.proto import onnx_model_pb2 as onnx_pb
 from agent.runtime.demo import IR_VERSION, OPSET, mlp_model, write_demo_repository
 
 # KServe datatype → ONNX element type, for the identity model's inputs.
@@ -95,7 +96,7 @@ def save_ready(graph: onnx.GraphProto) -> onnx.ModelProto:
 def write_model(
     repo: Path,
     name: str,
-    model: onnx.ModelProto | Path,
+    model: onnx.ModelProto | onnx_pb.ModelProto | Path,
     config: str | None = None,
     versions: tuple[int, ...] = (1,),
 ) -> Path:
@@ -105,8 +106,8 @@ def write_model(
         target = model_dir / str(v) / "model.onnx"
         if isinstance(model, Path):
             target.write_bytes(model.read_bytes())
-        else:
-            onnx.save(model, str(target))
+        else:  # onnx's ModelProto or the agent's own (agent.runtime.demo's models)
+            target.write_bytes(model.SerializeToString())
     if config is not None:
         (model_dir / "config.pbtxt").write_text(config)
     return model_dir

@@ -22,11 +22,12 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
-
-import grpc
+from typing import TYPE_CHECKING, cast
 
 from agent.errors import AgentError
+
+if TYPE_CHECKING:
+    import grpc
 
 __all__ = ["ServerTls", "TlsError", "TlsFiles"]
 
@@ -59,11 +60,11 @@ class ServerTls:
     def __init__(self, files: TlsFiles) -> None:
         """Raises: TlsError: a file cannot be read or the key does not match the certificate."""
         self.files = files
-        material = _read(files)
+        self._material = _read(files)
         self._context = _server_context(files)
         self._lock = threading.Lock()  # `_fetch` runs on grpc's threads
-        self._pending: grpc.ServerCertificateConfiguration | None = None
-        self._grpc_initial = _grpc_config(material)
+        # grpcio (the grpcio engine's extra) is imported only once its credentials are asked for.
+        self._pending: _Material | None = None
         self._h2_context: ssl.SSLContext | None = None
 
     @property
@@ -88,10 +89,14 @@ class ServerTls:
 
     def grpc_credentials(self) -> grpc.ServerCredentials:
         """Server credentials that pick up each reload at the next handshake."""
+        import grpc  # noqa: PLC0415 - the grpcio engine's extra, only for that engine
+
         # grpc's stub types the fetcher as never returning None; None means "keep the last".
         fetch = cast(Callable[[], grpc.ServerCertificateConfiguration], self._fetch)
+        with self._lock:
+            initial, self._pending = self._material, None
         return grpc.dynamic_ssl_server_credentials(
-            self._grpc_initial, fetch, require_client_authentication=self.mutual
+            _grpc_config(initial), fetch, require_client_authentication=self.mutual
         )
 
     def reload(self) -> None:
@@ -113,14 +118,14 @@ class ServerTls:
         except (OSError, ssl.SSLError) as exc:  # replaced between the check and now
             raise TlsError(f"server TLS: cannot reload {self.files.cert}: {exc}") from None
         with self._lock:
-            self._pending = _grpc_config(material)
+            self._material = self._pending = material
         logger.info("server TLS: certificate %s reloaded", self.files.cert)
 
     def _fetch(self) -> grpc.ServerCertificateConfiguration | None:
         """grpc's question before a handshake: a new configuration, or None to keep the last."""
         with self._lock:
             pending, self._pending = self._pending, None
-        return pending
+        return _grpc_config(pending) if pending is not None else None
 
 
 def _read(files: TlsFiles) -> _Material:
@@ -153,6 +158,8 @@ def _server_context(files: TlsFiles) -> ssl.SSLContext:
 
 
 def _grpc_config(material: _Material) -> grpc.ServerCertificateConfiguration:
+    import grpc  # noqa: PLC0415 - see `ServerTls.grpc_credentials`
+
     return grpc.ssl_server_certificate_configuration(
         [(material.key, material.cert)], root_certificates=material.client_ca
     )

@@ -2,7 +2,8 @@
 
 `doctor` runs before anything imports ONNX Runtime, so it can say what is missing, and `fleet`
 (the fleet manager, `agent.manager`) never loads the device's serving stack; every other command
-needs an importable ONNX Runtime and stops with the fix when there is none.
+needs an importable ONNX Runtime and stops with the fix when there is none. `serve` has a door of
+its own too (`agent.cli.serve`): a serving agent imports no other command's modules.
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_NO_RUNTIME
+    if args[:1] == ["serve"]:
+        from agent.cli import serve  # noqa: PLC0415 - serving's imports only (its own door)
+
+        return serve.main(args)
     from agent.cli.commands import main as run_command  # noqa: PLC0415 - needs onnxruntime
 
     return run_command(argv)

@@ -7,34 +7,26 @@ function as an attribute once imported, and `from agent.cli import main` would g
 from __future__ import annotations
 
 import argparse
-import asyncio
-import functools
-import logging
 import os
 import sys
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from agent import __version__
 from agent.backends.tensorrt import build as engine_build
 from agent.cli import cache as cache_cli
 from agent.cli import doctor as doctor_cli
-from agent.cli import sign_model, swap
-from agent.cli.exit_codes import EXIT_CONFIG, EXIT_LOAD
+from agent.cli import serve, sign_model, swap
+from agent.cli.exit_codes import EXIT_CONFIG
 from agent.cli.serve_args import add_serve_command, config_flags
+from agent.config.extras import missing_extra
 from agent.config.loader import load_config
-from agent.config.schema import AgentConfig
 from agent.config.tools import check_command, show_command
-from agent.errors import AgentConfigError, AgentError
+from agent.errors import AgentConfigError
 from agent.manager import cli as fleet_cli
 from agent.quantize import args as quantize_args
-from agent.runtime.daemon import run_agent
-from agent.runtime.journal import setup_logging
 from sync.cli_parser import SYNC_COMMANDS
 from sync.cli_parser import add_commands as add_sync_commands
-
-SWITCH_INTERVAL_S = 0.0002
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,6 +71,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_sync(args)
     if args.command == "fleet":
         return fleet_cli.run(args)
+    if args.command in ("sign-model", "verify-model", "quantize"):
+        extra = "quantize" if args.command == "quantize" else "signing"
+        missing = missing_extra(extra, f"edge-agent {args.command}")
+        if missing is not None:
+            print(f"edge-agent: error: {missing}", file=sys.stderr)
+            return EXIT_CONFIG
     if args.command in ("sign-model", "verify-model"):
         return sign_model.run(args)
     if args.command == "doctor":
@@ -97,27 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.config_command == "check":
             return check_command(args.file)
         return show_command(args.config, os.environ)
-    overrides = config_flags(args)
-    try:
-        # Precedence: flags, then EDGE_AGENT_<SECTION>_<KEY> variables, then the file.
-        config = load_config(args.config, overrides, os.environ)
-    except AgentConfigError as exc:
-        print(f"edge-agent: error: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-    _setup_logging(config)
-    # Inference threads hand the GIL back and forth with the event loop many thousand times a
-    # second; with the default 5 ms switch interval a waiting thread stalls for up to 5 ms.
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
-    try:
-        reload_config = functools.partial(load_config, args.config, overrides, os.environ)
-        return _run(run_agent(config, reload_config))
-    except AgentError as exc:
-        logging.getLogger("agent").critical("%s", exc.message)
-        print(f"edge-agent: error: {exc.message}", file=sys.stderr)
-        return EXIT_LOAD
-    except OSError as exc:
-        print(f"edge-agent: error: cannot listen: {exc.strerror}", file=sys.stderr)
-        return EXIT_LOAD
+    return serve.run(args)
 
 
 def sync_command(args: argparse.Namespace) -> int:
@@ -130,20 +108,3 @@ def sync_command(args: argparse.Namespace) -> int:
     from sync.cli import sync_once  # noqa: PLC0415 - boto3 and tuf only when needed
 
     return sync_once(config.sync, config.cache.dir, activate=not args.no_activate)
-
-
-def _run(main: Coroutine[Any, Any, int]) -> int:
-    """Run on uvloop where it is installed (a faster event loop than asyncio's own)."""
-    try:
-        import uvloop  # noqa: PLC0415 - optional speed-up
-    except ImportError:
-        return asyncio.run(main)
-    if sys.version_info >= (3, 11):
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            return runner.run(main)
-    uvloop.install()
-    return asyncio.run(main)
-
-
-def _setup_logging(config: AgentConfig) -> None:
-    setup_logging(config.log.level)

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+from agent.config.extras import OPTIONAL, installed
 from agent.config.loader import load_config
 from agent.config.schema import AgentConfig
 from agent.config.security import exposure_problems
@@ -28,9 +29,11 @@ from agent.device.checks import (
     accelerator_checks,
     agent_checks,
     device_checks,
+    footprint_checks,
     worst,
 )
 from agent.device.facts import CUDA_VERSION_JSON, NV_TEGRA_RELEASE, device_facts
+from agent.device.footprint import import_facts, install_facts, running_facts
 from agent.device.gpu import detect_gpu_reader
 from agent.errors import AgentConfigError, AgentError
 from agent.models.memory_plan import detect_budget_bytes
@@ -85,7 +88,13 @@ def run(args: argparse.Namespace, *, out: TextIO = sys.stdout) -> int:
         gpu_reader=detect_gpu_reader(),
     )
     agent = agent_facts(_config_path(args.config), os.environ, timeout_s=args.timeout)
-    checks = device_checks(facts) + agent_checks(agent) + accelerator_checks(agent, facts)
+    footprint = footprint_facts()
+    checks = (
+        device_checks(facts)
+        + agent_checks(agent)
+        + accelerator_checks(agent, facts)
+        + footprint_checks(footprint)
+    )
     status = worst(checks)
     if args.json:
         doc = {
@@ -93,12 +102,26 @@ def run(args: argparse.Namespace, *, out: TextIO = sys.stdout) -> int:
             "checks": [c.to_json() for c in checks],
             "device": facts,
             "agent": agent,
+            "footprint": footprint,
         }
         json.dump(doc, out, indent=2, default=str)
         out.write("\n")
     else:
         out.write(format_report(checks))
     return EXIT_FAIL if status is Status.FAIL else 0
+
+
+def footprint_facts() -> dict[str, Any]:
+    """The agent's own footprint: its install (with the extras installed), what `serve`
+    imports (in a fresh interpreter), and each running agent's memory, threads and compiled
+    packages (`agent.device.footprint`)."""
+    extras = {extra: installed(module) for extra, (module, _) in OPTIONAL.items()}
+    return {
+        "install": install_facts(e for e, ok in extras.items() if ok),
+        "extras": extras,
+        "imports": import_facts(),
+        "running": running_facts(),
+    }
 
 
 def format_report(checks: list[Check]) -> str:

@@ -37,6 +37,7 @@ from typing import Any, get_type_hints
 from agent.backends.health import RestartPolicy
 from agent.canary.policy import CanaryPolicy
 from agent.config.choices import GrpcEngine, LogLevel, ModelControlMode, TraceMode, parse_choice
+from agent.config.extras import missing_extra
 from agent.config.security import validate_security
 from agent.errors import AgentConfigError
 from agent.fleet.config import MqttConfig, validate_mqtt
@@ -206,6 +207,8 @@ def validate(config: AgentConfig, *, serving: bool = True) -> None:
         )
     _validate_trace(config.log)
     validate_security(server)
+    if server.grpc_engine is GrpcEngine.GRPCIO and server.grpc_port >= 0:
+        _need_extra("grpcio", 'server.grpc_engine = "grpcio"')
     for key in (
         "intra_op_threads",
         "memory_budget_bytes",
@@ -268,8 +271,15 @@ def restart_policy(models: ModelsConfig) -> RestartPolicy:
     )
 
 
+def _need_extra(extra: str, feature: str) -> None:
+    missing = missing_extra(extra, feature)
+    if missing is not None:
+        raise AgentConfigError(missing)
+
+
 def _validate_trace(log: LogConfig) -> None:
     if log.trace_mode is TraceMode.OPENTELEMETRY:
+        _need_extra("otel", 'log.trace_mode = "opentelemetry"')
         if log.trace_file is not None:
             raise AgentConfigError(
                 'log.trace_file is for log.trace_mode = "triton"; opentelemetry mode exports '

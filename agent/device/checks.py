@@ -333,6 +333,67 @@ def _endpoint_check(endpoint: Mapping[str, Any]) -> Check:
     )
 
 
+def footprint_checks(footprint: Mapping[str, Any]) -> list[Check]:
+    """Report the agent's own footprint (`agent.device.footprint`): OK lines, for the record.
+
+    `footprint` holds: "install" {"beyond_runtime_bytes", "distributions", "largest" [[name,
+    bytes]]} or {"error"}; "extras" {extra: installed}; "imports" {"seconds", "rss_bytes",
+    "packages"} or {"error"}; "running" [{"pid", "rss_bytes", "uss_bytes", "threads",
+    "native_packages"}].
+    """
+    checks = []
+    install = footprint.get("install") or {}
+    extras = footprint.get("extras") or {}
+    have = ", ".join(sorted(e for e, ok in extras.items() if ok)) or "none"
+    if "error" in install:
+        checks.append(Check("footprint install", Status.OK, f"{install['error']}; extras: {have}"))
+    else:
+        largest = ", ".join(f"{name} {size / 1e6:.0f} MB" for name, size in install["largest"])
+        checks.append(
+            Check(
+                "footprint install",
+                Status.OK,
+                f"{install['beyond_runtime_bytes'] / 1e6:.0f} MB beyond onnxruntime and numpy "
+                f"in {install['distributions']} distributions (largest: {largest}); "
+                f"extras: {have}",
+            )
+        )
+    imports = footprint.get("imports") or {}
+    if "error" in imports:
+        checks.append(
+            Check(
+                "footprint imports",
+                Status.WARN,
+                f"serve's imports fail: {imports['error']}",
+                "pip install the agent again (edge-agent doctor lists what it has)",
+            )
+        )
+    elif imports:
+        checks.append(
+            Check(
+                "footprint imports",
+                Status.OK,
+                f"serve imports {len(imports['packages'])} packages in {imports['seconds']:.2f} s "
+                f"({_mib(int(imports['rss_bytes']))} RSS before models): "
+                + ", ".join(imports["packages"]),
+            )
+        )
+    running = footprint.get("running") or []
+    if not running:
+        checks.append(Check("footprint agent", Status.OK, "no running agent found"))
+    for agent in running:
+        checks.append(
+            Check(
+                f"footprint agent {agent['pid']}",
+                Status.OK,
+                f"RSS {_mib(int(agent['rss_bytes']))}, USS {_mib(int(agent['uss_bytes']))}, "
+                f"{agent['threads']} threads; compiled packages loaded: "
+                + (", ".join(agent["native_packages"]) or "none"),
+            )
+        )
+    return checks
+
+
 def _mib(nbytes: int) -> str:
     return f"{nbytes / MIB:.0f} MiB"
 

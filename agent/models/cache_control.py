@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.errors import (
     AgentError,
@@ -35,17 +35,13 @@ from agent.errors import (
 from agent.faults import fault
 from agent.models.control import ModelManager
 from agent.models.events import CACHE_GC_FAILED, EventSink, guarded
-from model_cache import (
-    CacheError,
-    InstalledVersion,
-    InvalidVersionError,
-    ModelCache,
-    RejectionCause,
-    VersionNotFoundError,
-    VersionState,
-    collect,
-)
+from model_cache.errors import CacheError, InvalidVersionError, VersionNotFoundError
 from model_cache.layout import validate_model_name, validate_version
+from model_cache.records import InstalledVersion, RejectionCause, VersionState
+
+if TYPE_CHECKING:
+    # The cache itself (SQLite behind it) is imported by whoever opens one: only with cache.dir.
+    from model_cache.versions import ModelCache
 
 logger = logging.getLogger(__name__)
 
@@ -172,6 +168,8 @@ class CachedVersions:
 
         Never raises: a failure is logged and recorded as a `cache_gc_failed` event.
         """
+        from model_cache.gc import collect  # noqa: PLC0415 - with the cache (see the imports)
+
         try:
             served = {(m, v.version) for m, v in self.cache.served().items()}
             report = collect(

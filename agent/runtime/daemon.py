@@ -18,6 +18,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -35,7 +36,6 @@ from agent.config.security import (
 )
 from agent.device.gpu import CachedGpuReader, detect_gpu_reader
 from agent.errors import AgentConfigError, MemoryBudgetError, ModelLoadError
-from agent.fleet.link import FleetLink
 from agent.fleet.telemetry import TelemetrySampler
 from agent.models.cache_control import CachedVersions, CacheEvents
 from agent.models.control import ModelControlMode, ModelManager
@@ -46,7 +46,6 @@ from agent.models.memory_plan import MemoryLedger, detect_budget_bytes, process_
 from agent.models.registry import ModelRegistry
 from agent.runtime.demo import default_demo_dir, ensure_demo_repository
 from agent.runtime.fd_limit import raise_open_file_limit
-from agent.runtime.fleet_startup import start_fleet_link
 from agent.runtime.listeners import Listeners, connection_limits, tls_note
 from agent.runtime.model_startup import (
     initial_load,
@@ -72,7 +71,11 @@ from agent.serving.cuda_regions import open_cuda_regions
 from agent.serving.dataplane import DataPlane
 from agent.serving.response_cache import ResponseCache
 from agent.serving.shared_memory import SharedMemoryRegistry
-from model_cache import ModelCache
+
+if TYPE_CHECKING:
+    # MQTT (paho) only with [mqtt]; the cache (SQLite) only with cache.dir: imported when used.
+    from agent.fleet.link import FleetLink
+    from model_cache.versions import ModelCache
 
 logger = logging.getLogger(__name__)
 
@@ -307,6 +310,8 @@ async def _start(
     )
     fleet: FleetLink | None = None
     if config.mqtt.enabled:
+        from agent.runtime.fleet_startup import start_fleet_link  # noqa: PLC0415 - see imports
+
         fleet = await start_fleet_link(
             stack, config, dataplane, registry, ledger, model_cache, sync, events, gpu
         )

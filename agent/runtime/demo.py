@@ -1,12 +1,18 @@
-"""The built-in demo repository, generated locally with the `onnx` helper API (nothing downloaded).
+"""The built-in demo repository, generated locally (nothing downloaded, no onnx package).
 
     mlp_classifier/   FP32 [-1, 64] → 256 → 10 softmax; versions 1 and 2 (different weights);
                       a config.pbtxt with the usual Triton blocks.
     mixed_add/        A: FP32 [-1, 4], B: INT32 [-1, 4] → SUM = A + B, DIFF = A - B (FP32);
                       no config.pbtxt: auto-complete fills it from the model.
 
+The models are written with the agent's own generated code for ONNX's model format
+(`agent/proto/onnx_model.proto`, ONNX's field numbers), so `serve --demo` works from the base
+install: the `onnx` package (26 MB installed, about 11 MiB of RSS) is the `quantize` extra's.
+The tests check the result with `onnx.checker` and load it in ONNX Runtime.
+
 Generation writes into a temporary folder beside the target and renames it into place, so an
-interrupted run never leaves a half-written repository.
+interrupted run never leaves a half-written repository; the agent runs it in a child process
+(`ensure_demo_repository`), so the serving process never holds numpy's random generator.
 """
 
 from __future__ import annotations
@@ -16,16 +22,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:
-    import onnx
-
-# The onnx package (about 11 MiB of RSS) is imported only while generating models, and the agent
-# generates the demo in a child process (`ensure_demo_repository`), so it never holds onnx.
+from agent.proto import onnx_model_pb2 as onnx_pb
 
 OPSET = 17
 IR_VERSION = 8  # readable by older ONNX Runtime builds found on Jetson images
@@ -72,69 +74,94 @@ def default_demo_dir() -> Path:
 
 def mlp_model(
     in_dim: int = 64, hidden: int = 256, out_dim: int = 10, seed: int = 1
-) -> onnx.ModelProto:
+) -> onnx_pb.ModelProto:
     """A two-layer MLP classifier with a dynamic batch dimension and random weights."""
-    from onnx import TensorProto, helper, numpy_helper  # noqa: PLC0415 - see the imports
-
     rng = np.random.default_rng(seed)
     inits = [
-        numpy_helper.from_array(
-            (rng.standard_normal((in_dim, hidden)) * 0.1).astype(np.float32), "W1"
-        ),
-        numpy_helper.from_array((rng.standard_normal(hidden) * 0.1).astype(np.float32), "B1"),
-        numpy_helper.from_array(
-            (rng.standard_normal((hidden, out_dim)) * 0.1).astype(np.float32), "W2"
-        ),
-        numpy_helper.from_array((rng.standard_normal(out_dim) * 0.1).astype(np.float32), "B2"),
+        _tensor("W1", (rng.standard_normal((in_dim, hidden)) * 0.1).astype(np.float32)),
+        _tensor("B1", (rng.standard_normal(hidden) * 0.1).astype(np.float32)),
+        _tensor("W2", (rng.standard_normal((hidden, out_dim)) * 0.1).astype(np.float32)),
+        _tensor("B2", (rng.standard_normal(out_dim) * 0.1).astype(np.float32)),
     ]
     nodes = [
-        helper.make_node("Gemm", ["INPUT0", "W1", "B1"], ["H"]),
-        helper.make_node("Relu", ["H"], ["HR"]),
-        helper.make_node("Gemm", ["HR", "W2", "B2"], ["LOGITS"]),
-        helper.make_node("Softmax", ["LOGITS"], ["OUTPUT0"], axis=1),
+        _node("Gemm", ["INPUT0", "W1", "B1"], ["H"]),
+        _node("Relu", ["H"], ["HR"]),
+        _node("Gemm", ["HR", "W2", "B2"], ["LOGITS"]),
+        _node("Softmax", ["LOGITS"], ["OUTPUT0"], axis=1),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "mlp_classifier",
-        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", in_dim])],
-        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", out_dim])],
-        inits,
+    graph = onnx_pb.GraphProto(
+        name="mlp_classifier",
+        node=nodes,
+        initializer=inits,
+        input=[_value("INPUT0", FLOAT, ["batch", in_dim])],
+        output=[_value("OUTPUT0", FLOAT, ["batch", out_dim])],
     )
     return _finish(graph)
 
 
-def mixed_add_model() -> onnx.ModelProto:
+def mixed_add_model() -> onnx_pb.ModelProto:
     """Two inputs of different types: SUM = A + float(B), DIFF = A - float(B)."""
-    from onnx import TensorProto, helper  # noqa: PLC0415 - see the imports
-
     nodes = [
-        helper.make_node("Cast", ["B"], ["BF"], to=TensorProto.FLOAT),
-        helper.make_node("Add", ["A", "BF"], ["SUM"]),
-        helper.make_node("Sub", ["A", "BF"], ["DIFF"]),
+        _node("Cast", ["B"], ["BF"], to=FLOAT),
+        _node("Add", ["A", "BF"], ["SUM"]),
+        _node("Sub", ["A", "BF"], ["DIFF"]),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "mixed_add",
-        [
-            helper.make_tensor_value_info("A", TensorProto.FLOAT, ["batch", 4]),
-            helper.make_tensor_value_info("B", TensorProto.INT32, ["batch", 4]),
-        ],
-        [
-            helper.make_tensor_value_info("SUM", TensorProto.FLOAT, ["batch", 4]),
-            helper.make_tensor_value_info("DIFF", TensorProto.FLOAT, ["batch", 4]),
-        ],
+    graph = onnx_pb.GraphProto(
+        name="mixed_add",
+        node=nodes,
+        input=[_value("A", FLOAT, ["batch", 4]), _value("B", INT32, ["batch", 4])],
+        output=[_value("SUM", FLOAT, ["batch", 4]), _value("DIFF", FLOAT, ["batch", 4])],
     )
     return _finish(graph)
 
 
-def _finish(graph: onnx.GraphProto) -> onnx.ModelProto:
-    import onnx  # noqa: PLC0415 - see the imports
-    from onnx import helper  # noqa: PLC0415
+FLOAT = onnx_pb.TensorProto.FLOAT
+INT32 = onnx_pb.TensorProto.INT32
+_DATA_TYPES = {np.dtype(np.float32): FLOAT, np.dtype(np.int32): INT32}
 
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
-    model.ir_version = IR_VERSION
-    onnx.checker.check_model(model)
-    return model
+
+def _tensor(name: str, array: np.ndarray) -> onnx_pb.TensorProto:
+    """An initializer: dims, element type and little-endian raw bytes (as numpy_helper writes)."""
+    return onnx_pb.TensorProto(
+        name=name,
+        dims=list(array.shape),
+        data_type=_DATA_TYPES[array.dtype],
+        raw_data=np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes(),
+    )
+
+
+def _node(
+    op_type: str, inputs: Sequence[str], outputs: Sequence[str], **ints: int
+) -> onnx_pb.NodeProto:
+    """A node of the default domain; keyword arguments are its INT attributes."""
+    attributes = [
+        onnx_pb.AttributeProto(name=key, type=onnx_pb.AttributeProto.INT, i=value)
+        for key, value in sorted(ints.items())
+    ]
+    return onnx_pb.NodeProto(op_type=op_type, input=inputs, output=outputs, attribute=attributes)
+
+
+def _value(name: str, elem_type: int, dims: Sequence[int | str]) -> onnx_pb.ValueInfoProto:
+    """A graph input or output: a tensor type whose dims are sizes or symbolic names."""
+    shape = onnx_pb.TensorShapeProto(
+        dim=[
+            onnx_pb.TensorShapeProto.Dimension(dim_param=d)
+            if isinstance(d, str)
+            else onnx_pb.TensorShapeProto.Dimension(dim_value=d)
+            for d in dims
+        ]
+    )
+    tensor = onnx_pb.TypeProto.Tensor(elem_type=elem_type, shape=shape)
+    return onnx_pb.ValueInfoProto(name=name, type=onnx_pb.TypeProto(tensor_type=tensor))
+
+
+def _finish(graph: onnx_pb.GraphProto) -> onnx_pb.ModelProto:
+    return onnx_pb.ModelProto(
+        ir_version=IR_VERSION,
+        producer_name="edge-agent",
+        opset_import=[onnx_pb.OperatorSetIdProto(domain="", version=OPSET)],
+        graph=graph,
+    )
 
 
 def demo_repository_ready(target: Path) -> bool:
@@ -163,8 +190,6 @@ def ensure_demo_repository(target: Path) -> Path:
 
 def write_demo_repository(target: Path) -> Path:
     """Create the demo repository at `target` unless it is already there; returns `target`."""
-    import onnx  # noqa: PLC0415 - see the imports
-
     if demo_repository_ready(target):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -173,11 +198,13 @@ def write_demo_repository(target: Path) -> Path:
         mlp = staging / "mlp_classifier"
         for version, seed in ((1, 1), (2, 2)):
             (mlp / str(version)).mkdir(parents=True)
-            onnx.save(mlp_model(seed=seed), str(mlp / str(version) / "model.onnx"))
+            (mlp / str(version) / "model.onnx").write_bytes(
+                mlp_model(seed=seed).SerializeToString()
+            )
         (mlp / "config.pbtxt").write_text(MLP_CONFIG, encoding="utf-8")
         mixed = staging / "mixed_add" / "1"
         mixed.mkdir(parents=True)
-        onnx.save(mixed_add_model(), str(mixed / "model.onnx"))
+        (mixed / "model.onnx").write_bytes(mixed_add_model().SerializeToString())
         if target.exists():
             shutil.rmtree(target)
         os.replace(staging, target)

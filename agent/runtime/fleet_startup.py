@@ -11,7 +11,7 @@ import contextlib
 import functools
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.config.schema import AgentConfig
 from agent.device.gpu import GpuReader
@@ -25,7 +25,10 @@ from agent.runtime.signed_sync import AgentSync, desired_from_fleet, sync_now
 from agent.serving.dataplane import DataPlane
 from agent.wire.mqtt import MqttError
 from agent.wire.sqlite import StoreError
-from model_cache import ModelCache
+
+if TYPE_CHECKING:
+    from model_cache.versions import ModelCache
+
 
 __all__ = ["start_fleet_link"]
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from aiohttp import web
 
 from agent.api.access import ApiAccess
-from agent.api.grpc.aio import start_grpc_server
 from agent.api.grpc.loop import start_loop_grpc_server
 from agent.api.http.connection import CONNECTION_GUARD, ConnectionGuard
 from agent.api.http.limits import ConnectionLimits
@@ -80,6 +80,10 @@ class _GrpcServer(Protocol):
     """Either gRPC engine's server: `stop` stops accepting, then waits `grace` for calls."""
 
     async def stop(self, grace: float | None) -> None: ...
+
+
+# Either engine's start function (the same arguments; its server and bound port).
+_StartGrpc = Callable[..., Awaitable[tuple[_GrpcServer, int]]]
 
 
 @dataclass(slots=True)
@@ -188,9 +192,13 @@ class Listeners:
             return None
         tensor_limits = TensorLimits(server.max_request_bytes, server.max_bytes_elements)
         restricted = access if "grpc" in access.enforced else None
-        start = (
-            start_loop_grpc_server if server.grpc_engine is GrpcEngine.LOOP else start_grpc_server
-        )
+        if server.grpc_engine is GrpcEngine.LOOP:
+            start: _StartGrpc = start_loop_grpc_server
+        else:
+            # grpcio (the [grpcio] extra) is imported for its engine only.
+            from agent.api.grpc.aio import start_grpc_server  # noqa: PLC0415
+
+            start = start_grpc_server
         grpc_server, grpc_port = await start(
             dataplane,
             server.host,

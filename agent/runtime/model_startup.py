@@ -13,14 +13,17 @@ import logging
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent.config.schema import AgentConfig
 from agent.errors import AgentError, ModelLoadError, ModelNotFoundError
 from agent.models.control import ModelControlMode, ModelManager
 from agent.models.pushed import PushedModels
 from agent.models.registry import ModelRegistry
-from agent.repository.watch import RepositoryWatcher
-from model_cache import CacheError, ModelCache
+from model_cache.errors import CacheError
+
+if TYPE_CHECKING:
+    from model_cache.versions import ModelCache
 
 __all__ = ["initial_load", "open_cache", "pushed_models", "watch_repository"]
 
@@ -30,6 +33,8 @@ logger = logging.getLogger(__name__)
 def open_cache(config: AgentConfig) -> ModelCache:
     """Open (and recover) the model cache; raises ModelLoadError when it cannot be used."""
     assert config.cache.dir is not None
+    from model_cache.versions import ModelCache  # noqa: PLC0415 - SQLite only with cache.dir
+
     try:
         cache = ModelCache(
             config.cache.dir, disk_budget_bytes=config.cache.disk_budget_bytes or None
@@ -60,6 +65,8 @@ async def watch_repository(
     stack: contextlib.AsyncExitStack, config: AgentConfig, repo: Path, manager: ModelManager
 ) -> None:
     """Poll mode: (re)load a model folder once a change is complete, unload a removed one."""
+    from agent.repository.watch import RepositoryWatcher  # noqa: PLC0415 - watchdog: poll mode
+
     watcher = RepositoryWatcher(
         repo,
         functools.partial(_reload, manager),

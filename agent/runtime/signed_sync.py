@@ -21,12 +21,12 @@ from agent.errors import AgentError, ModelLoadError
 from agent.models.cache_control import CachedVersions, ProvenanceOf
 from agent.models.events import EventTee
 from agent.runtime.shutdown import StopBudget
-from model_cache import ModelCache
 from sync.errors import SyncConfigError, SyncError
 from sync.policy import parse_desired
 from sync.provenance import ProvenanceStore
 
 if TYPE_CHECKING:
+    from model_cache.versions import ModelCache
     from sync.client import SyncClient
     from sync.periodic import SyncLoop
 

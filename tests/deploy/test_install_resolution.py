@@ -148,3 +148,28 @@ def test_the_x86_64_runtime_extras_resolve_to_one_onnxruntime(extra: str, tmp_pa
     )
     resolved = {canonicalize_name(item["metadata"]["name"]) for item in report["install"]}
     assert len(resolved & ORT_DISTRIBUTIONS) == 1, sorted(resolved)
+
+
+FEATURE_EXTRAS = ("s3", "otel", "grpcio", "signing", "quantize")  # `all` (pyproject.toml)
+
+
+def test_the_dev_and_all_extras_name_every_feature_extra() -> None:
+    optional = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    for extra in ("all", "dev"):
+        nested = [Requirement(line) for line in optional[extra] if line.startswith("edge-agent")]
+        assert len(nested) == 1, (extra, nested)
+        assert nested[0].extras == set(FEATURE_EXTRAS), (extra, nested[0])
+
+
+def test_the_jetson_install_with_every_feature_extra_resolves(tmp_path: Path) -> None:
+    # A Jetson that syncs from S3, checks model signatures... resolves from aarch64 wheels too.
+    reqs = requirements("jetson", JETSON)
+    for extra in FEATURE_EXTRAS:
+        reqs += [r for r in requirements(extra, JETSON) if r.name != "edge-agent"]
+    aarch64 = ["manylinux2014_aarch64", "manylinux_2_17_aarch64", "manylinux_2_28_aarch64"]
+    report = pip_resolve(reqs, [*aarch64, "linux_aarch64"], tmp_path)
+    resolved = {canonicalize_name(item["metadata"]["name"]) for item in report["install"]}
+    assert {"boto3", "grpcio", "model-signing", "onnx", "opentelemetry-sdk"} <= resolved
+    assert not resolved & (ORT_DISTRIBUTIONS | GPU_PYPI_ONLY), sorted(resolved)

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 
@@ -29,7 +28,7 @@ TENSORRT = (
 @pytest.fixture
 def path(tmp_path: Path) -> Path:
     file = tmp_path / "model.onnx"
-    onnx.save(mlp_model(), file)
+    Path(file).write_bytes(mlp_model().SerializeToString())
     return file
 
 

@@ -12,7 +12,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
 
 from agent.backends.base import (
@@ -171,7 +170,7 @@ class TakesRequestsUnmerged(Backend, RunsRequests):
 
 def test_the_scheduler_gives_a_backend_what_it_declared(tmp_path: Path) -> None:
     path = tmp_path / "model.onnx"
-    onnx.save(mlp_model(), str(path))
+    path.write_bytes(mlp_model().SerializeToString())
     backend = TakesRequestsUnmerged(OnnxBackend(path, mc.ModelConfig(name="mlp"), 1))
     rng = np.random.default_rng(0)
     requests = [

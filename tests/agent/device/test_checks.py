@@ -238,3 +238,60 @@ def test_no_model_asking_for_accelerators_adds_no_line() -> None:
 
 def test_the_doctor_maps_accelerators_as_the_onnx_backend_does() -> None:
     assert ACCELERATOR_PROVIDERS == ACCELERATORS
+
+
+def test_the_footprint_is_reported_as_ok_lines() -> None:
+    from agent.device.checks import footprint_checks
+
+    checks = by_name(
+        footprint_checks(
+            {
+                "install": {
+                    "beyond_runtime_bytes": 61_000_000,
+                    "distributions": 30,
+                    "largest": [["cryptography", 15_600_000], ["uvloop", 14_100_000]],
+                },
+                "extras": {"s3": True, "otel": False},
+                "imports": {
+                    "seconds": 0.4,
+                    "rss_bytes": 84 << 20,
+                    "packages": ["agent", "aiohttp"],
+                },
+                "running": [
+                    {
+                        "pid": 42,
+                        "rss_bytes": 98 << 20,
+                        "uss_bytes": 53 << 20,
+                        "threads": 10,
+                        "native_packages": ["numpy", "onnxruntime"],
+                    }
+                ],
+            }
+        )
+    )
+    assert {c.status for c in checks.values()} == {Status.OK}
+    assert (
+        "61 MB beyond onnxruntime and numpy in 30 distributions"
+        in checks["footprint install"].detail
+    )
+    assert "extras: s3" in checks["footprint install"].detail
+    assert "serve imports 2 packages in 0.40 s" in checks["footprint imports"].detail
+    assert checks["footprint agent 42"].detail.startswith("RSS 98 MiB, USS 53 MiB, 10 threads")
+
+
+def test_no_running_agent_and_failing_imports() -> None:
+    from agent.device.checks import footprint_checks
+
+    checks = by_name(
+        footprint_checks(
+            {
+                "install": {"error": "not installed"},
+                "extras": {},
+                "imports": {"error": "ModuleNotFoundError: onnxruntime"},
+                "running": [],
+            }
+        )
+    )
+    assert checks["footprint agent"].detail == "no running agent found"
+    assert checks["footprint imports"].status is Status.WARN
+    assert checks["footprint install"].detail == "not installed; extras: none"

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.agent.device.test_tegra import JP62_ORIN_NANO, JP512_XAVIER_NX
-from tests.support import free_port
+from tests.support import free_port, http_get, wait_until
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -192,3 +192,50 @@ def test_doctor_says_a_loopback_api_is_fine(tmp_path: Path) -> None:
     (security,) = [c for c in doc["checks"] if c["name"] == "security"]
     assert security["status"] == "OK"
     assert "127.0.0.1" in security["detail"]
+
+
+def test_doctor_reports_the_agents_own_footprint(tmp_path: Path) -> None:
+    _, doc = doctor_json(tmp_path)
+    names = statuses(doc)
+    assert names["footprint install"] == "OK"
+    assert names["footprint imports"] == "OK"
+    footprint = doc["footprint"]
+    assert set(footprint["extras"]) == {"s3", "otel", "grpcio", "signing", "quantize"}
+    imports = footprint["imports"]
+    assert {"agent", "aiohttp", "onnxruntime", "numpy"} <= set(imports["packages"])
+    # What only some configs use is not imported by `serve` before it reads its config.
+    assert not {"grpc", "boto3", "onnx", "cryptography", "paho", "sqlite_utils"} & set(
+        imports["packages"]
+    )
+    assert imports["rss_bytes"] > 0
+    assert imports["seconds"] > 0
+
+
+def test_the_footprint_of_a_running_agent(tmp_path: Path) -> None:
+    from agent.device.footprint import running_facts
+
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(REPO), XDG_CACHE_HOME=str(tmp_path / "cache"))
+    command = [sys.executable, "-m", "agent", "serve", "--demo", "--http-port", str(port)]
+    command += ["--grpc-port", "-1", "--metrics-port", "-1", "--intra-op-threads", "1"]
+    agent = subprocess.Popen(command, env=env, cwd=tmp_path, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}/v2/health/ready"
+        wait_until(lambda: _answers(url), "the agent to be ready", timeout_s=120)
+        found = {f["pid"]: f for f in running_facts()}
+        assert agent.pid in found, found
+        mine = found[agent.pid]
+        assert mine["rss_bytes"] > mine["uss_bytes"] > 0
+        assert mine["threads"] >= 2
+        assert "onnxruntime" in mine["native_packages"]
+        assert "grpc" not in mine["native_packages"]
+    finally:
+        agent.terminate()
+        agent.wait(timeout=30)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return http_get(url)[0] == 200
+    except OSError:
+        return False

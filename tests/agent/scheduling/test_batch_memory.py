@@ -8,7 +8,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
 
 from agent.backends.onnx import OnnxBackend
@@ -27,7 +26,7 @@ ROW_BYTES = 64 * 4 + 10 * 4  # FP32 [64] in, FP32 [10] out
 @pytest.fixture(scope="module")
 def backend(tmp_path_factory: pytest.TempPathFactory) -> OnnxBackend:
     path: Path = tmp_path_factory.mktemp("mlp") / "model.onnx"
-    onnx.save(mlp_model(), str(path))
+    path.write_bytes(mlp_model().SerializeToString())
     return OnnxBackend(path, mc.ModelConfig(name="mlp"), intra_op_threads=1)
 
 

@@ -10,7 +10,6 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-import onnx
 import pytest
 
 from agent.backends.base import Backend, ReleasesMemory
@@ -59,7 +58,7 @@ class ReleaseRecordingBackend(Backend, ReleasesMemory):
 @pytest.fixture(scope="module")
 def onnx_backend(tmp_path_factory: pytest.TempPathFactory) -> OnnxBackend:
     path = tmp_path_factory.mktemp("mlp") / "model.onnx"
-    onnx.save(mlp_model(), str(path))
+    path.write_bytes(mlp_model().SerializeToString())
     return OnnxBackend(path, mc.ModelConfig(name="mlp"), intra_op_threads=1)
 
 

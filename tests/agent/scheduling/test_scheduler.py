@@ -10,7 +10,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
-import onnx
 import pytest
 
 from agent.backends.base import Backend, RequestFeeds, RunsRequests
@@ -65,7 +64,7 @@ class RecordingBackend(Backend):
 @pytest.fixture(scope="module")
 def onnx_backend(tmp_path_factory: pytest.TempPathFactory) -> OnnxBackend:
     path = tmp_path_factory.mktemp("mlp") / "model.onnx"
-    onnx.save(mlp_model(), str(path))
+    path.write_bytes(mlp_model().SerializeToString())
     return OnnxBackend(path, mc.ModelConfig(name="mlp"), intra_op_threads=1)
 
 
