@@ -14,8 +14,8 @@ from typing import NoReturn
 
 import pytest
 
+import model_cache.gc
 from agent.canary.control import CanaryManager
-from agent.models import cache_control
 from agent.models.cache_control import CachedVersions, CacheEvents
 from agent.models.control import ModelManager
 from agent.models.events import EventTee
@@ -146,7 +146,7 @@ def test_failed_cache_gc_is_an_event_and_the_swap_stands(
     def fail(*_args: object, **_kw: object) -> NoReturn:
         raise CacheError("blob directory: I/O error")
 
-    monkeypatch.setattr(cache_control, "collect", fail)
+    monkeypatch.setattr(model_cache.gc, "collect", fail)  # cache_control imports it per call
     seen = Events()
     versions = CachedVersions(cache, ModelManager(served, seen))
     asyncio.run(versions.activate("m", 2))  # does not raise
