@@ -275,15 +275,21 @@ class RabbitCluster:
             self.epmd = subprocess.Popen(
                 [epmd, "-port", str(self.epmd_port)], stdout=log, stderr=log
             )
-        for i in range(len(self.names)):
-            self.start_node(i)
-        for i, port in enumerate(self.ports):
-            where = self.folder / f"node{i}/out.log"
-            wait_for(functools.partial(accepts, port), f"RabbitMQ node {i} ({where})", timeout_s)
-        # A listener is up before its node takes MQTT sessions (the cluster still forming).
-        for i, port in enumerate(self.ports):
-            where = self.folder / f"node{i}/out.log"
-            wait_for(functools.partial(mqtt_answers, port), f"MQTT on node {i} ({where})", 120)
+        try:
+            for i in range(len(self.names)):
+                self.start_node(i)
+            for i, port in enumerate(self.ports):
+                where = self.folder / f"node{i}/out.log"
+                wait_for(
+                    functools.partial(accepts, port), f"RabbitMQ node {i} ({where})", timeout_s
+                )
+            # A listener is up before its node takes MQTT sessions (the cluster still forming).
+            for i, port in enumerate(self.ports):
+                where = self.folder / f"node{i}/out.log"
+                wait_for(functools.partial(mqtt_answers, port), f"MQTT on node {i} ({where})", 120)
+        except BaseException:
+            self.stop()  # a cluster that never formed leaves no node running
+            raise
 
     def start_node(self, i: int) -> None:
         """Start node `i` (again): its own session and process group."""

@@ -21,6 +21,7 @@ touched, and how many times.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import random
@@ -35,6 +36,7 @@ from agent.errors import AgentError, ModelLoadError, ModelNotFoundError, Unsuppo
 from agent.fleet import commands as cmd
 from agent.fleet import documents as wire
 from agent.fleet.inventory import served_versions
+from agent.fleet.rebirth import RebirthPacer
 from agent.fleet.slo import Sample, SloEvaluator
 from agent.wire.mqtt import Message, MqttClient, MqttError
 from agent.wire.topics import Topics
@@ -116,7 +118,7 @@ class SimDevice:
     client: MqttClient | None = None
     slo: SloEvaluator | None = None
     jitter: random.Random = field(default_factory=random.Random)
-    last_rebirth: float = -1e9
+    rebirth: RebirthPacer = field(default_factory=RebirthPacer)
 
     # --- documents --------------------------------------------------------------------------
 
@@ -373,6 +375,11 @@ class SimDevice:
             return
         done.add_done_callback(lambda f: f.cancelled() or f.exception())
 
+    def _rebirth_due(self) -> None:
+        now = time.time()
+        self.rebirth.fired(now)
+        self.publish_status(now)
+
     def send_telemetry(self, doc: dict[str, Any]) -> None:
         """A telemetry document on the telemetry topic (QoS 1, as the agent's outbox sends it)."""
         self._send(self.topics.telemetry, wire.encode(doc))
@@ -381,9 +388,11 @@ class SimDevice:
         """A command (or a fleet-wide rebirth request)."""
         now = time.time()
         if message.topic == self.topics.rebirth_all and not message.retain:
-            if now - self.last_rebirth >= 1.0:
-                self.last_rebirth = now
+            wait = self.rebirth.request(now)  # as the agent: paced, never dropped
+            if wait == 0.0:
                 self.publish_status(now)
+            elif wait is not None:
+                asyncio.get_running_loop().call_later(wait, self._rebirth_due)
             return
         if message.topic != self.topics.commands or message.retain:
             return

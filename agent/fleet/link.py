@@ -48,6 +48,7 @@ from agent.fleet.executor import CommandExecutor, SyncNow
 from agent.fleet.health import Health, supervise, why
 from agent.fleet.inventory import Digests, device_facts, gpu_facts, served_versions
 from agent.fleet.outbox import Kind, Outbox
+from agent.fleet.rebirth import RebirthPacer
 from agent.fleet.runner import CommandRunner
 from agent.fleet.slo import SloEvaluator
 from agent.fleet.state import FleetState
@@ -118,7 +119,7 @@ class FleetLink:
         self._digests = digests
         self._key_ids = key_ids
         self._facts: dict[str, Any] = {}
-        self._last_rebirth = -1e9
+        self._rebirth_pacer = RebirthPacer()
         self.config = config
         self.topics = Topics(config.topic_prefix, config.device())
         self._dataplane = dataplane
@@ -341,11 +342,23 @@ class FleetLink:
         return self.status()
 
     def _rebirth_requested(self) -> None:
-        """A fleet manager asked every device for its status (at most once a second)."""
-        now = self._clock()
-        if now - self._last_rebirth >= 1.0:
-            self._last_rebirth = now
+        """A fleet manager asked every device for its status (paho's thread): answered on the
+        loop, at most once a second and never dropped (`agent.fleet.rebirth`)."""
+        loop = self._loop
+        if loop is not None:
+            loop.call_soon_threadsafe(self._answer_rebirth)
+
+    def _answer_rebirth(self) -> None:
+        assert self._loop is not None
+        wait = self._rebirth_pacer.request(self._clock())
+        if wait == 0.0:
             self._publish_status()
+        elif wait is not None:
+            self._loop.call_later(wait, self._rebirth_due)
+
+    def _rebirth_due(self) -> None:
+        self._rebirth_pacer.fired(self._clock())
+        self._publish_status()
 
     def _signers(self, model: str, versions: Iterable[int]) -> dict[str, Any]:
         """`{"signers": {"VERSION": signer}}` of the served versions with a recorded signer."""
