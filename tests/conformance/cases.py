@@ -992,7 +992,6 @@ KNOWN: dict[str, str] = {
     "grpc-log-": "log_info defaults differ (agent False at INFO level)",
     "http-trace-": "trace settings: level and trace_file fields differ",
     "http-ready-after-unload": "model not ready: Triton 400, agent 503",
-    "grpc-seq-start": "differed once in a full run and passed alone: not understood yet",
     "metrics-type-": "counters are declared untyped (prometheus-client would add _total); "
     "Triton declares them counter",
     "http-unload-unknown": "unload of an unknown model: Triton 200, agent 404",

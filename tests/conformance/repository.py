@@ -286,7 +286,7 @@ name: "accumulate"
 backend: "python"
 max_batch_size: 0
 sequence_batching {
-  max_sequence_idle_microseconds: 60000000
+  max_sequence_idle_microseconds: 2000000
   control_input [
     { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] }
   ]
