@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Coroutine, Mapping
 from typing import Any, TypeVar
 
-from agent.errors import ModelControlDisabledError, ModelControlError
+from agent.errors import ModelControlDisabledError, ModelControlError, ModelNotFoundError
 from agent.models.cache_control import CachedVersions
 from agent.models.control import ModelControlMode, ModelManager
 from agent.models.pushed import PushedModels, parse_file_parameters
@@ -106,7 +106,11 @@ class ModelControl:
         await self._to_completion(self._unload_model(name))
 
     async def _unload_model(self, name: str) -> None:
-        await self.manager.unload(name)
+        try:
+            await self.manager.unload(name)
+        except ModelNotFoundError:
+            return  # as Triton: nothing is served under that name, so the unload is done
+
         if self.pushed is not None:
             await self.pushed.forget(name)
         if self._cache is not None:

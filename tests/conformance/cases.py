@@ -994,8 +994,6 @@ KNOWN: dict[str, str] = {
     "http-ready-after-unload": "model not ready: Triton 400, agent 503",
     "metrics-type-": "counters are declared untyped (prometheus-client would add _total); "
     "Triton declares them counter",
-    "http-unload-unknown": "unload of an unknown model: Triton 200, agent 404",
-    "grpc-unload-unknown": "unload of an unknown model: Triton OK, agent NOT_FOUND",
     "http-load-broken": "load of a broken model: wording differs",
     "http-load-init-fails": "load of a failing model: wording differs",
     "http-json-": "all_types: outputs not returned by the model (Triton omits them)",
