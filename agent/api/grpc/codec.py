@@ -78,8 +78,6 @@ def decode_infer_request(
             f"raw_input_contents has {len(raw)} buffers for {in_band} inputs not in shared "
             "memory; send raw contents for every such input or for none"
         )
-    if not tensors:
-        raise InvalidInputError("request must have at least one input")
     inputs = []
     index = 0
     for tensor, ref in zip(tensors, refs, strict=True):

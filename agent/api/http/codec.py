@@ -114,8 +114,8 @@ def _decode_document(
     spans: SplicedData | None,
 ) -> InferRequest:
     raw_inputs = doc.get("inputs")
-    if not isinstance(raw_inputs, list) or not raw_inputs:
-        raise InvalidInputError("request must have a non-empty 'inputs' list")
+    if not isinstance(raw_inputs, list):  # empty is fine: a model's inputs may all be optional
+        raise InvalidInputError("request must have an 'inputs' list")
     offset = 0
     inputs: list[InferInput] = []
     for raw in raw_inputs:

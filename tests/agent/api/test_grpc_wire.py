@@ -153,3 +153,10 @@ def test_a_message_of_many_tiny_fields_is_declined_after_bounded_work(
     fields = 0
     assert decode_serialized(data) is None
     assert fields <= 4096
+
+
+def test_a_request_without_inputs_is_decoded_for_the_signature_to_judge() -> None:
+    # All of a model's inputs may be optional (Triton serves such a request).
+    message = pb.ModelInferRequest(model_name="m")
+    assert decode_serialized(message.SerializeToString()) is None  # the full decoder's
+    assert decode_infer_request(message).inputs == ()

@@ -80,7 +80,7 @@ BAD_REQUESTS = {
         "batch-size must be <= 32",
     ),
     "non-numeric data": (with_input(data=["x"] * 64), "FP32 data must be numbers"),
-    "no inputs": ({"inputs": []}, "non-empty 'inputs'"),
+    "no inputs": ({"inputs": []}, "expected 1 inputs but got 0 inputs"),
 }
 
 
