@@ -96,9 +96,11 @@ class RequestRouter:
 
         Raises:
             InvalidInputError: the request does not match the model (Triton's words, opened
-                with the request's id).
+                with the request's id for its inputs).
         """
         signature = route.served.signature
+        if request.outputs is not None:  # Triton checks these first, and names no request id
+            signature.output_names(request)
         try:
             valid = signature.validate(request)
         except InvalidInputError as exc:  # Triton's words open with the request's id
