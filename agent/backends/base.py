@@ -41,6 +41,7 @@ __all__ = [
     "DeclaresConfig",
     "DecoupledRequest",
     "HoldsWorkerMemory",
+    "NamedOutputs",
     "ReleasesMemory",
     "ReportsHealth",
     "ReportsProviders",
@@ -80,11 +81,18 @@ class Backend(Protocol):
         ...
 
 
+# One request's answer from a backend that runs requests unmerged: the outputs it asked for that
+# the model returned, in the model's order (Triton's Python backend leaves out the others and
+# keeps the order of the model's response).
+NamedOutputs = dict[str, np.ndarray]
+
+
 class ResponseSink(Protocol):
     """Where a decoupled backend puts one request's responses (from any thread)."""
 
-    def put(self, outputs: list[np.ndarray] | None, error: AgentError | None, final: bool) -> None:
-        """One response (outputs, or an error) and/or the final flag (outputs None)."""
+    def put(self, outputs: NamedOutputs | None, error: AgentError | None, final: bool) -> None:
+        """One response (outputs by name, in the model's order, or an error) and/or the final
+        flag (outputs None)."""
         ...
 
     def on_cancel(self, cancel: Callable[[], None]) -> None:
@@ -109,10 +117,11 @@ class RunsRequests(Protocol):
         cancelled: Sequence[CancelSignal] = (),
         *,
         traces: Sequence[object | None] = (),
-    ) -> list[list[np.ndarray] | AgentError]:
-        """Run the requests of one batch together; each answer is that request's outputs or its
-        error. `cancelled`: one signal per request (or none), set while it runs when its caller
-        went away; `traces`: each request's trace (None: untraced), the parent of the requests
+    ) -> list[NamedOutputs | AgentError]:
+        """Run the requests of one batch together; each answer is that request's outputs (by
+        name, in the model's order, without those it did not return) or its error.
+        `cancelled`: one signal per request (or none), set while it runs when its caller went
+        away; `traces`: each request's trace (None: untraced), the parent of the requests
         the model makes in turn (BLS).
 
         Raises:

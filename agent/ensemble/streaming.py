@@ -26,8 +26,8 @@ from agent.tensors.signature import ValidatedRequest
 if TYPE_CHECKING:
     from agent.ensemble.runner import StepRunnerSlot
 
-# Gets the requested ensemble outputs of one response, in the request's order.
-Emit = Callable[[list[np.ndarray]], None]
+# Gets the requested ensemble outputs of one response by name, in the request's order.
+Emit = Callable[[dict[str, np.ndarray]], None]
 
 
 async def stream_ensemble(
@@ -57,7 +57,7 @@ async def stream_ensemble(
                 return
             answer = await run(step, tensors)
             tensors = {**tensors, **answer}
-        emit([tensors[name] for name in request.output_names])
+        emit({name: tensors[name] for name in request.output_names})
 
     async def run(step: EnsembleStep, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         runner = slot.get(ensemble)

@@ -16,6 +16,7 @@ The data plane reads it per request to keep a live sequence on the version it st
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -31,8 +32,13 @@ __all__ = ["ExecutionResult", "KeepsSequences", "Scheduler"]
 
 @dataclass(slots=True)  # not frozen: its __init__ would set each field through object.__setattr__
 class ExecutionResult:
-    """One request's outputs (in its requested order) and where its time went (read-only by
-    convention: one is made per request, and a frozen one costs ~0.5 µs more to make)."""
+    """One request's outputs and where its time went (read-only by convention: one is made per
+    request, and a frozen one costs ~0.5 µs more to make).
+
+    `names`: the outputs' names, when a backend answered by name (a Python model: the requested
+    outputs it returned, in its order); None: `outputs` holds every requested output, in the
+    request's order.
+    """
 
     outputs: list[np.ndarray]
     queue_ns: int
@@ -40,6 +46,11 @@ class ExecutionResult:
     compute_infer_ns: int
     compute_output_ns: int
     batch_size: int
+    names: tuple[str, ...] | None = None
+
+    def named(self, requested: Sequence[str]) -> Iterator[tuple[str, np.ndarray]]:
+        """Each output with its name; `requested`: the request's output names, in its order."""
+        return zip(requested if self.names is None else self.names, self.outputs, strict=True)
 
 
 class KeepsSequences(Protocol):

@@ -273,14 +273,16 @@ class ModelScheduler:
         cpu_start = time.thread_time_ns()
         t0 = time.perf_counter_ns()
         try:
-            # A traced request to a Python model: its BLS requests are children of its trace.
-            if request.trace is not None and (run_requests := self._run_requests) is not None:
+            # A Python model answers by name (the outputs it returned, in its order); a traced
+            # request's BLS requests are children of its trace.
+            names = None
+            if (run_requests := self._run_requests) is not None:
                 (answer,) = run_requests(
                     [(request.feeds, request.output_names)], traces=[request.trace]
                 )
                 if isinstance(answer, BaseException):
                     raise answer
-                outputs = answer
+                outputs, names = list(answer.values()), tuple(answer)
             else:
                 outputs = self._backend.run(request.feeds, request.output_names)
         except AgentError:
@@ -296,7 +298,7 @@ class ModelScheduler:
                 compute_output_ns=0,
             )
         self._gauge.measured(time.thread_time_ns() - cpu_start, t1 - t0, on_loop=True)
-        return ExecutionResult(outputs, 0, 0, t1 - t0, 0, request.batch_size)
+        return ExecutionResult(outputs, 0, 0, t1 - t0, 0, request.batch_size, names)
 
     async def drain(self) -> None:
         """Wait until nothing is queued or executing."""
@@ -420,12 +422,13 @@ class ModelScheduler:
                         answer
                         if isinstance(answer, BaseException)
                         else ExecutionResult(
-                            outputs=list(answer),
+                            outputs=list(answer.values()),
                             queue_ns=max(0, started_ns - jobs[i].enqueued_ns),
                             compute_input_ns=0,
                             compute_infer_ns=t2 - t0,
                             compute_output_ns=0,
                             batch_size=rows,
+                            names=tuple(answer),
                         )
                     )
                 if self._stats is not None:

@@ -286,7 +286,7 @@ class SequenceScheduler(KeepsSequences):
             wanted.update(dict.fromkeys(tensors.state_outputs))
             names = list(wanted)
             per_row: list[dict[str, np.ndarray] | BaseException]
-            if run_requests is not None and len(group) > 1:
+            if run_requests is not None:
                 singles = [
                     (
                         {
@@ -301,10 +301,7 @@ class SequenceScheduler(KeepsSequences):
                 t1 = time.perf_counter_ns()
                 answers = run_requests(singles)
                 t2 = time.perf_counter_ns()
-                per_row = [
-                    a if isinstance(a, BaseException) else dict(zip(names, a, strict=True))
-                    for a in answers
-                ]
+                per_row = list(answers)
             else:
                 feeds = (
                     dict(requests[0].feeds)
@@ -327,13 +324,27 @@ class SequenceScheduler(KeepsSequences):
                 if isinstance(answer, BaseException):
                     results[i] = answer
                     continue
+                lost = [n for n in tensors.state_outputs if n not in answer]
+                if lost:  # a Python model answers by name: it may leave an output out
+                    results[i] = BackendError(
+                        f"model '{self.model}' returned no state output '{lost[0]}'"
+                    )
+                    continue
+                requested = requests[k].output_names
+                # A Python model's answer keeps its own order (Triton's); `run`'s, the request's.
+                named = (
+                    [(n, a) for n, a in answer.items() if n in requested]
+                    if run_requests is not None
+                    else [(n, answer[n]) for n in requested]
+                )
                 results[i] = ExecutionResult(
-                    outputs=[answer[n] for n in requests[k].output_names],
+                    outputs=[a for _, a in named],
                     queue_ns=max(0, started_ns - steps[i].item.enqueued_ns),
                     compute_input_ns=t1 - t0,
                     compute_infer_ns=t2 - t1,
                     compute_output_ns=0,
                     batch_size=len(group),
+                    names=tuple(n for n, _ in named),
                 )
                 states[i] = {
                     n: np.array(answer[n][0] if batched else answer[n])

@@ -347,7 +347,7 @@ class DataPlane:
             sig = served.signature
             outputs = tuple(
                 OutputTensor(n, sig.outputs[n].datatype, sig.shape_output(n, data))
-                for n, data in zip(valid.output_names, result.outputs, strict=True)
+                for n, data in result.named(valid.output_names)
             )
             self.shared_memory.place_outputs(outputs, in_shm)
         except Exception as exc:

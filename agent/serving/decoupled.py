@@ -56,7 +56,7 @@ async def stream_responses(
             if raw.error is not None and index == 0 and _failed_before_start(submitted):
                 failed = raw.error
                 raise raw.error
-            item = _item(raw, served.name, version, request_id, sig, valid)
+            item = _item(raw, served.name, version, request_id, sig)
             now = time.perf_counter_ns()
             if item.error is not None:
                 failed = item.error
@@ -101,13 +101,12 @@ def _item(
     version: str,
     request_id: str | None,
     sig: ModelSignature,
-    valid: ValidatedRequest,
 ) -> StreamedResponse:
     if raw.error is not None or raw.outputs is None:
         return StreamedResponse(None, raw.error, raw.final)
     outputs = tuple(
         OutputTensor(n, sig.outputs[n].datatype, sig.shape_output(n, data))
-        for n, data in zip(valid.output_names, raw.outputs, strict=True)
+        for n, data in raw.outputs.items()
     )
     return StreamedResponse(InferResponse(model, version, outputs, request_id), None, raw.final)
 

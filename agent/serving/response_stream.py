@@ -35,9 +35,10 @@ class StreamedResponse:
 
 @dataclass(frozen=True, slots=True)
 class RawResponse:
-    """What the backend sent: outputs in the requested order, or an error; the final flag."""
+    """What the backend sent: outputs by name (in the model's order), or an error; the final
+    flag."""
 
-    outputs: list[np.ndarray] | None
+    outputs: dict[str, np.ndarray] | None
     error: AgentError | None
     final: bool
 
@@ -53,7 +54,9 @@ class ResponseStream:
         self.cancelled = False
         self.finished = False
 
-    def put(self, outputs: list[np.ndarray] | None, error: AgentError | None, final: bool) -> None:
+    def put(
+        self, outputs: dict[str, np.ndarray] | None, error: AgentError | None, final: bool
+    ) -> None:
         """A response from the backend (any thread)."""
         self._loop.call_soon_threadsafe(self._queue.put_nowait, RawResponse(outputs, error, final))
 

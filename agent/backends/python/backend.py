@@ -66,6 +66,7 @@ from agent.backends.base import (
     DeclaresConfig,
     DecoupledRequest,
     HoldsWorkerMemory,
+    NamedOutputs,
     ReportsHealth,
     RequestFeeds,
     RunsDecoupled,
@@ -90,7 +91,7 @@ from agent.backends.python.instances import (
     start_workers,
 )
 from agent.backends.python.model_errors import raised_error, reported_error
-from agent.backends.python.outputs import checked_output
+from agent.backends.python.outputs import in_requested_order, requested_outputs
 from agent.backends.python.pool import WorkerPool
 from agent.backends.python.process import Launcher, Worker, exit_reason, kill_worker, reap_worker
 from agent.backends.python.side_messages import SideMessages
@@ -252,7 +253,7 @@ class PythonBackend(
         answer = self.run_requests([(feeds, output_names)])[0]
         if isinstance(answer, AgentError):
             raise answer
-        return answer
+        return in_requested_order(self.name, answer, output_names)
 
     def run_requests(
         self,
@@ -260,10 +261,11 @@ class PythonBackend(
         cancelled: Sequence[CancelSignal] = (),
         *,
         traces: Sequence[object | None] = (),
-    ) -> list[list[np.ndarray] | AgentError]:
+    ) -> list[NamedOutputs | AgentError]:
         """Run the requests of one dynamic batch in ONE `execute` call, each its own
         `InferenceRequest` (Triton's Python backend semantics); the scheduler calls this instead
-        of merging them. Each answer is that request's outputs, or its error (BackendError).
+        of merging them. Each answer is that request's outputs (those requested that the model
+        returned, in the model's order), or its error (BackendError).
         `traces`: each request's trace (None: untraced), the parent of the BLS requests that
         `execute` makes with `trace=request.trace()`.
 
@@ -345,10 +347,8 @@ class PythonBackend(
                 return True
             return self._side.handle(worker, message)
 
-        def check(names: Sequence[str], returned: dict[str, np.ndarray]) -> list[np.ndarray]:
-            return [
-                checked_output(self.name, self._declared, n, returned.get(n), None) for n in names
-            ]
+        def check(names: Sequence[str], returned: dict[str, np.ndarray]) -> NamedOutputs:
+            return requested_outputs(self.name, self._declared, names, returned, None)
 
         channel = DecoupledChannel(
             worker.conn,
@@ -446,7 +446,7 @@ class PythonBackend(
         requests: Sequence[RequestFeeds],
         cancelled: Sequence[CancelSignal],
         traces: Sequence[object | None] = (),
-    ) -> list[list[np.ndarray] | AgentError]:
+    ) -> list[NamedOutputs | AgentError]:
         described: list[dict[str, object]] = [
             {"outputs": list(names), "inputs": len(feeds)} for feeds, names in requests
         ]
@@ -504,7 +504,7 @@ class PythonBackend(
         answers = reply.meta.get("responses")
         if not isinstance(answers, list) or len(answers) != len(requests):
             raise BackendError(f"python model '{self.name}': malformed answer from the worker")
-        results: list[list[np.ndarray] | AgentError] = []
+        results: list[NamedOutputs | AgentError] = []
         offset = 0
         for (feeds, names), answer in zip(requests, answers, strict=True):
             count = int(answer.get("tensors", 0))
@@ -520,12 +520,7 @@ class PythonBackend(
                 continue
             rows = next(iter(feeds.values())).shape[0] if self._batched and feeds else None
             try:
-                results.append(
-                    [
-                        checked_output(self.name, self._declared, n, returned.get(n), rows)
-                        for n in names
-                    ]
-                )
+                results.append(requested_outputs(self.name, self._declared, names, returned, rows))
             except BackendError as exc:
                 results.append(exc)
         return results

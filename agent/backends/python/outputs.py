@@ -3,11 +3,15 @@
 A Python model declares its outputs in the config only, so the agent checks each returned
 array's datatype and shape (and, for a batched model, its batch rows) before serving it; a
 mismatch is the request's BackendError, worded so the model's author knows the fix.
+
+As Triton's Python backend, a response holds the requested outputs the model returned, in the
+order the model returned them: a requested output the model left out is simply absent (a model
+with optional inputs answers only for those it received).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -16,11 +20,52 @@ from agent.tensors import datatypes
 from agent.tensors.datatypes import ModelTensor
 
 
+def requested_outputs(
+    model_name: str,
+    declared_outputs: Mapping[str, ModelTensor],
+    names: Sequence[str],
+    returned: Mapping[str, np.ndarray],
+    rows: int | None,
+) -> dict[str, np.ndarray]:
+    """The outputs of `returned` (one response, in the model's order) that `names` asks for,
+    each checked against its declaration; those the model did not return are left out.
+
+    `rows`: the batch's row count, for a batched model (None: not checked).
+
+    Raises:
+        BackendError: a returned output's datatype or shape is not declared.
+    """
+    wanted = set(names)
+    return {
+        name: checked_output(model_name, declared_outputs, name, array, rows)
+        for name, array in returned.items()
+        if name in wanted
+    }
+
+
+def in_requested_order(
+    model_name: str, outputs: Mapping[str, np.ndarray], names: Sequence[str]
+) -> list[np.ndarray]:
+    """`outputs` as a list aligned with `names`, for the callers that need every one of them
+    (`Backend.run`: warm-up, merged batches).
+
+    Raises:
+        BackendError: the model did not return one of `names`.
+    """
+    missing = [n for n in names if n not in outputs]
+    if missing:
+        raise BackendError(
+            f"python model '{model_name}' output '{missing[0]}': execute returned no tensor of "
+            "that name"
+        )
+    return [outputs[n] for n in names]
+
+
 def checked_output(
     model_name: str,
     declared_outputs: Mapping[str, ModelTensor],
     name: str,
-    array: np.ndarray | None,
+    array: np.ndarray,
     rows: int | None,
 ) -> np.ndarray:
     """`array`, what the model returned as output `name`, if it fits that output's declaration.
@@ -28,11 +73,9 @@ def checked_output(
     `rows`: the batch's row count, for a batched model (None: not checked).
 
     Raises:
-        BackendError: no such tensor was returned, or its datatype or shape is not declared.
+        BackendError: its datatype or shape is not declared.
     """
     where = f"python model '{model_name}' output '{name}'"
-    if array is None:
-        raise BackendError(f"{where}: execute returned no tensor of that name")
     declared = declared_outputs[name]
     assert declared.datatype is not None
     got = "BYTES" if array.dtype == np.object_ else _kserve(array.dtype)

@@ -36,8 +36,9 @@ from agent.errors import AgentError, BackendError, ModelInstanceFailedError, Mod
 
 logger = logging.getLogger(__name__)
 
-# The requested outputs of a response, checked (dtype, shape); raises BackendError.
-OutputCheck = Callable[[Sequence[str], dict[str, np.ndarray]], list[np.ndarray]]
+# The requested outputs of a response that the model returned, checked (dtype, shape), in the
+# model's order; raises BackendError.
+OutputCheck = Callable[[Sequence[str], dict[str, np.ndarray]], dict[str, np.ndarray]]
 
 
 @dataclass(slots=True)

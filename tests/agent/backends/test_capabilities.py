@@ -18,6 +18,7 @@ from agent.backends.base import (
     Backend,
     DeclaresConfig,
     HoldsWorkerMemory,
+    NamedOutputs,
     ReleasesMemory,
     ReportsProviders,
     RequestFeeds,
@@ -158,11 +159,13 @@ class TakesRequestsUnmerged(Backend, RunsRequests):
         cancelled: Sequence[CancelSignal] = (),
         *,
         traces: Sequence[object | None] = (),
-    ) -> list[list[np.ndarray] | AgentError]:
+    ) -> list[NamedOutputs | AgentError]:
         self.gate.wait(30)
         assert len(cancelled) == len(requests) == len(traces)
         self.batches.append(len(requests))
-        return [self.inner.run(feeds, names) for feeds, names in requests]
+        return [
+            dict(zip(names, self.inner.run(feeds, names), strict=True)) for feeds, names in requests
+        ]
 
     def close(self) -> None:
         self.inner.close()

@@ -30,8 +30,10 @@ class Collector:
         self.done = threading.Event()
         self.cancel: list[object] = []
 
-    def put(self, outputs: list[np.ndarray] | None, error: AgentError | None, final: bool) -> None:
-        value = None if outputs is None else int(outputs[0].flat[0])
+    def put(
+        self, outputs: dict[str, np.ndarray] | None, error: AgentError | None, final: bool
+    ) -> None:
+        value = None if outputs is None else int(outputs["OUT"].flat[0])
         self.items.append((value, None if error is None else error.message, final))
         if final:
             self.done.set()
@@ -166,4 +168,4 @@ def test_a_model_that_is_not_decoupled_may_answer_through_its_sender(tmp_path: P
         answers = backend.run_requests([({"X": x}, ["Y"]), ({"X": x + 1}, ["Y"])])
     finally:
         backend.close()
-    assert [a[0].tolist() for a in answers if isinstance(a, list)] == [[[2.0, 4.0]], [[4.0, 6.0]]]
+    assert [a["Y"].tolist() for a in answers if isinstance(a, dict)] == [[[2.0, 4.0]], [[4.0, 6.0]]]

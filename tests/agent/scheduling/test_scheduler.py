@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from agent.backends.base import Backend, RequestFeeds, RunsRequests
+from agent.backends.base import Backend, NamedOutputs, RequestFeeds, RunsRequests
 from agent.backends.cancellation import CancelSignal
 from agent.backends.onnx import OnnxBackend
 from agent.errors import AgentError, BackendError
@@ -238,11 +238,13 @@ class GatedRequestsBackend(RecordingBackend, RunsRequests):
         cancelled: Sequence[CancelSignal] = (),
         *,
         traces: Sequence[object | None] = (),
-    ) -> list[list[np.ndarray] | AgentError]:
+    ) -> list[NamedOutputs | AgentError]:
         self.started.set()
         self.gate.wait(30)
         self.seen.append([signal.cancelled for signal in cancelled])
-        return [self.inner.run(feeds, names) for feeds, names in requests]
+        return [
+            dict(zip(names, self.inner.run(feeds, names), strict=True)) for feeds, names in requests
+        ]
 
 
 def test_cancelled_requests_are_skipped_in_the_queue_and_signalled_while_running(
@@ -295,3 +297,57 @@ def test_stalls_on_the_loop_move_a_model_back_only_when_they_repeat(
             assert backend.threads[7] == loop_thread
 
         asyncio.run(main())
+
+
+class AnswersByName(Backend, RunsRequests):
+    """As a Python model that returns B before A and never C: answers by name, in its order."""
+
+    @property
+    def inputs(self) -> Sequence[ModelTensor]:
+        return ()
+
+    @property
+    def outputs(self) -> Sequence[ModelTensor]:
+        return ()
+
+    def run(
+        self,
+        feeds: Mapping[str, np.ndarray],
+        output_names: Sequence[str],
+        *,
+        shrink_memory: bool = False,
+    ) -> list[np.ndarray]:
+        raise AssertionError("a backend that answers by name is always asked by name")
+
+    def run_requests(
+        self,
+        requests: Sequence[RequestFeeds],
+        cancelled: Sequence[CancelSignal] = (),
+        *,
+        traces: Sequence[object | None] = (),
+    ) -> list[NamedOutputs | AgentError]:
+        x = np.zeros((1, 1), np.float32)
+        return [{n: x + ord(n) for n in ("B", "A") if n in names} for _, names in requests]
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_backend_answering_by_name_gives_its_order_and_leaves_out_what_it_did_not_return() -> (
+    None
+):
+    backend = AnswersByName()
+    with ThreadPoolExecutor(1) as executor:
+
+        async def main() -> tuple[list[list[str]], bool]:
+            scheduler = mlp_scheduler(backend, executor, 10**12)  # inline once measured
+            asked = ValidatedRequest({"X": np.zeros((1, 1), np.float32)}, ("A", "C", "B"), 1)
+            results = [await scheduler.submit(asked) for _ in range(6)]
+            named = [list(r.named(asked.output_names)) for r in results]
+            for pairs in named:
+                assert [float(a[0, 0]) for _, a in pairs] == [ord("B"), ord("A")]
+            return [[n for n, _ in pairs] for pairs in named], scheduler.inline
+
+        names, inline = asyncio.run(main())
+    assert inline  # the executor's answers and the inline ones alike
+    assert names == [["B", "A"]] * 6
