@@ -29,11 +29,14 @@ class Collector:
         self.items: list[tuple[int | None, str | None, bool]] = []
         self.done = threading.Event()
         self.cancel: list[object] = []
+        self.names: list[list[str]] = []  # the outputs of each response with outputs
 
     def put(
         self, outputs: dict[str, np.ndarray] | None, error: AgentError | None, final: bool
     ) -> None:
         value = None if outputs is None else int(outputs["OUT"].flat[0])
+        if outputs is not None:
+            self.names.append(list(outputs))
         self.items.append((value, None if error is None else error.message, final))
         if final:
             self.done.set()
@@ -44,9 +47,11 @@ class Collector:
 
 @pytest.fixture
 def backend(tmp_path: Path) -> Iterator[PythonBackend]:
-    model_dir = write_python_model(
-        tmp_path, "streamer", DECOUPLED_MODEL, decoupled_config("streamer", tmp_path)
+    # UNSENT: declared, never sent by the model.
+    declared = decoupled_config("streamer", tmp_path).replace(
+        "output [ ", 'output [ { name: "UNSENT" data_type: TYPE_INT32 dims: [ 1 ] }, '
     )
+    model_dir = write_python_model(tmp_path, "streamer", DECOUPLED_MODEL, declared)
     config = text_format.Parse((model_dir / "config.pbtxt").read_text(), mc.ModelConfig())
     backend = PythonBackend(model_dir / "1", config)
     try:
@@ -69,6 +74,15 @@ def test_one_execute_streams_to_each_request_of_a_batch(backend: PythonBackend) 
     for k, sink in enumerate(sinks):
         assert sink.done.wait(30)
         assert sink.items == [*((i, None, False) for i in range(k + 1)), (None, None, True)]
+
+
+def test_a_response_holds_the_requested_outputs_the_model_sent(backend: PythonBackend) -> None:
+    # As Triton: UNSENT is left out of each response, not an error.
+    sink = Collector()
+    backend.run_decoupled([(feeds(2, 0), ["UNSENT", "OUT"], sink)])
+    assert sink.done.wait(30)
+    assert sink.items == [(0, None, False), (1, None, False), (None, None, True)]
+    assert sink.names == [["OUT"], ["OUT"]]
 
 
 def test_execute_that_raises_ends_every_request_with_its_error(backend: PythonBackend) -> None:
