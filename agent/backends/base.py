@@ -35,6 +35,7 @@ from agent.backends.health import HealthState
 from agent.errors import AgentError
 from agent.proto import model_config_pb2 as mc
 from agent.tensors.datatypes import ModelTensor
+from agent.tensors.request import RequestContext
 
 __all__ = [
     "Backend",
@@ -109,11 +110,13 @@ class RunsRequests(Protocol):
         cancelled: Sequence[CancelSignal] = (),
         *,
         traces: Sequence[object | None] = (),
+        contexts: Sequence[RequestContext | None] = (),
     ) -> list[list[np.ndarray] | AgentError]:
         """Run the requests of one batch together; each answer is that request's outputs or its
         error. `cancelled`: one signal per request (or none), set while it runs when its caller
         went away; `traces`: each request's trace (None: untraced), the parent of the requests
-        the model makes in turn (BLS).
+        the model makes in turn (BLS); `contexts`: each request's id, parameters and
+        correlation id (None or none given: it has none).
 
         Raises:
             AgentError: the whole batch failed (every request gets the error).

@@ -274,9 +274,13 @@ class ModelScheduler:
         t0 = time.perf_counter_ns()
         try:
             # A traced request to a Python model: its BLS requests are children of its trace.
-            if request.trace is not None and (run_requests := self._run_requests) is not None:
+            if (request.trace is not None or request.context is not None) and (
+                run_requests := self._run_requests
+            ) is not None:
                 (answer,) = run_requests(
-                    [(request.feeds, request.output_names)], traces=[request.trace]
+                    [(request.feeds, request.output_names)],
+                    traces=[request.trace],
+                    contexts=[request.context],
                 )
                 if isinstance(answer, BaseException):
                     raise answer
@@ -411,6 +415,7 @@ class ModelScheduler:
                     [(jobs[i].request.feeds, jobs[i].request.output_names) for i in group],
                     cancelled=[jobs[i].cancel for i in group],
                     traces=[jobs[i].request.trace for i in group],
+                    contexts=[jobs[i].request.context for i in group],
                 )
                 t2 = time.perf_counter_ns()
                 run_ns += t2 - t0

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncGenerator, Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,12 @@ from agent.serving.cuda_regions import CudaRegionRegistry
 from agent.serving.cuda_shared_memory import CudaRegions, CudaSharedMemory
 from agent.serving.log_settings import LogSettings
 from agent.serving.model_control import ModelControl
-from agent.serving.request_parameters import now_ms, scheduling_parameters
+from agent.serving.request_parameters import (
+    ensemble_parameters,
+    now_ms,
+    request_context,
+    scheduling_parameters,
+)
 from agent.serving.request_traces import RequestTraces
 from agent.serving.response_cache import ResponseCache, cache_key
 from agent.serving.response_stream import StreamedResponse
@@ -308,12 +314,20 @@ class DataPlane:
             trace.model_version = number
         stats = loaded.stats
         version_text = str(number)
+        answer = (
+            ensemble_parameters(route.sequence) if served.config.platform == "ensemble" else None
+        )
         key: bytes | None = None
         in_shm = shared_memory_outputs(request)
         try:
             if in_shm or any(t.shm is not None for t in request.inputs):
                 request = self.shared_memory.resolve_inputs(request)
             valid = self._router.admit(route, request, trace)
+            context = request_context(
+                request, route.sequence.correlation_id if route.sequence is not None else 0
+            )
+            if context is not None:  # most requests have none: the fast path stays as it is
+                valid = replace(valid, context=context)
             priority, timeout_us = scheduling_parameters(params) if params else (None, None)
             if self._cache is not None and served.config.response_cache.enable:
                 lookup = time.perf_counter_ns()
@@ -328,7 +342,7 @@ class DataPlane:
                     self._router.outcome(name, route, start, None)
                     if trace is not None:
                         self._traces.end(trace, hit)
-                    return InferResponse(served.name, version_text, hit, request.id)
+                    return InferResponse(served.name, version_text, hit, request.id, answer)
                 stats.record_cache_miss(ns=time.perf_counter_ns() - lookup)
             queued = time.perf_counter_ns() if trace is not None else 0
             if route.sequence is not None:
@@ -380,7 +394,7 @@ class DataPlane:
         self._router.outcome(name, route, start, None)
         if trace is not None:
             self._traces.end(trace, outputs)
-        return InferResponse(served.name, version_text, outputs, request.id)
+        return InferResponse(served.name, version_text, outputs, request.id, answer)
 
     def infer_stream(
         self, name: str, version: str | None, request: InferRequest

@@ -77,6 +77,17 @@ class InferRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestContext:
+    """What a model may read off a request besides its tensors (a Python model's
+    `InferenceRequest`: `request_id()`, `parameters()`, `correlation_id()`)."""
+
+    id: str = ""
+    # The client's parameters, those Triton consumes itself (sequence, scheduling) left out.
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+    correlation_id: int | str = 0
+
+
+@dataclass(frozen=True, slots=True)
 class OutputTensor:
     """One output tensor of a response."""
 
@@ -93,6 +104,9 @@ class InferResponse:
     model_version: str
     outputs: tuple[OutputTensor, ...]
     id: str | None = None
+    # Response parameters (bool, int, float or str values): the model's own (a Python model's
+    # `InferenceResponse(parameters=...)`), or the sequence parameters an ensemble answers with.
+    parameters: Mapping[str, Any] | None = None
 
 
 def tensor_to_bytes(data: np.ndarray, datatype: str) -> bytes:

@@ -10,6 +10,7 @@ an empty raw buffer, so raw buffers and outputs stay aligned.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -166,6 +167,8 @@ def encode_infer_response(
         model_version=response.model_version,
         id=response.id or "",
     )
+    if response.parameters:
+        set_parameters(message.parameters, response.parameters)
     in_shm = shared_memory_outputs(request) if request is not None else {}
     for out in response.outputs:
         message.outputs.add(name=out.name, datatype=out.datatype, shape=list(out.data.shape))
@@ -174,6 +177,20 @@ def encode_infer_response(
             tensor_to_bytes(out.data, out.datatype) if in_band else b""
         )
     return message
+
+
+def set_parameters(target: Any, params: Mapping[str, Any]) -> None:
+    """Fill a protobuf map of InferParameter from plain values (bool, int, float, str)."""
+    for key, value in params.items():
+        param = target[key]
+        if isinstance(value, bool):
+            param.bool_param = value
+        elif isinstance(value, int):
+            param.int64_param = value
+        elif isinstance(value, float):
+            param.double_param = value
+        else:
+            param.string_param = str(value)
 
 
 def _from_contents(

@@ -245,6 +245,7 @@ def encode_infer_response(
     in_shm = shared_memory_outputs(request)
     if (
         not in_shm
+        and not response.parameters
         and response.outputs
         and all(binary_flags)
         and all(out.datatype != "BYTES" for out in response.outputs)
@@ -281,6 +282,8 @@ def encode_infer_response(
     }
     if response.id is not None:
         doc["id"] = response.id
+    if response.parameters:
+        doc["parameters"] = dict(response.parameters)
     doc["outputs"] = outputs
     header = json.dumps(doc, separators=(",", ":")).encode()
     if not chunks:

@@ -100,6 +100,7 @@ from agent.errors import AgentError, BackendError, ModelInstanceFailedError, Mod
 from agent.proto import model_config_pb2 as mc
 from agent.repository.autocomplete import complete_config
 from agent.tensors.datatypes import ModelTensor
+from agent.tensors.request import RequestContext
 
 logger = logging.getLogger(__name__)
 
@@ -260,12 +261,14 @@ class PythonBackend(
         cancelled: Sequence[CancelSignal] = (),
         *,
         traces: Sequence[object | None] = (),
+        contexts: Sequence[RequestContext | None] = (),
     ) -> list[list[np.ndarray] | AgentError]:
         """Run the requests of one dynamic batch in ONE `execute` call, each its own
         `InferenceRequest` (Triton's Python backend semantics); the scheduler calls this instead
         of merging them. Each answer is that request's outputs, or its error (BackendError).
         `traces`: each request's trace (None: untraced), the parent of the BLS requests that
-        `execute` makes with `trace=request.trace()`.
+        `execute` makes with `trace=request.trace()`. `contexts`: what each request's
+        `request_id()`, `parameters()` and `correlation_id()` answer.
 
         `cancelled` holds one signal per request (or none): a request cancelled while `execute`
         runs reads `is_cancelled()` True in the model; once all are, the execute's BLS calls
@@ -282,7 +285,7 @@ class PythonBackend(
         for _ in range(len(self._args) + 1):
             worker = self._pool.take(self.timeouts.execute_s)
             try:
-                return self._run_on(worker, requests, cancelled, traces)
+                return self._run_on(worker, requests, cancelled, traces, contexts)
             except _NotTaken:
                 continue  # it was gone before the requests reached it: they go to another
             finally:
@@ -446,6 +449,7 @@ class PythonBackend(
         requests: Sequence[RequestFeeds],
         cancelled: Sequence[CancelSignal],
         traces: Sequence[object | None] = (),
+        contexts: Sequence[RequestContext | None] = (),
     ) -> list[list[np.ndarray] | AgentError]:
         described: list[dict[str, object]] = [
             {"outputs": list(names), "inputs": len(feeds)} for feeds, names in requests
@@ -453,6 +457,13 @@ class PythonBackend(
         for index, trace in enumerate(traces):
             if trace is not None:  # the worker's `request.trace()` names it by this index
                 described[index]["trace"] = index
+        for index, context in enumerate(contexts):
+            if context is not None:
+                described[index].update(
+                    id=context.id,
+                    parameters=dict(context.parameters),
+                    correlation_id=context.correlation_id,
+                )
         tensors = [item for feeds, _ in requests for item in feeds.items()]
         seq = next(self._executes)
         message = ipc.Message(ipc.EXECUTE, {"requests": described, "seq": seq}, tensors)

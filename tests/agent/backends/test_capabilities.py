@@ -34,6 +34,7 @@ from agent.runtime.demo import mlp_model
 from agent.scheduling.batching import BatchingPolicy
 from agent.scheduling.scheduler import ModelScheduler
 from agent.tensors.datatypes import ModelTensor
+from agent.tensors.request import RequestContext
 from agent.tensors.signature import ValidatedRequest
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -158,6 +159,7 @@ class TakesRequestsUnmerged(Backend, RunsRequests):
         cancelled: Sequence[CancelSignal] = (),
         *,
         traces: Sequence[object | None] = (),
+        contexts: Sequence[RequestContext | None] = (),
     ) -> list[list[np.ndarray] | AgentError]:
         self.gate.wait(30)
         assert len(cancelled) == len(requests) == len(traces)

@@ -22,6 +22,7 @@ from agent.scheduling.batching import BatchingPolicy
 from agent.scheduling.scheduler import ModelScheduler
 from agent.scheduling.statistics import ModelStatistics
 from agent.tensors.datatypes import ModelTensor
+from agent.tensors.request import RequestContext
 from agent.tensors.signature import ValidatedRequest
 
 
@@ -238,6 +239,7 @@ class GatedRequestsBackend(RecordingBackend, RunsRequests):
         cancelled: Sequence[CancelSignal] = (),
         *,
         traces: Sequence[object | None] = (),
+        contexts: Sequence[RequestContext | None] = (),
     ) -> list[list[np.ndarray] | AgentError]:
         self.started.set()
         self.gate.wait(30)

@@ -57,6 +57,7 @@ from agent.backends.python import ipc
 from agent.backends.python.worker import bls_client, decoupled
 from agent.backends.python.worker.mailbox import Mailbox
 from agent.pb_utils import metrics as pb_metrics
+from agent.pb_utils.request import received_request
 
 _PR_SET_PDEATHSIG = 1
 _TRITON_MODULE = "triton_python_backend_utils"
@@ -375,7 +376,7 @@ def _execute(model: Any, message: ipc.Message, running: _Running) -> ipc.Message
         index = item.get("trace")  # set when the agent traces this request
         trace = pb_utils.InferenceTrace(index if isinstance(index, int) else None)
         outputs = [str(n) for n in item["outputs"]]
-        requests.append(pb_utils.InferenceRequest(inputs, outputs, trace=trace))
+        requests.append(received_request(inputs, outputs, item, trace))
     sent = _response_slots(requests)
     seq = message.meta.get("seq")
     running.start(seq if isinstance(seq, int) else -1, requests)
