@@ -40,9 +40,11 @@ from agent.models.control import ModelControlMode, ModelManager
 from agent.models.inflight import InflightBytes
 from agent.models.pushed import PushedModels
 from agent.models.registry import ModelRegistry
+from agent.models.served import ServedModel
 from agent.proto import model_config_pb2 as mc
 from agent.repository.model_config import config_to_json
 from agent.scheduling.statistics import FailureReason
+from agent.serving.class_labels import ClassLabels
 from agent.serving.client_text import PathScrubber
 from agent.serving.cuda_regions import CudaRegionRegistry
 from agent.serving.cuda_shared_memory import CudaRegions, CudaSharedMemory
@@ -60,7 +62,14 @@ from agent.serving.response_stream import StreamedResponse
 from agent.serving.routing import RequestRouter
 from agent.serving.shared_memory import SharedMemoryRegistry
 from agent.serving.streamed_inference import StreamedInference
-from agent.tensors.request import InferRequest, InferResponse, OutputTensor, shared_memory_outputs
+from agent.tensors.classification import top_k
+from agent.tensors.request import (
+    InferRequest,
+    InferResponse,
+    OutputTensor,
+    classified_outputs,
+    shared_memory_outputs,
+)
 from agent.tracing.tracer import Trace, Tracer
 
 logger = logging.getLogger(__name__)
@@ -117,6 +126,7 @@ class DataPlane:
         self.scrub = PathScrubber([registry.repository, *pushed_root, *private_paths])
         manager = manager or ModelManager(registry)
         self._traces = RequestTraces(self.tracer)
+        self._labels = ClassLabels()
         self._router = RequestRouter(registry, manager, self.canary, self._traces)
         self._control = ModelControl(
             registry,
@@ -336,6 +346,7 @@ class DataPlane:
                 key = cache_key(served.name, loaded.build_id, request.inputs, valid.output_names)
                 hit = self._cache.get(key)
                 if hit is not None:
+                    hit = self._classify(served, request, hit)
                     self.shared_memory.place_outputs(hit, in_shm)
                     now = time.perf_counter_ns()
                     stats.record_cache_hit(ns=now - lookup, now_ms=now_ms(), request_ns=now - start)
@@ -363,7 +374,8 @@ class DataPlane:
                 OutputTensor(n, sig.outputs[n].datatype, sig.shape_output(n, data))
                 for n, data in zip(valid.output_names, result.outputs, strict=True)
             )
-            self.shared_memory.place_outputs(outputs, in_shm)
+            answered = self._classify(served, request, outputs)
+            self.shared_memory.place_outputs(answered, in_shm)
         except Exception as exc:
             error = InternalError.wrap(exc)
             if error is not exc:
@@ -393,8 +405,33 @@ class DataPlane:
             self._cache.put(key, outputs, model=served.name, version=version_text)
         self._router.outcome(name, route, start, None)
         if trace is not None:
-            self._traces.end(trace, outputs)
-        return InferResponse(served.name, version_text, outputs, request.id, answer)
+            self._traces.end(trace, answered)
+        return InferResponse(served.name, version_text, answered, request.id, answer)
+
+    def _classify(
+        self, served: ServedModel, request: InferRequest, outputs: tuple[OutputTensor, ...]
+    ) -> tuple[OutputTensor, ...]:
+        """The outputs asked for with `classification: K` replaced by their top K classes."""
+        classes = classified_outputs(request)
+        if not classes:
+            return outputs
+        batched = served.signature.batched
+        return tuple(
+            out
+            if out.name not in classes
+            else OutputTensor(
+                out.name,
+                "BYTES",
+                top_k(
+                    out.data,
+                    classes[out.name],
+                    out.datatype,
+                    self._labels.of(served, out.name),
+                    batched=batched,
+                ),
+            )
+            for out in outputs
+        )
 
     def infer_stream(
         self, name: str, version: str | None, request: InferRequest

@@ -25,6 +25,7 @@ from agent.tensors.request import (
     InferResponse,
     RequestedOutput,
     check_shape,
+    classification_count,
     shared_memory_outputs,
     shared_memory_ref,
     tensor_from_bytes,
@@ -138,17 +139,15 @@ def requested_outputs(request: pb.ModelInferRequest) -> tuple[RequestedOutput, .
     Raises:
         InvalidInputError: an output's shared-memory parameters are incomplete or of wrong type.
     """
-    outputs = tuple(
-        RequestedOutput(
-            o.name,
-            None,
-            shared_memory_ref(_parameters(o.parameters), f"output '{o.name}'")
-            if o.parameters
-            else None,
-        )
-        for o in request.outputs
-    )
-    return outputs or None
+    outputs = []
+    for o in request.outputs:
+        if not o.parameters:
+            outputs.append(RequestedOutput(o.name))
+            continue
+        params = _parameters(o.parameters)
+        shm = shared_memory_ref(params, f"output '{o.name}'")
+        outputs.append(RequestedOutput(o.name, None, shm, classification_count(params, o.name)))
+    return tuple(outputs) or None
 
 
 def request_parameters(request: pb.ModelInferRequest) -> dict[str, Any]:
