@@ -25,8 +25,8 @@ by the declaring class as a descriptor without a setter).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -42,6 +42,7 @@ __all__ = [
     "DeclaresConfig",
     "DecoupledRequest",
     "HoldsWorkerMemory",
+    "ModelOutputs",
     "ReleasesMemory",
     "ReportsHealth",
     "ReportsProviders",
@@ -49,6 +50,7 @@ __all__ = [
     "ResponseSink",
     "RunsDecoupled",
     "RunsRequests",
+    "response_parameters",
 ]
 
 
@@ -91,6 +93,20 @@ class ResponseSink(Protocol):
     def on_cancel(self, cancel: Callable[[], None]) -> None:
         """Call `cancel` when the client cancels (at once if it already has)."""
         ...
+
+
+class ModelOutputs(list[np.ndarray]):
+    """One request's outputs as `run_requests` answers them, with the response parameters the
+    model set (a Python model's `InferenceResponse(parameters=...)`)."""
+
+    def __init__(self, outputs: Iterable[np.ndarray], parameters: Mapping[str, Any]) -> None:
+        super().__init__(outputs)
+        self.parameters = dict(parameters)
+
+
+def response_parameters(answer: object) -> dict[str, Any] | None:
+    """The response parameters of a `run_requests` answer (None: the model set none)."""
+    return answer.parameters if isinstance(answer, ModelOutputs) else None
 
 
 # One request of a batch, unmerged: its inputs and the outputs it asks for.

@@ -16,8 +16,9 @@ The data plane reads it per request to keep a live sequence on the version it st
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -40,6 +41,8 @@ class ExecutionResult:
     compute_infer_ns: int
     compute_output_ns: int
     batch_size: int
+    # The response parameters the model set (a Python model's `InferenceResponse(parameters=)`).
+    parameters: Mapping[str, Any] | None = None
 
 
 class KeepsSequences(Protocol):

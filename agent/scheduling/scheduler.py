@@ -39,6 +39,7 @@ from agent.backends.base import (
     ResponseSink,
     RunsDecoupled,
     RunsRequests,
+    response_parameters,
 )
 from agent.backends.cancellation import CancelSignal
 from agent.errors import (
@@ -272,6 +273,7 @@ class ModelScheduler:
         """
         cpu_start = time.thread_time_ns()
         t0 = time.perf_counter_ns()
+        parameters = None
         try:
             # A traced request to a Python model: its BLS requests are children of its trace.
             if (request.trace is not None or request.context is not None) and (
@@ -285,6 +287,7 @@ class ModelScheduler:
                 if isinstance(answer, BaseException):
                     raise answer
                 outputs = answer
+                parameters = response_parameters(answer)
             else:
                 outputs = self._backend.run(request.feeds, request.output_names)
         except AgentError:
@@ -300,7 +303,7 @@ class ModelScheduler:
                 compute_output_ns=0,
             )
         self._gauge.measured(time.thread_time_ns() - cpu_start, t1 - t0, on_loop=True)
-        return ExecutionResult(outputs, 0, 0, t1 - t0, 0, request.batch_size)
+        return ExecutionResult(outputs, 0, 0, t1 - t0, 0, request.batch_size, parameters)
 
     async def drain(self) -> None:
         """Wait until nothing is queued or executing."""
@@ -431,6 +434,7 @@ class ModelScheduler:
                             compute_infer_ns=t2 - t0,
                             compute_output_ns=0,
                             batch_size=rows,
+                            parameters=response_parameters(answer),
                         )
                     )
                 if self._stats is not None:

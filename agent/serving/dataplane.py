@@ -324,7 +324,7 @@ class DataPlane:
             trace.model_version = number
         stats = loaded.stats
         version_text = str(number)
-        answer = (
+        answer: Mapping[str, Any] | None = (
             ensemble_parameters(route.sequence) if served.config.platform == "ensemble" else None
         )
         key: bytes | None = None
@@ -406,6 +406,8 @@ class DataPlane:
         self._router.outcome(name, route, start, None)
         if trace is not None:
             self._traces.end(trace, answered)
+        if answer is None:
+            answer = result.parameters  # the model's own (a Python model's response parameters)
         return InferResponse(served.name, version_text, answered, request.id, answer)
 
     def _classify(

@@ -66,6 +66,7 @@ from agent.backends.base import (
     DeclaresConfig,
     DecoupledRequest,
     HoldsWorkerMemory,
+    ModelOutputs,
     ReportsHealth,
     RequestFeeds,
     RunsDecoupled,
@@ -531,12 +532,12 @@ class PythonBackend(
                 continue
             rows = next(iter(feeds.values())).shape[0] if self._batched and feeds else None
             try:
-                results.append(
-                    [
-                        checked_output(self.name, self._declared, n, returned.get(n), rows)
-                        for n in names
-                    ]
-                )
+                outputs = [
+                    checked_output(self.name, self._declared, n, returned.get(n), rows)
+                    for n in names
+                ]
+                params = answer.get("parameters")
+                results.append(ModelOutputs(outputs, params) if params else outputs)
             except BackendError as exc:
                 results.append(exc)
         return results

@@ -92,7 +92,7 @@ def test_response_parameters_are_checked_as_triton_checks_them() -> None:
     assert json.loads(from_json.parameters()) == {"i": 1}
     assert pb_utils.InferenceResponse().parameters() == "{}"
     with pytest.raises(pb_utils.TritonModelException, match="bool/int/str, found type <class 'f"):
-        pb_utils.InferenceResponse(parameters={"f": 0.5})
+        pb_utils.InferenceResponse(parameters={"f": 0.5})  # type: ignore[dict-item]
     with pytest.raises(pb_utils.TritonModelException, match="keys to have type str"):
         pb_utils.InferenceResponse(parameters={1: "x"})  # type: ignore[dict-item]
     with pytest.raises(pb_utils.TritonModelException, match="Expect dict, got <class 'list'>"):

@@ -404,6 +404,9 @@ def _execute(model: Any, message: ipc.Message, running: _Running) -> ipc.Message
         else:
             answers.append({"tensors": len(outcome)})
             tensors.extend(outcome)
+            params = json.loads(response.parameters())
+            if params:  # the model's response parameters (rare: most set none)
+                answers[-1]["parameters"] = params
     return ipc.Message(ipc.RESULT, {"responses": answers}, tensors)
 
 
