@@ -16,6 +16,7 @@ import logging
 import time
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -25,6 +26,7 @@ from agent.backends.base import (
     ResponseSink,
     RunsDecoupled,
     RunsRequests,
+    response_parameters,
 )
 from agent.errors import (
     AgentError,
@@ -286,7 +288,10 @@ class SequenceScheduler(KeepsSequences):
             wanted.update(dict.fromkeys(tensors.state_outputs))
             names = list(wanted)
             per_row: list[dict[str, np.ndarray] | BaseException]
-            if run_requests is not None and len(group) > 1:
+            said: list[dict[str, Any] | None] = [None] * len(group)  # response parameters
+            # One request with a context (its correlation id, at least) goes unmerged too: the
+            # model reads it (`request.correlation_id()`).
+            if run_requests is not None and (len(group) > 1 or requests[0].context is not None):
                 singles = [
                     (
                         {
@@ -299,12 +304,13 @@ class SequenceScheduler(KeepsSequences):
                     for k, (r, i) in enumerate(zip(requests, group, strict=True))
                 ]
                 t1 = time.perf_counter_ns()
-                answers = run_requests(singles)
+                answers = run_requests(singles, contexts=[r.context for r in requests])
                 t2 = time.perf_counter_ns()
                 per_row = [
                     a if isinstance(a, BaseException) else dict(zip(names, a, strict=True))
                     for a in answers
                 ]
+                said = [response_parameters(a) for a in answers]
             else:
                 feeds = (
                     dict(requests[0].feeds)
@@ -334,6 +340,7 @@ class SequenceScheduler(KeepsSequences):
                     compute_infer_ns=t2 - t1,
                     compute_output_ns=0,
                     batch_size=len(group),
+                    parameters=said[k],
                 )
                 states[i] = {
                     n: np.array(answer[n][0] if batched else answer[n])

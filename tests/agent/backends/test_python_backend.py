@@ -95,6 +95,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     write_python_model(repo, "sloppy", SLOPPY_MODEL, minimal_config("sloppy"))
     write_python_model(repo, "context", CONTEXT_MODEL, minimal_config("context"))
+    sequences = minimal_config("context_seq") + "sequence_batching { }"
+    write_python_model(repo, "context_seq", CONTEXT_MODEL, sequences)
     timeout = minimal_config("bad_timeout") + (
         'parameters { key: "execute_timeout_seconds" value { string_value: "soon" } }'
     )
@@ -264,6 +266,19 @@ def test_the_model_reads_the_request_context_and_answers_response_parameters(
     assert response["id"] == "r-1"
     assert response["parameters"] == {"id": "r-1", "asked": '{"s": "v", "i": 3}', "corrid": 0}
     assert plain.get_response()["parameters"] == {"id": "", "asked": "{}", "corrid": 0}
+
+
+def test_a_sequence_s_model_reads_its_correlation_id(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    inp = httpclient.InferInput("X", [1, 1], "FP32")
+    inp.set_data_from_numpy(np.ones((1, 1), dtype=np.float32))
+
+    first = client.infer("context_seq", [inp], sequence_id=42, sequence_start=True)
+    last = client.infer("context_seq", [inp], sequence_id=42, sequence_end=True)
+
+    for result in (first, last):
+        assert result.get_response()["parameters"] == {"id": "", "asked": "{}", "corrid": 42}
 
 
 def test_initialize_args(
