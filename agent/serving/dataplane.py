@@ -23,6 +23,7 @@ from typing import Any
 
 from agent import __version__
 from agent.canary.control import CanaryManager
+from agent.ensemble.plan import output_order
 from agent.errors import (
     AgentError,
     BackendError,
@@ -374,6 +375,9 @@ class DataPlane:
                 OutputTensor(n, sig.outputs[n].datatype, sig.shape_output(n, data))
                 for n, data in zip(valid.output_names, result.outputs, strict=True)
             )
+            if answer is not None:  # an ensemble: its outputs in the order its steps make them
+                rank = output_order(served.config)
+                outputs = tuple(sorted(outputs, key=lambda o: rank.get(o.name, len(rank))))
             answered = self._classify(served, request, outputs)
             self.shared_memory.place_outputs(answered, in_shm)
         except Exception as exc:

@@ -975,11 +975,7 @@ KNOWN: dict[str, str] = {
     "http-wrong-shape": "wrong-shape wording differs",
     "grpc-wrong-shape": "wrong-shape wording differs",
     "http-bad-datatype-name": "datatype wording differs",
-    "http-ensemble": "ensemble output order: Triton answers them in the order the steps produce "
-    "them, agent in the config's",
     "http-ensemble-missing-input": "missing-input wording differs after the common prefix",
-    "grpc-ensemble": "ensemble output order: Triton answers them in the order the steps produce "
-    "them, agent in the config's",
     "grpc-seq-end": "Triton refuses END for sequence 2001 that grpc-seq-start began (its 2 s "
     "idle timeout seems to pass while that case waits for a slot); the agent still holds it",
     "http-shm-infer-out-of-range": "shared-memory range wording differs",
