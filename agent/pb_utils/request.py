@@ -205,14 +205,14 @@ def received_request(
     trace: InferenceTrace | None = None,
 ) -> InferenceRequest:
     """A request as `execute` receives it (the worker builds it from the agent's description:
-    "id", "parameters", "correlation_id", each optional). Its parameters are the client's as
-    sent, not held to the types a BLS request may carry."""
+    "request_id", "parameters", "correlation_id", each optional). Its parameters are the
+    client's as sent, not held to the types a BLS request may carry."""
     correlation = described.get("correlation_id", 0)
     params = described.get("parameters")
     request = InferenceRequest(
         inputs,
         requested_output_names,
-        str(described.get("id") or ""),
+        str(described.get("request_id") or ""),
         correlation_id=correlation if isinstance(correlation, int | str) else 0,
         trace=trace,
     )

@@ -461,7 +461,7 @@ class PythonBackend(
         for index, context in enumerate(contexts):
             if context is not None:
                 described[index].update(
-                    id=context.id,
+                    request_id=context.id,
                     parameters=dict(context.parameters),
                     correlation_id=context.correlation_id,
                 )

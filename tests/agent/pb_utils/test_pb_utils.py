@@ -74,7 +74,7 @@ def test_a_received_request_answers_its_id_parameters_and_correlation_id() -> No
     from agent.pb_utils.request import received_request
 
     x = pb_utils.Tensor("X", np.zeros(1, dtype=np.int32))
-    described = {"id": "abc", "parameters": {"s": "v", "f": 0.5}, "correlation_id": 7}
+    described = {"request_id": "abc", "parameters": {"s": "v", "f": 0.5}, "correlation_id": 7}
 
     request = received_request([x], ["Y"], described)
     plain = received_request([x], ["Y"], {})

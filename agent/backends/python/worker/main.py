@@ -360,9 +360,11 @@ def _execute(model: Any, message: ipc.Message, running: _Running) -> ipc.Message
     """One `execute` call on the message's requests (several when a dynamic batch formed).
 
     meta {"requests": [{"outputs": [...], "inputs": N}, ...]}, the inputs of each request in
-    order; without "requests", one request with meta "outputs" and every tensor. The answer is
-    RESULT with meta {"responses": [{"tensors": N} or {"error": "..."}]} and the outputs of each
-    response in order, or ERROR when `execute` raised or returned the wrong number of responses.
+    order; a request may also carry "request_id", "parameters" and "correlation_id" (what the
+    model reads off it); without "requests", one request with meta "outputs" and every tensor.
+    The answer is RESULT with meta {"responses": [{"tensors": N, "parameters"?: {...}} or
+    {"error": "..."}]} and the outputs of each response in order, or ERROR when `execute` raised
+    or returned the wrong number of responses.
     """
     described = message.meta.get("requests")
     if not isinstance(described, list):
