@@ -77,6 +77,7 @@ logger = logging.getLogger(__name__)
 
 SERVER_NAME = "edge-agent"
 EXTENSIONS = (
+    "classification",
     "binary_tensor_data",
     "logging",
     "model_configuration",
