@@ -26,7 +26,7 @@ by the declaring class as a descriptor without a setter).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -35,12 +35,14 @@ from agent.backends.health import HealthState
 from agent.errors import AgentError
 from agent.proto import model_config_pb2 as mc
 from agent.tensors.datatypes import ModelTensor
+from agent.tensors.request import RequestContext
 
 __all__ = [
     "Backend",
     "DeclaresConfig",
     "DecoupledRequest",
     "HoldsWorkerMemory",
+    "ModelOutputs",
     "NamedOutputs",
     "ReleasesMemory",
     "ReportsHealth",
@@ -49,6 +51,7 @@ __all__ = [
     "ResponseSink",
     "RunsDecoupled",
     "RunsRequests",
+    "response_parameters",
 ]
 
 
@@ -100,6 +103,21 @@ class ResponseSink(Protocol):
         ...
 
 
+class ModelOutputs(dict[str, np.ndarray]):
+    """One request's outputs as `run_requests` answers them (by name, in the model's order),
+    with the response parameters the model set (a Python model's
+    `InferenceResponse(parameters=...)`)."""
+
+    def __init__(self, outputs: Mapping[str, np.ndarray], parameters: Mapping[str, Any]) -> None:
+        super().__init__(outputs)
+        self.parameters = dict(parameters)
+
+
+def response_parameters(answer: object) -> dict[str, Any] | None:
+    """The response parameters of a `run_requests` answer (None: the model set none)."""
+    return answer.parameters if isinstance(answer, ModelOutputs) else None
+
+
 # One request of a batch, unmerged: its inputs and the outputs it asks for.
 RequestFeeds = tuple[Mapping[str, np.ndarray], Sequence[str]]
 # One request of a decoupled model: its inputs, the outputs it asks for, where responses go.
@@ -117,12 +135,14 @@ class RunsRequests(Protocol):
         cancelled: Sequence[CancelSignal] = (),
         *,
         traces: Sequence[object | None] = (),
+        contexts: Sequence[RequestContext | None] = (),
     ) -> list[NamedOutputs | AgentError]:
         """Run the requests of one batch together; each answer is that request's outputs (by
         name, in the model's order, without those it did not return) or its error.
         `cancelled`: one signal per request (or none), set while it runs when its caller went
         away; `traces`: each request's trace (None: untraced), the parent of the requests
-        the model makes in turn (BLS).
+        the model makes in turn (BLS); `contexts`: each request's id, parameters and
+        correlation id (None or none given: it has none).
 
         Raises:
             AgentError: the whole batch failed (every request gets the error).

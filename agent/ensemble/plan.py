@@ -80,6 +80,18 @@ def composing_model_names(config: mc.ModelConfig) -> tuple[str, ...]:
     return tuple(dict.fromkeys(s.model_name for s in config.ensemble_scheduling.step))
 
 
+def output_order(config: mc.ModelConfig) -> dict[str, int]:
+    """Each ensemble output's rank in the order its steps produce them (Triton answers an
+    ensemble's outputs in that order, not the config's): by step, then the step's output map."""
+    wanted = {o.name for o in config.output}
+    order: dict[str, int] = {}
+    for step in config.ensemble_scheduling.step:
+        for tensor in step.output_map.values():
+            if tensor in wanted and tensor not in order:
+                order[tensor] = len(order)
+    return order
+
+
 def build_plan(
     config: mc.ModelConfig, lookup: ConfigLookup, versions: VersionLookup | None = None
 ) -> EnsemblePlan:

@@ -198,6 +198,28 @@ def set_bls_runner(runner: BlsRunner | None) -> None:
     _bls_runner = runner
 
 
+def received_request(
+    inputs: Sequence[Tensor],
+    requested_output_names: Sequence[str],
+    described: Mapping[str, Any],
+    trace: InferenceTrace | None = None,
+) -> InferenceRequest:
+    """A request as `execute` receives it (the worker builds it from the agent's description:
+    "request_id", "parameters", "correlation_id", each optional). Its parameters are the
+    client's as sent, not held to the types a BLS request may carry."""
+    correlation = described.get("correlation_id", 0)
+    params = described.get("parameters")
+    request = InferenceRequest(
+        inputs,
+        requested_output_names,
+        str(described.get("request_id") or ""),
+        correlation_id=correlation if isinstance(correlation, int | str) else 0,
+        trace=trace,
+    )
+    request._parameters = dict(params) if isinstance(params, dict) else {}
+    return request
+
+
 def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:
     """The request's input called `name`, or None."""
     return next((t for t in request.inputs() if t.name() == name), None)

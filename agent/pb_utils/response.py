@@ -5,8 +5,9 @@ Re-exported by `agent.pb_utils`; needs only the standard library.
 
 from __future__ import annotations
 
+import json
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from agent.pb_utils.errors import ModelError, TritonModelException
 from agent.pb_utils.tensor import Tensor
@@ -84,13 +85,22 @@ class InferenceResponseSender:
 
 
 class InferenceResponse:
-    """The answer to one request: output tensors, or an error."""
+    """The answer to one request: output tensors, or an error; `parameters` (a dict of bool,
+    int or str values, or that dict as a JSON string) come back in the response's parameters.
+
+    Raises:
+        TritonModelException: parameters of another kind (Triton's words).
+    """
 
     def __init__(
-        self, output_tensors: Sequence[Tensor] | None = None, error: ModelError | None = None
+        self,
+        output_tensors: Sequence[Tensor] | None = None,
+        error: ModelError | None = None,
+        parameters: Mapping[str, bool | int | str] | str | None = None,
     ) -> None:
         self._outputs = list(output_tensors or ())
         self._error = error
+        self._parameters = _checked_parameters(parameters)
 
     def output_tensors(self) -> list[Tensor]:
         return list(self._outputs)
@@ -100,6 +110,34 @@ class InferenceResponse:
 
     def error(self) -> ModelError | None:
         return self._error
+
+    def parameters(self) -> str:
+        """The response's parameters as a JSON string (as Triton returns them)."""
+        return json.dumps(self._parameters)
+
+
+def _checked_parameters(
+    parameters: Mapping[str, bool | int | str] | str | None,
+) -> dict[str, bool | int | str]:
+    if parameters is None:
+        return {}
+    if isinstance(parameters, str):
+        try:
+            parameters = json.loads(parameters)
+        except ValueError as exc:
+            raise TritonModelException(f"parameters must be a JSON object: {exc}") from None
+    if not isinstance(parameters, Mapping):
+        raise TritonModelException(f"Expect dict, got {type(parameters)}")
+    for key, value in parameters.items():
+        if not isinstance(key, str):
+            raise TritonModelException(
+                f"Expect parameters keys to have type str, found type {type(key)}"
+            )
+        if not isinstance(value, bool | int | str):
+            raise TritonModelException(
+                f"Expect parameters values to have type bool/int/str, found type {type(value)}"
+            )
+    return dict(parameters)
 
 
 def get_output_tensor_by_name(response: InferenceResponse, name: str) -> Tensor | None:

@@ -16,9 +16,9 @@ The data plane reads it per request to keep a live sequence on the version it st
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -47,6 +47,8 @@ class ExecutionResult:
     compute_output_ns: int
     batch_size: int
     names: tuple[str, ...] | None = None
+    # The response parameters the model set (a Python model's `InferenceResponse(parameters=)`).
+    parameters: Mapping[str, Any] | None = None
 
     def named(self, requested: Sequence[str]) -> Iterator[tuple[str, np.ndarray]]:
         """Each output with its name; `requested`: the request's output names, in its order."""

@@ -39,6 +39,7 @@ from agent.backends.base import (
     ResponseSink,
     RunsDecoupled,
     RunsRequests,
+    response_parameters,
 )
 from agent.backends.cancellation import CancelSignal
 from agent.errors import (
@@ -272,17 +273,22 @@ class ModelScheduler:
         """
         cpu_start = time.thread_time_ns()
         t0 = time.perf_counter_ns()
+        parameters = None
         try:
-            # A Python model answers by name (the outputs it returned, in its order); a traced
-            # request's BLS requests are children of its trace.
+            # A Python model answers by name (the outputs it returned, in its order), sees the
+            # request's id and parameters; a traced request's BLS requests are children of its
+            # trace.
             names = None
             if (run_requests := self._run_requests) is not None:
                 (answer,) = run_requests(
-                    [(request.feeds, request.output_names)], traces=[request.trace]
+                    [(request.feeds, request.output_names)],
+                    traces=[request.trace],
+                    contexts=[request.context],
                 )
                 if isinstance(answer, BaseException):
                     raise answer
                 outputs, names = list(answer.values()), tuple(answer)
+                parameters = response_parameters(answer)
             else:
                 outputs = self._backend.run(request.feeds, request.output_names)
         except AgentError:
@@ -298,7 +304,7 @@ class ModelScheduler:
                 compute_output_ns=0,
             )
         self._gauge.measured(time.thread_time_ns() - cpu_start, t1 - t0, on_loop=True)
-        return ExecutionResult(outputs, 0, 0, t1 - t0, 0, request.batch_size, names)
+        return ExecutionResult(outputs, 0, 0, t1 - t0, 0, request.batch_size, names, parameters)
 
     async def drain(self) -> None:
         """Wait until nothing is queued or executing."""
@@ -413,6 +419,7 @@ class ModelScheduler:
                     [(jobs[i].request.feeds, jobs[i].request.output_names) for i in group],
                     cancelled=[jobs[i].cancel for i in group],
                     traces=[jobs[i].request.trace for i in group],
+                    contexts=[jobs[i].request.context for i in group],
                 )
                 t2 = time.perf_counter_ns()
                 run_ns += t2 - t0
@@ -429,6 +436,7 @@ class ModelScheduler:
                             compute_output_ns=0,
                             batch_size=rows,
                             names=tuple(answer),
+                            parameters=response_parameters(answer),
                         )
                     )
                 if self._stats is not None:

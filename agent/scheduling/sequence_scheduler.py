@@ -16,6 +16,7 @@ import logging
 import time
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -25,6 +26,7 @@ from agent.backends.base import (
     ResponseSink,
     RunsDecoupled,
     RunsRequests,
+    response_parameters,
 )
 from agent.errors import (
     AgentError,
@@ -286,6 +288,7 @@ class SequenceScheduler(KeepsSequences):
             wanted.update(dict.fromkeys(tensors.state_outputs))
             names = list(wanted)
             per_row: list[dict[str, np.ndarray] | BaseException]
+            said: list[dict[str, Any] | None] = [None] * len(group)  # response parameters
             if run_requests is not None:
                 singles = [
                     (
@@ -299,9 +302,10 @@ class SequenceScheduler(KeepsSequences):
                     for k, (r, i) in enumerate(zip(requests, group, strict=True))
                 ]
                 t1 = time.perf_counter_ns()
-                answers = run_requests(singles)
+                answers = run_requests(singles, contexts=[r.context for r in requests])
                 t2 = time.perf_counter_ns()
                 per_row = list(answers)
+                said = [response_parameters(a) for a in answers]
             else:
                 feeds = (
                     dict(requests[0].feeds)
@@ -345,6 +349,7 @@ class SequenceScheduler(KeepsSequences):
                     compute_output_ns=0,
                     batch_size=len(group),
                     names=tuple(n for n, _ in named),
+                    parameters=said[k],
                 )
                 states[i] = {
                     n: np.array(answer[n][0] if batched else answer[n])

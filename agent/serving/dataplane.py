@@ -17,11 +17,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncGenerator, Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from agent import __version__
 from agent.canary.control import CanaryManager
+from agent.ensemble.plan import output_order
 from agent.errors import (
     AgentError,
     BackendError,
@@ -39,28 +41,43 @@ from agent.models.control import ModelControlMode, ModelManager
 from agent.models.inflight import InflightBytes
 from agent.models.pushed import PushedModels
 from agent.models.registry import ModelRegistry
+from agent.models.served import ServedModel
 from agent.proto import model_config_pb2 as mc
 from agent.repository.model_config import config_to_json
 from agent.scheduling.statistics import FailureReason
+from agent.serving.class_labels import ClassLabels
 from agent.serving.client_text import PathScrubber
 from agent.serving.cuda_regions import CudaRegionRegistry
 from agent.serving.cuda_shared_memory import CudaRegions, CudaSharedMemory
 from agent.serving.log_settings import LogSettings
 from agent.serving.model_control import ModelControl
-from agent.serving.request_parameters import now_ms, scheduling_parameters
+from agent.serving.request_parameters import (
+    ensemble_parameters,
+    now_ms,
+    request_context,
+    scheduling_parameters,
+)
 from agent.serving.request_traces import RequestTraces
 from agent.serving.response_cache import ResponseCache, cache_key
 from agent.serving.response_stream import StreamedResponse
 from agent.serving.routing import RequestRouter
 from agent.serving.shared_memory import SharedMemoryRegistry
 from agent.serving.streamed_inference import StreamedInference
-from agent.tensors.request import InferRequest, InferResponse, OutputTensor, shared_memory_outputs
+from agent.tensors.classification import top_k
+from agent.tensors.request import (
+    InferRequest,
+    InferResponse,
+    OutputTensor,
+    classified_outputs,
+    shared_memory_outputs,
+)
 from agent.tracing.tracer import Trace, Tracer
 
 logger = logging.getLogger(__name__)
 
 SERVER_NAME = "edge-agent"
 EXTENSIONS = (
+    "classification",
     "binary_tensor_data",
     "logging",
     "model_configuration",
@@ -111,6 +128,7 @@ class DataPlane:
         self.scrub = PathScrubber([registry.repository, *pushed_root, *private_paths])
         manager = manager or ModelManager(registry)
         self._traces = RequestTraces(self.tracer)
+        self._labels = ClassLabels()
         self._router = RequestRouter(registry, manager, self.canary, self._traces)
         self._control = ModelControl(
             registry,
@@ -308,12 +326,20 @@ class DataPlane:
             trace.model_version = number
         stats = loaded.stats
         version_text = str(number)
+        answer: Mapping[str, Any] | None = (
+            ensemble_parameters(route.sequence) if served.config.platform == "ensemble" else None
+        )
         key: bytes | None = None
         in_shm = shared_memory_outputs(request)
         try:
             if in_shm or any(t.shm is not None for t in request.inputs):
                 request = self.shared_memory.resolve_inputs(request)
             valid = self._router.admit(route, request, trace)
+            context = request_context(
+                request, route.sequence.correlation_id if route.sequence is not None else 0
+            )
+            if context is not None:  # most requests have none: the fast path stays as it is
+                valid = replace(valid, context=context)
             priority, timeout_us = scheduling_parameters(params) if params else (None, None)
             if self._cache is not None and served.config.response_cache.enable:
                 lookup = time.perf_counter_ns()
@@ -322,13 +348,14 @@ class DataPlane:
                 key = cache_key(served.name, loaded.build_id, request.inputs, valid.output_names)
                 hit = self._cache.get(key)
                 if hit is not None:
+                    hit = self._classify(served, request, hit)
                     self.shared_memory.place_outputs(hit, in_shm)
                     now = time.perf_counter_ns()
                     stats.record_cache_hit(ns=now - lookup, now_ms=now_ms(), request_ns=now - start)
                     self._router.outcome(name, route, start, None)
                     if trace is not None:
                         self._traces.end(trace, hit)
-                    return InferResponse(served.name, version_text, hit, request.id)
+                    return InferResponse(served.name, version_text, hit, request.id, answer)
                 stats.record_cache_miss(ns=time.perf_counter_ns() - lookup)
             queued = time.perf_counter_ns() if trace is not None else 0
             if route.sequence is not None:
@@ -349,7 +376,11 @@ class DataPlane:
                 OutputTensor(n, sig.outputs[n].datatype, sig.shape_output(n, data))
                 for n, data in result.named(valid.output_names)
             )
-            self.shared_memory.place_outputs(outputs, in_shm)
+            if answer is not None:  # an ensemble: its outputs in the order its steps make them
+                rank = output_order(served.config)
+                outputs = tuple(sorted(outputs, key=lambda o: rank.get(o.name, len(rank))))
+            answered = self._classify(served, request, outputs)
+            self.shared_memory.place_outputs(answered, in_shm)
         except Exception as exc:
             error = InternalError.wrap(exc)
             if error is not exc:
@@ -379,8 +410,35 @@ class DataPlane:
             self._cache.put(key, outputs, model=served.name, version=version_text)
         self._router.outcome(name, route, start, None)
         if trace is not None:
-            self._traces.end(trace, outputs)
-        return InferResponse(served.name, version_text, outputs, request.id)
+            self._traces.end(trace, answered)
+        if answer is None:
+            answer = result.parameters  # the model's own (a Python model's response parameters)
+        return InferResponse(served.name, version_text, answered, request.id, answer)
+
+    def _classify(
+        self, served: ServedModel, request: InferRequest, outputs: tuple[OutputTensor, ...]
+    ) -> tuple[OutputTensor, ...]:
+        """The outputs asked for with `classification: K` replaced by their top K classes."""
+        classes = classified_outputs(request)
+        if not classes:
+            return outputs
+        batched = served.signature.batched
+        return tuple(
+            out
+            if out.name not in classes
+            else OutputTensor(
+                out.name,
+                "BYTES",
+                top_k(
+                    out.data,
+                    classes[out.name],
+                    out.datatype,
+                    self._labels.of(served, out.name),
+                    batched=batched,
+                ),
+            )
+            for out in outputs
+        )
 
     def infer_stream(
         self, name: str, version: str | None, request: InferRequest

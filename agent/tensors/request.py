@@ -60,6 +60,7 @@ class RequestedOutput:
     name: str
     binary: bool | None = None
     shm: SharedMemoryRef | None = None  # write the output into this region, not the response
+    classification: int | None = None  # the top K classes instead of the tensor (Triton's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +75,17 @@ class InferRequest:
     # The trace of the request that made this one (an ensemble step, a BLS request): the data
     # plane's own type, opaque down here. None unless that request is traced.
     parent_trace: object | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestContext:
+    """What a model may read off a request besides its tensors (a Python model's
+    `InferenceRequest`: `request_id()`, `parameters()`, `correlation_id()`)."""
+
+    id: str = ""
+    # The client's parameters, those Triton consumes itself (sequence, scheduling) left out.
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+    correlation_id: int | str = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +105,9 @@ class InferResponse:
     model_version: str
     outputs: tuple[OutputTensor, ...]
     id: str | None = None
+    # Response parameters (bool, int, float or str values): the model's own (a Python model's
+    # `InferenceResponse(parameters=...)`), or the sequence parameters an ensemble answers with.
+    parameters: Mapping[str, Any] | None = None
 
 
 def tensor_to_bytes(data: np.ndarray, datatype: str) -> bytes:
@@ -147,6 +162,22 @@ def tensor_from_bytes(raw: bytes | memoryview, datatype: str, shape: Sequence[in
     return np.frombuffer(raw, dtype=dtype.numpy).reshape(shape)
 
 
+def classification_count(params: Mapping[str, Any], name: str) -> int | None:
+    """An output's `classification` parameter: how many top classes to return (None: absent).
+
+    Raises:
+        InvalidInputError: not a positive integer.
+    """
+    count = params.get("classification")
+    if count is None:
+        return None
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise InvalidInputError(
+            f"output '{name}': classification must be a positive integer number of classes"
+        )
+    return count
+
+
 def shared_memory_ref(params: Mapping[str, Any], where: str) -> SharedMemoryRef | None:
     """The tensor's shared-memory parameters, or None when it has none.
 
@@ -177,6 +208,13 @@ def shared_memory_outputs(request: InferRequest) -> dict[str, SharedMemoryRef]:
     if request.outputs is None:
         return {}
     return {o.name: o.shm for o in request.outputs if o.shm is not None}
+
+
+def classified_outputs(request: InferRequest) -> dict[str, int]:
+    """The requested outputs asked for as their top K classes, by name."""
+    if request.outputs is None:
+        return {}
+    return {o.name: o.classification for o in request.outputs if o.classification is not None}
 
 
 def as_bytes(value: object) -> bytes:

@@ -16,7 +16,7 @@ import numpy as np
 from agent.errors import InvalidInputError, ModelConfigError
 from agent.proto import model_config_pb2 as mc
 from agent.tensors import datatypes
-from agent.tensors.request import InferRequest
+from agent.tensors.request import InferRequest, RequestContext
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +45,8 @@ class ValidatedRequest:
     # The request's trace (the data plane's type, opaque down here), or None: untraced. An
     # ensemble hands it to its steps and a Python model to its BLS requests (child traces).
     trace: object | None = None
+    # The request's id, parameters and correlation id (None: none of them set).
+    context: RequestContext | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,7 @@ module (tests/conformance/conftest.py). A case that fails names the difference.
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Iterator
 from multiprocessing import shared_memory
@@ -18,7 +19,8 @@ from tests.conformance.conftest import Pair
 
 pytestmark = [pytest.mark.e2e, pytest.mark.external]
 
-SHM_KEY = "/edge_agent_conformance"
+# One key per process: two runs of the suite at once must not share (or unlink) a region.
+SHM_KEY = f"/edge_agent_conformance_{os.getpid()}"
 CASES = corpus(SHM_KEY)
 
 

@@ -10,6 +10,7 @@ an empty raw buffer, so raw buffers and outputs stay aligned.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,7 @@ from agent.tensors.request import (
     InferResponse,
     RequestedOutput,
     check_shape,
+    classification_count,
     shared_memory_outputs,
     shared_memory_ref,
     tensor_from_bytes,
@@ -135,17 +137,15 @@ def requested_outputs(request: pb.ModelInferRequest) -> tuple[RequestedOutput, .
     Raises:
         InvalidInputError: an output's shared-memory parameters are incomplete or of wrong type.
     """
-    outputs = tuple(
-        RequestedOutput(
-            o.name,
-            None,
-            shared_memory_ref(_parameters(o.parameters), f"output '{o.name}'")
-            if o.parameters
-            else None,
-        )
-        for o in request.outputs
-    )
-    return outputs or None
+    outputs = []
+    for o in request.outputs:
+        if not o.parameters:
+            outputs.append(RequestedOutput(o.name))
+            continue
+        params = _parameters(o.parameters)
+        shm = shared_memory_ref(params, f"output '{o.name}'")
+        outputs.append(RequestedOutput(o.name, None, shm, classification_count(params, o.name)))
+    return tuple(outputs) or None
 
 
 def request_parameters(request: pb.ModelInferRequest) -> dict[str, Any]:
@@ -164,6 +164,8 @@ def encode_infer_response(
         model_version=response.model_version,
         id=response.id or "",
     )
+    if response.parameters:
+        set_parameters(message.parameters, response.parameters)
     in_shm = shared_memory_outputs(request) if request is not None else {}
     for out in response.outputs:
         message.outputs.add(name=out.name, datatype=out.datatype, shape=list(out.data.shape))
@@ -172,6 +174,20 @@ def encode_infer_response(
             tensor_to_bytes(out.data, out.datatype) if in_band else b""
         )
     return message
+
+
+def set_parameters(target: Any, params: Mapping[str, Any]) -> None:
+    """Fill a protobuf map of InferParameter from plain values (bool, int, float, str)."""
+    for key, value in params.items():
+        param = target[key]
+        if isinstance(value, bool):
+            param.bool_param = value
+        elif isinstance(value, int):
+            param.int64_param = value
+        elif isinstance(value, float):
+            param.double_param = value
+        else:
+            param.string_param = str(value)
 
 
 def _from_contents(

@@ -301,6 +301,10 @@ def encode_serialized(response: InferResponse, request: InferRequest | None = No
         raws.append(_field_head(6, len(raw)))
         raws.append(raw)
     parts += raws
+    if response.parameters:  # field 4, rare: protobuf merges fields in any order
+        tail = pb.ModelInferResponse()
+        grpc_codec.set_parameters(tail.parameters, response.parameters)
+        parts.append(tail.SerializeToString())
     return b"".join(parts)
 
 

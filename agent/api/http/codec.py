@@ -33,6 +33,7 @@ from agent.tensors.request import (
     RequestedOutput,
     as_bytes,
     check_shape,
+    classification_count,
     shared_memory_outputs,
     shared_memory_ref,
     tensor_from_bytes,
@@ -245,6 +246,7 @@ def encode_infer_response(
     in_shm = shared_memory_outputs(request)
     if (
         not in_shm
+        and not response.parameters
         and response.outputs
         and all(binary_flags)
         and all(out.datatype != "BYTES" for out in response.outputs)
@@ -281,6 +283,8 @@ def encode_infer_response(
     }
     if response.id is not None:
         doc["id"] = response.id
+    if response.parameters:
+        doc["parameters"] = dict(response.parameters)
     doc["outputs"] = outputs
     header = json.dumps(doc, separators=(",", ":")).encode()
     if not chunks:
@@ -493,13 +497,12 @@ def _decode_outputs(raw: object) -> tuple[RequestedOutput, ...] | None:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise InvalidInputError("each requested output must be an object with a 'name'")
         params = _parameters(item, f"output '{item['name']}'")
-        if "classification" in params:
-            raise InvalidInputError("the classification extension is not supported")
         binary = params.get("binary_data")
         if binary is not None and not isinstance(binary, bool):
             raise InvalidInputError(f"output '{item['name']}': binary_data must be a boolean")
         shm = shared_memory_ref(params, f"output '{item['name']}'")
-        result.append(RequestedOutput(item["name"], binary, shm))
+        count = classification_count(params, item["name"])
+        result.append(RequestedOutput(item["name"], binary, shm, count))
     return tuple(result)
 
 

@@ -66,6 +66,7 @@ from agent.backends.base import (
     DeclaresConfig,
     DecoupledRequest,
     HoldsWorkerMemory,
+    ModelOutputs,
     NamedOutputs,
     ReportsHealth,
     RequestFeeds,
@@ -101,6 +102,7 @@ from agent.errors import AgentError, BackendError, ModelInstanceFailedError, Mod
 from agent.proto import model_config_pb2 as mc
 from agent.repository.autocomplete import complete_config
 from agent.tensors.datatypes import ModelTensor
+from agent.tensors.request import RequestContext
 
 logger = logging.getLogger(__name__)
 
@@ -261,13 +263,15 @@ class PythonBackend(
         cancelled: Sequence[CancelSignal] = (),
         *,
         traces: Sequence[object | None] = (),
+        contexts: Sequence[RequestContext | None] = (),
     ) -> list[NamedOutputs | AgentError]:
         """Run the requests of one dynamic batch in ONE `execute` call, each its own
         `InferenceRequest` (Triton's Python backend semantics); the scheduler calls this instead
         of merging them. Each answer is that request's outputs (those requested that the model
         returned, in the model's order), or its error (BackendError).
         `traces`: each request's trace (None: untraced), the parent of the BLS requests that
-        `execute` makes with `trace=request.trace()`.
+        `execute` makes with `trace=request.trace()`. `contexts`: what each request's
+        `request_id()`, `parameters()` and `correlation_id()` answer.
 
         `cancelled` holds one signal per request (or none): a request cancelled while `execute`
         runs reads `is_cancelled()` True in the model; once all are, the execute's BLS calls
@@ -284,7 +288,7 @@ class PythonBackend(
         for _ in range(len(self._args) + 1):
             worker = self._pool.take(self.timeouts.execute_s)
             try:
-                return self._run_on(worker, requests, cancelled, traces)
+                return self._run_on(worker, requests, cancelled, traces, contexts)
             except _NotTaken:
                 continue  # it was gone before the requests reached it: they go to another
             finally:
@@ -446,6 +450,7 @@ class PythonBackend(
         requests: Sequence[RequestFeeds],
         cancelled: Sequence[CancelSignal],
         traces: Sequence[object | None] = (),
+        contexts: Sequence[RequestContext | None] = (),
     ) -> list[NamedOutputs | AgentError]:
         described: list[dict[str, object]] = [
             {"outputs": list(names), "inputs": len(feeds)} for feeds, names in requests
@@ -453,6 +458,13 @@ class PythonBackend(
         for index, trace in enumerate(traces):
             if trace is not None:  # the worker's `request.trace()` names it by this index
                 described[index]["trace"] = index
+        for index, context in enumerate(contexts):
+            if context is not None:
+                described[index].update(
+                    request_id=context.id,
+                    parameters=dict(context.parameters),
+                    correlation_id=context.correlation_id,
+                )
         tensors = [item for feeds, _ in requests for item in feeds.items()]
         seq = next(self._executes)
         message = ipc.Message(ipc.EXECUTE, {"requests": described, "seq": seq}, tensors)
@@ -520,7 +532,9 @@ class PythonBackend(
                 continue
             rows = next(iter(feeds.values())).shape[0] if self._batched and feeds else None
             try:
-                results.append(requested_outputs(self.name, self._declared, names, returned, rows))
+                outputs = requested_outputs(self.name, self._declared, names, returned, rows)
+                params = answer.get("parameters")
+                results.append(ModelOutputs(outputs, params) if params else outputs)
             except BackendError as exc:
                 results.append(exc)
         return results

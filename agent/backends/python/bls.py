@@ -374,9 +374,10 @@ def _sequence(correlation_id: object, flags: object) -> dict[str, Any]:
 
 
 def failure_text(model: str, exc: BaseException) -> str:
-    if isinstance(exc, ModelNotFoundError | ModelNotReadyError):
+    if isinstance(exc, ModelNotFoundError | ModelNotReadyError):  # Triton's words, then ours
         return (
-            f"Failed for execute the inference request. Model '{model}' is not ready. {exc.message}"
+            f"Model {model} - Error when running inference: Failed for execute the inference "
+            f"request. Model '{model}' is not ready. {exc.message}"
         )
     if isinstance(exc, RequestTimeoutError):
         return "Request timeout expired"

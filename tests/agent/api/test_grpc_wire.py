@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 
 from agent.api.grpc import wire as grpc_wire
-from agent.api.grpc.codec import decode_infer_request
+from agent.api.grpc.codec import decode_infer_request, encode_infer_response
 from agent.api.grpc.wire import decode_serialized, plan_cache_info
 from agent.errors import InvalidInputError, PayloadTooLargeError
 from agent.proto import grpc_service_pb2 as pb
 from agent.tensors.limits import TensorLimits
+from agent.tensors.request import InferResponse, OutputTensor
 
 
 def triton_request(**fields: object) -> pb.ModelInferRequest:
@@ -160,3 +161,18 @@ def test_a_request_without_inputs_is_decoded_for_the_signature_to_judge() -> Non
     message = pb.ModelInferRequest(model_name="m")
     assert decode_serialized(message.SerializeToString()) is None  # the full decoder's
     assert decode_infer_request(message).inputs == ()
+
+
+def test_response_parameters_go_out_on_both_encoders() -> None:
+    data = np.ones((1, 2), dtype=np.float32)
+    params = {"sequence_id": 7, "sequence_end": True, "score": 0.5, "tag": "t"}
+    response = InferResponse("m", "1", (OutputTensor("out", "FP32", data),), None, params)
+
+    fast = pb.ModelInferResponse.FromString(grpc_wire.encode_serialized(response))
+    full = encode_infer_response(response)
+
+    assert fast == full
+    assert full.parameters["sequence_id"].int64_param == 7
+    assert full.parameters["sequence_end"].bool_param is True
+    assert full.parameters["score"].double_param == 0.5
+    assert full.parameters["tag"].string_param == "t"

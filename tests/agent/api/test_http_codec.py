@@ -560,8 +560,12 @@ def test_json_element_of_the_wrong_kind_is_refused(value: Any, datatype: str) ->
         ({"outputs": [{"nom": "y"}]}, "each requested output must be an object with a 'name'"),
         ({"outputs": ["y"]}, "each requested output must be an object with a 'name'"),
         (
-            {"outputs": [{"name": "y", "parameters": {"classification": 3}}]},
-            "classification extension is not supported",
+            {"outputs": [{"name": "y", "parameters": {"classification": 0}}]},
+            "output 'y': classification must be a positive integer",
+        ),
+        (
+            {"outputs": [{"name": "y", "parameters": {"classification": "3"}}]},
+            "output 'y': classification must be a positive integer",
         ),
         (
             {"outputs": [{"name": "y", "parameters": {"binary_data": "yes"}}]},
@@ -823,3 +827,26 @@ def test_a_response_without_outputs_is_plain_json() -> None:
     payload, length = encode_infer_response(InferResponse("m", "1", ()), request)
     assert length is None
     assert json.loads(payload) == {"model_name": "m", "model_version": "1", "outputs": []}
+
+
+def test_an_output_asked_as_its_top_classes_carries_the_count() -> None:
+    full = one_input()
+    full["outputs"] = [{"name": "y", "parameters": {"classification": 3}}, {"name": "z"}]
+
+    request = decode_infer_request(body_of(full))
+
+    assert request.outputs is not None
+    assert [o.classification for o in request.outputs] == [3, None]
+
+
+@pytest.mark.parametrize("binary_output", [False, True])
+def test_response_parameters_are_encoded_after_the_version(binary_output: bool) -> None:
+    data = np.ones((1, 2), dtype=np.float32)
+    params = {"sequence_id": 0, "sequence_start": False, "note": "x"}
+    response = InferResponse("m", "1", (OutputTensor("out", "FP32", data),), "r", params)
+
+    body, length = encode_infer_response(response, make_request(binary_output=binary_output))
+
+    doc = json.loads(body[:length] if length is not None else body)
+    assert list(doc)[:4] == ["model_name", "model_version", "id", "parameters"]
+    assert doc["parameters"] == params

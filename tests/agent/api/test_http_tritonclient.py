@@ -24,6 +24,7 @@ def test_health_and_server_metadata(client: httpclient.InferenceServerClient) ->
     meta = client.get_server_metadata()
     assert meta["name"] == "edge-agent"
     assert "binary_tensor_data" in meta["extensions"]
+    assert "classification" in meta["extensions"]
 
 
 def test_model_ready_and_metadata(client: httpclient.InferenceServerClient) -> None:

@@ -35,6 +35,7 @@ from agent.runtime.demo import mlp_model
 from agent.scheduling.batching import BatchingPolicy
 from agent.scheduling.scheduler import ModelScheduler
 from agent.tensors.datatypes import ModelTensor
+from agent.tensors.request import RequestContext
 from agent.tensors.signature import ValidatedRequest
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -159,6 +160,7 @@ class TakesRequestsUnmerged(Backend, RunsRequests):
         cancelled: Sequence[CancelSignal] = (),
         *,
         traces: Sequence[object | None] = (),
+        contexts: Sequence[RequestContext | None] = (),
     ) -> list[NamedOutputs | AgentError]:
         self.gate.wait(30)
         assert len(cancelled) == len(requests) == len(traces)

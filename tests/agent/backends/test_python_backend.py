@@ -42,6 +42,31 @@ from tests.support import wait_until
 WAIT_S = 30.0
 
 
+# Answers Y = X and echoes the request's id, parameters and correlation id as response
+# parameters (Triton's `InferenceResponse(parameters=...)`).
+CONTEXT_MODEL = """
+import json
+
+from agent import pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            params = {
+                "id": request.request_id(),
+                "asked": request.parameters(),
+                "corrid": request.correlation_id(),
+            }
+            responses.append(
+                pb_utils.InferenceResponse([pb_utils.Tensor("Y", x)], parameters=params)
+            )
+        return responses
+"""
+
+
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("python")
@@ -69,6 +94,9 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
         repo, "no_inputs", ADD_SUB_MODEL, minimal_config("no_inputs", with_inputs=False)
     )
     write_python_model(repo, "sloppy", SLOPPY_MODEL, minimal_config("sloppy"))
+    write_python_model(repo, "context", CONTEXT_MODEL, minimal_config("context"))
+    sequences = minimal_config("context_seq") + "sequence_batching { }"
+    write_python_model(repo, "context_seq", CONTEXT_MODEL, sequences)
     timeout = minimal_config("bad_timeout") + (
         'parameters { key: "execute_timeout_seconds" value { string_value: "soon" } }'
     )
@@ -223,6 +251,34 @@ def answer(result: httpclient.InferResult) -> dict[str, Any]:
     assert pid is not None
     assert met is not None
     return {"args": json.loads(args[0]), "pid": int(pid[0]), "met": int(met[0])}
+
+
+def test_the_model_reads_the_request_context_and_answers_response_parameters(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    inp = httpclient.InferInput("X", [1, 1], "FP32")
+    inp.set_data_from_numpy(np.ones((1, 1), dtype=np.float32))
+
+    result = client.infer("context", [inp], request_id="r-1", parameters={"s": "v", "i": 3})
+    plain = client.infer("context", [inp])
+
+    response = result.get_response()
+    assert response["id"] == "r-1"
+    assert response["parameters"] == {"id": "r-1", "asked": '{"s": "v", "i": 3}', "corrid": 0}
+    assert plain.get_response()["parameters"] == {"id": "", "asked": "{}", "corrid": 0}
+
+
+def test_a_sequence_s_model_reads_its_correlation_id(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    inp = httpclient.InferInput("X", [1, 1], "FP32")
+    inp.set_data_from_numpy(np.ones((1, 1), dtype=np.float32))
+
+    first = client.infer("context_seq", [inp], sequence_id=42, sequence_start=True)
+    last = client.infer("context_seq", [inp], sequence_id=42, sequence_end=True)
+
+    for result in (first, last):
+        assert result.get_response()["parameters"] == {"id": "", "asked": "{}", "corrid": 42}
 
 
 def test_initialize_args(

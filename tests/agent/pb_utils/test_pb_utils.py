@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -66,3 +68,32 @@ def test_unknown_type_string_is_refused() -> None:
 def test_tensor_needs_an_array() -> None:
     with pytest.raises(TypeError, match="numpy array"):
         pb_utils.Tensor("A", [1, 2])  # type: ignore[arg-type]
+
+
+def test_a_received_request_answers_its_id_parameters_and_correlation_id() -> None:
+    from agent.pb_utils.request import received_request
+
+    x = pb_utils.Tensor("X", np.zeros(1, dtype=np.int32))
+    described = {"request_id": "abc", "parameters": {"s": "v", "f": 0.5}, "correlation_id": 7}
+
+    request = received_request([x], ["Y"], described)
+    plain = received_request([x], ["Y"], {})
+
+    assert (request.request_id(), request.correlation_id()) == ("abc", 7)
+    assert json.loads(request.parameters()) == {"s": "v", "f": 0.5}  # the client's, as sent
+    assert (plain.request_id(), plain.parameters(), plain.correlation_id()) == ("", "{}", 0)
+
+
+def test_response_parameters_are_checked_as_triton_checks_them() -> None:
+    ok = pb_utils.InferenceResponse([], parameters={"b": True, "i": 3, "s": "v"})
+    from_json = pb_utils.InferenceResponse(parameters='{"i": 1}')
+
+    assert json.loads(ok.parameters()) == {"b": True, "i": 3, "s": "v"}
+    assert json.loads(from_json.parameters()) == {"i": 1}
+    assert pb_utils.InferenceResponse().parameters() == "{}"
+    with pytest.raises(pb_utils.TritonModelException, match="bool/int/str, found type <class 'f"):
+        pb_utils.InferenceResponse(parameters={"f": 0.5})  # type: ignore[dict-item]
+    with pytest.raises(pb_utils.TritonModelException, match="keys to have type str"):
+        pb_utils.InferenceResponse(parameters={1: "x"})  # type: ignore[dict-item]
+    with pytest.raises(pb_utils.TritonModelException, match="Expect dict, got <class 'list'>"):
+        pb_utils.InferenceResponse(parameters=[])  # type: ignore[arg-type]

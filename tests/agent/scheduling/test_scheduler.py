@@ -22,6 +22,7 @@ from agent.scheduling.batching import BatchingPolicy
 from agent.scheduling.scheduler import ModelScheduler
 from agent.scheduling.statistics import ModelStatistics
 from agent.tensors.datatypes import ModelTensor
+from agent.tensors.request import RequestContext
 from agent.tensors.signature import ValidatedRequest
 
 
@@ -238,6 +239,7 @@ class GatedRequestsBackend(RecordingBackend, RunsRequests):
         cancelled: Sequence[CancelSignal] = (),
         *,
         traces: Sequence[object | None] = (),
+        contexts: Sequence[RequestContext | None] = (),
     ) -> list[NamedOutputs | AgentError]:
         self.started.set()
         self.gate.wait(30)
@@ -325,6 +327,7 @@ class AnswersByName(Backend, RunsRequests):
         cancelled: Sequence[CancelSignal] = (),
         *,
         traces: Sequence[object | None] = (),
+        contexts: Sequence[RequestContext | None] = (),
     ) -> list[NamedOutputs | AgentError]:
         x = np.zeros((1, 1), np.float32)
         return [{n: x + ord(n) for n in ("B", "A") if n in names} for _, names in requests]

@@ -27,6 +27,7 @@ from typing import Any
 
 from agent import pb_utils
 from agent.backends.python import ipc
+from agent.pb_utils.request import received_request
 
 # An output response's tensors, or why they cannot be sent (python_worker's checks).
 TensorsOf = Callable[[Any], "list[tuple[str, Any]] | dict[str, Any]"]
@@ -72,7 +73,7 @@ class DecoupledRuntime:
             count = int(item.get("inputs", 0))
             inputs = [pb_utils.Tensor(n, a) for n, a in message.tensors[offset : offset + count]]
             offset += count
-            request = pb_utils.InferenceRequest(inputs, [str(n) for n in item["outputs"]])
+            request = received_request(inputs, [str(n) for n in item["outputs"]], item)
             request_id = int(item["id"])
             with self._lock:
                 self._open[request_id] = request

@@ -57,6 +57,7 @@ from agent.backends.python import ipc
 from agent.backends.python.worker import bls_client, decoupled
 from agent.backends.python.worker.mailbox import Mailbox
 from agent.pb_utils import metrics as pb_metrics
+from agent.pb_utils.request import received_request
 
 _PR_SET_PDEATHSIG = 1
 _TRITON_MODULE = "triton_python_backend_utils"
@@ -359,9 +360,11 @@ def _execute(model: Any, message: ipc.Message, running: _Running) -> ipc.Message
     """One `execute` call on the message's requests (several when a dynamic batch formed).
 
     meta {"requests": [{"outputs": [...], "inputs": N}, ...]}, the inputs of each request in
-    order; without "requests", one request with meta "outputs" and every tensor. The answer is
-    RESULT with meta {"responses": [{"tensors": N} or {"error": "..."}]} and the outputs of each
-    response in order, or ERROR when `execute` raised or returned the wrong number of responses.
+    order; a request may also carry "request_id", "parameters" and "correlation_id" (what the
+    model reads off it); without "requests", one request with meta "outputs" and every tensor.
+    The answer is RESULT with meta {"responses": [{"tensors": N, "parameters"?: {...}} or
+    {"error": "..."}]} and the outputs of each response in order, or ERROR when `execute` raised
+    or returned the wrong number of responses.
     """
     described = message.meta.get("requests")
     if not isinstance(described, list):
@@ -375,7 +378,7 @@ def _execute(model: Any, message: ipc.Message, running: _Running) -> ipc.Message
         index = item.get("trace")  # set when the agent traces this request
         trace = pb_utils.InferenceTrace(index if isinstance(index, int) else None)
         outputs = [str(n) for n in item["outputs"]]
-        requests.append(pb_utils.InferenceRequest(inputs, outputs, trace=trace))
+        requests.append(received_request(inputs, outputs, item, trace))
     sent = _response_slots(requests)
     seq = message.meta.get("seq")
     running.start(seq if isinstance(seq, int) else -1, requests)
@@ -403,6 +406,9 @@ def _execute(model: Any, message: ipc.Message, running: _Running) -> ipc.Message
         else:
             answers.append({"tensors": len(outcome)})
             tensors.extend(outcome)
+            params = json.loads(response.parameters())
+            if params:  # the model's response parameters (rare: most set none)
+                answers[-1]["parameters"] = params
     return ipc.Message(ipc.RESULT, {"responses": answers}, tensors)
 
 
