@@ -466,7 +466,13 @@ def _raised(exc: BaseException) -> ipc.Message:
     <message>" and the model's frames, innermost first ("At:\n  <file>(<line>): <function>").
     Raised, a TritonError is INTERNAL as any exception: its code counts only in a response
     (Triton's TritonError cannot be raised at all)."""
-    frames = traceback.extract_tb(exc.__traceback__)[1:]  # [0]: this worker calling the model
+    # The model's frames only: [0] is the worker calling it; then none of this module's (the
+    # import of the model file) nor importlib's.
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)[1:]
+        if f.filename != __file__ and not f.filename.startswith("<frozen ")
+    ]
     where = "".join(f"\n  {f.filename}({f.lineno}): {f.name}" for f in reversed(frames))
     text = _describe(exc) + (f"\n\nAt:{where}\n" if where else "")
     return _error(text, user=True)
