@@ -943,7 +943,8 @@ DEVIATIONS: dict[str, tuple[str, int | str, int | str]] = {
 }
 DUP_INPUT = (
     "a config that declares an input twice: Triton loads it (READY, the input listed twice in "
-    "its metadata); the agent refuses it (its reason in the metadata), so it is not in the index"
+    "its metadata); the agent refuses it with its config (the index has its name alone, its "
+    "metadata error the reason)"
 )
 UNLOADING = (
     "an unload: Triton answers it at once and reports the model UNLOADING while its Python stub "
