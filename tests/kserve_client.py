@@ -64,6 +64,11 @@ async def rest(url: str, model: str, x: np.ndarray, expected: np.ndarray) -> Non
     check("rest is_server_live", await client.is_server_live(url) is True)
     check("rest is_server_ready", await client.is_server_ready(url) is True)
     check("rest is_model_ready", await client.is_model_ready(url, model) is True)
+    # Not ready is a 4xx (the protocol's words; Triton's 400): the SDK reads False.
+    check("rest not ready", await client.is_model_ready(url, "no_such_model") is False)
+    check(
+        "rest version not ready", await client.is_model_ready(url, f"{model}/versions/9") is False
+    )
     ServerLiveResponse.model_validate(get_json(f"{url}/v2/health/live"))
     ServerReadyResponse.model_validate(get_json(f"{url}/v2/health/ready"))
     ready = ModelReadyResponse.model_validate(get_json(f"{url}/v2/models/{model}/ready"))
@@ -85,6 +90,7 @@ async def grpc_checks(url: str, model: str, x: np.ndarray, expected: np.ndarray)
     check("grpc is_server_live", await client.is_server_live() is True)
     check("grpc is_server_ready", await client.is_server_ready() is True)
     check("grpc is_model_ready", await client.is_model_ready(model) is True)
+    check("grpc not ready", await client.is_model_ready("no_such_model") is False)
     answer = await client.infer(request(model, x, binary=True))
     got = answer.outputs[0].as_numpy()
     check("grpc infer", np.allclose(got, expected), got)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from agent.config.choices import ModelControlMode
 from agent.config.schema import AgentConfig, ModelsConfig, ServerConfig
@@ -77,3 +78,17 @@ def http_client(agent: RunningAgent) -> Iterator[httpclient.InferenceServerClien
         yield client
     finally:
         client.close()
+
+
+def failure_reason(client: httpclient.InferenceServerClient, name: str) -> str:
+    """Why a model does not serve: its index rows' reasons when a version failed, else (its
+    config failed: the index gives the name alone, as Triton's) its metadata error's text."""
+    rows = [r for r in client.get_model_repository_index() if r["name"] == name]
+    reasons = [str(r["reason"]) for r in rows if r.get("reason")]
+    if reasons:
+        return "; ".join(reasons)
+    try:
+        client.get_model_metadata(name)
+    except InferenceServerException as exc:
+        return str(exc.message())
+    return ""

@@ -55,7 +55,19 @@ async def load_model(
     except _NOT_A_LOAD_FAILURE:
         raise
     except AgentError as exc:
-        raise ModelLoadFailedError(f"load failed for model '{name}': {exc.message}") from None
+        why = _version_states(dataplane, name) or exc.message
+        raise ModelLoadFailedError(f"load failed for model '{name}': {why}") from None
+
+
+def _version_states(dataplane: DataPlane, name: str) -> str:
+    """Triton's account of a failed load: each version not READY, "version V is at STATE
+    state: REASON;" a line each ("" when no version was read: the config failed)."""
+    rows = dataplane.repository_index(detailed=True)
+    return "".join(
+        f"version {r['version']} is at {r['state']} state: {r.get('reason', '')};\n"
+        for r in rows
+        if r["name"] == name and "version" in r and r.get("state") != "READY"
+    )
 
 
 def poll_failed(name: str, reason: str) -> ModelLoadError:

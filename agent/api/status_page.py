@@ -57,7 +57,7 @@ class BasicStatus:
         return {
             "agent_version": self._dataplane.server_metadata()["version"],
             "ready": self._dataplane.server_ready(),
-            "models": self._dataplane.repository_index(),
+            "models": self._dataplane.repository_index(detailed=True),
         }
 
 

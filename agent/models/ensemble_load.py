@@ -54,6 +54,7 @@ def load_ensemble(
     completed = named_copy(config, name)
     if completed.version_policy.WhichOneof("policy_choice") is None:
         completed.version_policy.latest.num_versions = 1
+    completed.model_transaction_policy.SetInParent()  # Triton reports it for ensembles too
     plan = build_plan(completed, served_config, served_versions)
     if decoupled_ensemble(plan):  # as Triton: it streams its decoupled step's responses
         completed.model_transaction_policy.decoupled = True

@@ -52,7 +52,7 @@ from agent.repository.autocomplete import DEFAULT_MAX_BATCH_SIZE, complete_confi
 from agent.repository.model_config import instance_count, load_model_config
 from agent.repository.model_rules import check_against_model
 from agent.repository.triton_rules import validate_completed
-from agent.repository.validation import validate_config
+from agent.repository.validation import validate_config, validate_dims
 from agent.scheduling.protocol import Scheduler
 from agent.scheduling.scheduler import LimiterGate
 from agent.scheduling.statistics import StatisticsRegistry
@@ -180,17 +180,25 @@ class ModelLoader:
         available = repository.list_versions(model_dir)
         wanted = repository.select_versions(config.version_policy, available)
         if is_ensemble(config):
-            return load_ensemble(
-                name,
-                config,
-                wanted or [1],
-                record,
-                generation,
-                served_config=self._served_config,
-                served_versions=self._served_versions,
-                step_runner=self.step_runner,
-                stats=self.stats,
-            )
+            try:
+                validate_dims(config, name)
+                return load_ensemble(
+                    name,
+                    config,
+                    wanted or [1],
+                    record,
+                    generation,
+                    served_config=self._served_config,
+                    served_versions=self._served_versions,
+                    step_runner=self.step_runner,
+                    stats=self.stats,
+                )
+            except AgentError as exc:  # as Triton: its versions are UNAVAILABLE, with why
+                for version in wanted or [1]:
+                    record.versions[version] = VersionStatus(
+                        ModelState.UNAVAILABLE, _status_text(exc)
+                    )
+                raise
         if not wanted:
             raise ModelLoadError(f"model '{name}': no version folders (1/, 2/, ...) in its folder")
         loaded: dict[int, LoadedVersion] = {}
@@ -207,12 +215,13 @@ class ModelLoader:
                     generation=generation,
                 )
             except AgentError as exc:
-                record.versions[version] = VersionStatus(ModelState.UNAVAILABLE, exc.message)
+                reason = _status_text(exc)
+                record.versions[version] = VersionStatus(ModelState.UNAVAILABLE, reason)
                 logger.error(
                     "model %s version %d unavailable: %s",
                     name,
                     version,
-                    exc.message,
+                    reason,
                     extra={"model": name, "version": version},
                 )
                 continue
@@ -238,6 +247,7 @@ class ModelLoader:
         generation: int,
     ) -> tuple[mc.ModelConfig, LoadedVersion]:
         """Load, complete/check, size to the memory budget, warm up and schedule one version."""
+        validate_dims(config, name)
         instances = instance_count(config)
         threads = self.settings.intra_op_threads or default_intra_op_threads(instances)
         path = model_dir / str(version) / repository.model_filename(config)
@@ -370,6 +380,13 @@ class ModelLoader:
 
 
 @functools.cache
+def _status_text(error: AgentError) -> str:
+    """A version's reason as Triton's index gives it: its status code's name, then the text
+    (a config rule: "Invalid argument"; anything that failed while loading: "Internal")."""
+    code = "Invalid argument" if isinstance(error, ModelConfigError) else "Internal"
+    return f"{code}: {error.message}"
+
+
 def _gpu_ids() -> frozenset[int] | None:
     """Empty where the installed runtime has no GPU support (KIND_GPU is then refused, as by
     Triton's CPU-only builds); None (not checked) where it has."""

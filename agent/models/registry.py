@@ -296,6 +296,11 @@ class ModelRegistry:
         if record is None:
             raise ModelNotFoundError(f"Request for unknown model: '{name}' is not found")
         served = record.served
+        if served is None and not record.versions:
+            # Its config failed before any version was read: Triton knows no such model.
+            raise NoReadyVersionError(
+                f"Request for unknown model: '{name}' is not found: {record.reason or 'not loaded'}"
+            )
         if number is None:
             if served is None:
                 raise NoReadyVersionError(

@@ -111,11 +111,18 @@ def config_to_json(config: Message) -> dict[str, Any]:
         elif field.type == FieldDescriptor.TYPE_MESSAGE:
             if config.HasField(field.name):
                 out[field.name] = config_to_json(value)
-        elif field.containing_oneof is not None and not config.HasField(field.name):
+        elif (field.containing_oneof is not None and not config.HasField(field.name)) or (
+            field.name in _NEWER_THAN_TRITON and not value
+        ):
             continue
         else:
             out[field.name] = _scalar_or_message(field, value)
     return out
+
+
+# Fields of our model_config.proto that the Triton we answer as (2.51) does not have: printed
+# only when set, so a config that does not use them reads as Triton's.
+_NEWER_THAN_TRITON = frozenset({"max_inflight_requests"})
 
 
 def _is_repeated(field: Any) -> bool:

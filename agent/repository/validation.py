@@ -36,13 +36,17 @@ def validate_config(config: mc.ModelConfig, model_name: str) -> None:
         ModelConfigError: the first problem found, naming the field.
     """
     where = f"model '{model_name}'"
+    if config.name and config.name != model_name:  # Triton refuses it with the config
+        raise ModelConfigError(
+            f"config name '{config.name}' does not match the model directory '{model_name}'"
+        )
     _check_enums(config, "", where)
     if not 0 <= config.max_batch_size <= MAX_BATCH_SIZE:
         raise ModelConfigError(
             f"{where}: max_batch_size {config.max_batch_size} is not in 0..{MAX_BATCH_SIZE}"
         )
-    _check_tensors(config.input, "input", where, model_name)
-    _check_tensors(config.output, "output", where, model_name)
+    _check_tensors(config.input, "input", where)
+    _check_tensors(config.output, "output", where)
     for number, group in enumerate(config.instance_group):
         if not 0 <= group.count <= MAX_INSTANCES_PER_GROUP:
             raise ModelConfigError(
@@ -54,7 +58,7 @@ def validate_config(config: mc.ModelConfig, model_name: str) -> None:
 
 
 def _check_tensors(
-    tensors: Iterable[mc.ModelInput | mc.ModelOutput], kind: str, where: str, model_name: str
+    tensors: Iterable[mc.ModelInput | mc.ModelOutput], kind: str, where: str
 ) -> None:
     seen: set[str] = set()
     for number, tensor in enumerate(tensors):
@@ -63,7 +67,18 @@ def _check_tensors(
         if tensor.name in seen:
             raise ModelConfigError(f"{where}: {kind} '{tensor.name}' is declared twice")
         seen.add(tensor.name)
-        _check_dims(tensor.dims, f"model {kind} '{tensor.name}'", model_name)
+
+
+def validate_dims(config: mc.ModelConfig, model_name: str) -> None:
+    """Refuse a dimension below 1 other than -1, in Triton's words. Triton checks it as it
+    loads each version (the version is UNAVAILABLE, the model known), not with the config.
+
+    Raises:
+        ModelConfigError: the first tensor with such a dimension.
+    """
+    for kind, tensors in (("input", config.input), ("output", config.output)):
+        for tensor in tensors:
+            _check_dims(tensor.dims, f"model {kind} '{tensor.name}'", model_name)
 
 
 def _check_dims(dims: Sequence[int], label: str, model_name: str) -> None:
@@ -71,7 +86,7 @@ def _check_dims(dims: Sequence[int], label: str, model_name: str) -> None:
     if any(d < 1 and d != VARIABLE_DIM for d in dims):
         raise ModelConfigError(
             f"{label} dimension must be integer >= 1, or -1 to indicate a variable-size "
-            f"dimension for {model_name} (dims {list(dims)})"
+            f"dimension for {model_name}"
         )
 
 

@@ -142,7 +142,7 @@ class DeviceStatus:
         """The `/v2/status` document (see docs/pages.md)."""
         dp = self._dataplane
         last = self._last
-        models = dp.repository_index()
+        models = dp.repository_index(detailed=True)
         fallbacks = dp.cpu_fallbacks()
         for row in models:  # flagged apart from the reason, so the page can mark the row
             note = fallbacks.get((row["name"], int(row.get("version") or -1)))

@@ -226,9 +226,10 @@ class DataPlane:
 
     def model_metadata(self, name: str, version: str | None) -> dict[str, Any]:
         """KServe model metadata; -1 marks a dimension of any size."""
-        served, _ = self._registry.resolve(name, version)
+        served, number = self._registry.resolve(name, version)
         sig = served.signature
-        versions = [version] if version else [str(v) for v in sorted(served.versions)]
+        # the number as Triton writes it ("01" asks for version 1)
+        versions = [str(number)] if version else [str(v) for v in sorted(served.versions)]
         return {
             "name": served.name,
             "versions": versions,
@@ -452,8 +453,10 @@ class DataPlane:
 
     # Model control (`agent.serving.model_control`).
 
-    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        return self._control.repository_index(ready_only)
+    def repository_index(
+        self, ready_only: bool = False, *, detailed: bool = False
+    ) -> list[dict[str, str]]:
+        return self._control.repository_index(ready_only, detailed=detailed)
 
     async def load_model(
         self,

@@ -50,12 +50,16 @@ class ModelControl:
         self.versions = versions  # the model cache's versions (None: a plain repository)
         self.pushed = pushed  # None: loads with request files are refused
 
-    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+    def repository_index(
+        self, ready_only: bool = False, *, detailed: bool = False
+    ) -> list[dict[str, str]]:
+        """The repository index as Triton answers it (`triton_rows`); `detailed`: with the
+        agent's reasons for models whose config failed (the status page's rows)."""
         rows = _with_rejections(self._registry.index(), self.rejected_versions())
         rows = [{k: self._scrub(v) if k == "reason" else v for k, v in r.items()} for r in rows]
         if ready_only:
             rows = [r for r in rows if r.get("state") == "READY"]
-        return rows
+        return rows if detailed else triton_rows(rows)
 
     async def load_model(
         self,
@@ -175,6 +179,17 @@ class ModelControl:
                 f"(model-control mode '{self.mode.value}': {action} needs "
                 "--model-control-mode explicit)"
             )
+
+
+def triton_rows(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+    """Index rows in Triton's shape: no empty reason, and a model with no version (its config
+    failed before any version was read) as its name alone; the reason is in the metadata."""
+    return [
+        {"name": r["name"]}
+        if "version" not in r
+        else {k: v for k, v in r.items() if k != "reason" or v}
+        for r in rows
+    ]
 
 
 def _with_rejections(

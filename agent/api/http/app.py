@@ -35,13 +35,14 @@ from agent.api.http.context import (
 )
 from agent.api.http.generate import generate_routes
 from agent.api.http.infer import infer_handler
-from agent.api.http.lane import INFER_LANE, INFER_ROUTE, VERSION_INFER_ROUTE, InferLane
+from agent.api.http.lane import INFER_LANE, INFER_ROUTE, InferLane
 from agent.api.http.limits import ConnectionLimits
 from agent.api.http.middleware import request_middleware
 from agent.api.http.policy import HTTP_POLICY, HttpPolicy
 from agent.api.openapi import openapi_bytes
 from agent.api.status_page import STATUS_SOURCE, BasicStatus, StatusSource, status_routes
 from agent.canary.control import policy_from_request
+from agent.errors import ModelNotFoundError
 from agent.serving.dataplane import DataPlane
 from agent.tensors.limits import DEFAULT_MAX_BYTES_ELEMENTS, TensorLimits
 
@@ -98,14 +99,15 @@ def create_app(
         app[INFER_LANE] = lane
     app[CONNECTION_GUARD] = ConnectionGuard(limits, lane)
     model = "/v2/models/{model}"
-    version = "/v2/models/{model}/versions/{version}"
+    # Triton's routes take only digits as a version: "/versions/x" matches no route (404).
+    version = "/v2/models/{model}/versions/{version:[0-9]+}"
     repo = "/v2/repository/models/{model}"
     system, cuda = "/v2/systemsharedmemory", "/v2/cudasharedmemory"
     app.add_routes(
         [
             # Inference first: the router tries routes in order, and this is the hot path.
             web.post(INFER_ROUTE, infer_handler),
-            web.post(VERSION_INFER_ROUTE, infer_handler),
+            web.post(version + "/infer", infer_handler),  # lane.VERSION_INFER_ROUTE, digits only
             # Triton's generate extension: generate, generate_stream (agent.api.http.generate).
             *generate_routes(dataplane, model, version),
             web.get("/v2/health/live", _live),
@@ -155,15 +157,21 @@ def create_app(
 
 
 # Health bodies are the Open Inference Protocol's ({"live": true}, {"ready": true}, and name and
-# ready for a model): KServe's SDK reads them; Triton's clients read only the status.
+# ready for a model): KServe's SDK reads them; Triton's clients read only the status. Not ready
+# is Triton's answer (the protocol's "4xx"): 400, empty for the server, its text for a model,
+# whether the model is unknown, not loaded or failed: probes and tritonclient expect it.
+MODEL_NOT_READY = "Model version not ready"
+
+
 async def _live(request: web.Request) -> web.Response:
     ok = dataplane_of(request).server_live()
     return json_status({"live": ok}, 200 if ok else 503)
 
 
 async def _ready(request: web.Request) -> web.Response:
-    ok = dataplane_of(request).server_ready()
-    return json_status({"ready": ok}, 200 if ok else 503)
+    if dataplane_of(request).server_ready():
+        return json_status({"ready": True}, 200)
+    return web.Response(status=400)
 
 
 async def _server_metadata(request: web.Request) -> web.Response:
@@ -179,8 +187,13 @@ async def _model_metadata(request: web.Request) -> web.Response:
 
 
 async def _model_ready(request: web.Request) -> web.Response:
-    ok = dataplane_of(request).model_ready(*target(request))
-    return json_status({"name": request.match_info["model"], "ready": ok}, 200 if ok else 503)
+    try:
+        ready = dataplane_of(request).model_ready(*target(request))
+    except ModelNotFoundError:
+        ready = False
+    if ready:
+        return json_status({"name": request.match_info["model"], "ready": True}, 200)
+    return json_status({"error": MODEL_NOT_READY}, 400)
 
 
 async def _model_config(request: web.Request) -> web.Response:

@@ -65,15 +65,11 @@ def tensors_from_config(
     """Inputs and outputs as the config declares them; (None, *dims) when the model batches.
 
     Raises:
-        ModelConfigError: no inputs or no outputs, or one without a data type.
+        ModelConfigError: a tensor without a supported data type.
     """
     found: list[tuple[ModelTensor, ...]] = []
+    # None at all is fine, as in Triton: a model may take no input (a generator) or answer none.
     for kind, declared in (("input", config.input), ("output", config.output)):
-        if not declared:
-            raise ModelConfigError(
-                f"python model '{model_name}': config.pbtxt must declare its {kind}s, e.g. "
-                f'{kind} [ {{ name: "{kind.upper()}0" data_type: TYPE_FP32 dims: [ 4 ] }} ]'
-            )
         tensors = []
         for entry in declared:
             type_name = mc.DataType.Name(entry.data_type)

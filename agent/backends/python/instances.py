@@ -151,5 +151,8 @@ def _await_ready(site: WorkerSite, worker: Worker, deadline: float) -> None:
     except (EOFError, OSError, ipc.WireError):
         raise _load_error(site, worker, exit_reason(worker)) from None
     if reply.kind != ipc.READY:
-        raise _load_error(site, worker, str(reply.meta.get("message", reply.kind)))
+        message = str(reply.meta.get("message", reply.kind))
+        if reply.meta.get("user"):  # the model raised: its error and frames, as Triton gives them
+            raise ModelLoadError(message)
+        raise _load_error(site, worker, message)
     worker.ready = True

@@ -176,7 +176,7 @@ def test_good_binary_request_returns_binary_output(url: str) -> None:
     assert struct.calcsize("<10f") == len(raw) - length
 
 
-def test_unknown_model_and_version_are_404_a_bad_version_400(url: str) -> None:
+def test_unknown_model_and_version_are_404_a_version_not_digits_no_route(url: str) -> None:
     status, body = infer_json(url, GOOD, "no_such_model")
     assert status == 404
     assert body is not None
@@ -188,9 +188,8 @@ def test_unknown_model_and_version_are_404_a_bad_version_400(url: str) -> None:
     assert body is not None
     assert body["error"] == "Request for unknown model: 'mlp_classifier' version 9 is not found"
     status, body = call(url, "/v2/models/mlp_classifier/versions/x/config")
-    assert status == 400  # Triton: a version that is not a number is an invalid argument
-    assert body is not None
-    assert body["error"].startswith("failed to get model version from specified version string")
+    assert status == 404  # Triton's routes take digits only: no route
+    assert body == {"error": "Not Found"}
     assert_still_serves(url)
 
 

@@ -62,8 +62,11 @@ def test_every_error_response_has_the_json_error_body() -> None:
                 if not status.startswith(("4", "5")):
                     continue
                 response = shared[entry["$ref"].rsplit("/", 1)[1]] if "$ref" in entry else entry
+                if (method, path, status) == ("get", "/v2/health/ready", "400"):
+                    assert "content" not in response  # Triton's not ready: no body at all
+                    continue
                 if status == "503" and "Error" not in json.dumps(response):
-                    continue  # the health and readiness probes: {"ready": false}
+                    continue  # the liveness probe: {"live": false}
                 schema = response["content"]["application/json"]["schema"]
                 assert schema == {"$ref": "#/components/schemas/Error"}, (method, path, status)
 

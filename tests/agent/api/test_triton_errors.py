@@ -152,21 +152,6 @@ CASES: dict[str, Case] = {
         lambda c: _http_infer(c, "m", "9"),
         lambda c: _grpc_infer(c, "m", "9"),
     ),
-    "a version string that is not a number": Case(
-        400,
-        grpc.StatusCode.INVALID_ARGUMENT,
-        f"failed to get model version from specified version string 'abc' (details: stol), "
-        f"{NO_VERSION}",
-        lambda c: c.get_model_metadata("m", "abc"),
-        lambda c: c.get_model_metadata("m", "abc"),
-    ),
-    "a negative version": Case(
-        400,
-        grpc.StatusCode.INVALID_ARGUMENT,
-        f"invalid model version specified '-1' , {NO_VERSION}",
-        lambda c: _http_infer(c, "m", "-1"),
-        lambda c: _grpc_infer(c, "m", "-1"),
-    ),
     "infer on a model with no READY version": Case(
         404,
         grpc.StatusCode.NOT_FOUND,
@@ -208,7 +193,8 @@ CASES: dict[str, Case] = {
     "load of a model that fails to load": Case(
         400,
         grpc.StatusCode.INVALID_ARGUMENT,
-        "load failed for model 'broken': ",
+        # Triton's account: each version that failed, its state and reason (status code first)
+        "load failed for model 'broken': version 1 is at UNAVAILABLE state: Internal: ",
         lambda c: c.load_model("broken"),
         lambda c: c.load_model("broken"),
         prefix=True,
@@ -298,6 +284,51 @@ def test_grpc_answers_as_triton(situation: str, grpc_client: Grpc, repo: Path) -
     assert str(repo.parent) not in message
 
 
+@pytest.mark.parametrize(
+    ("version", "message"),
+    [
+        (
+            "abc",
+            "failed to get model version from specified version string 'abc' (details: stol), "
+            f"{NO_VERSION}",
+        ),
+        ("-1", f"invalid model version specified '-1' , {NO_VERSION}"),
+    ],
+)
+def test_a_grpc_version_that_is_not_a_number_is_invalid_in_tritons_words(
+    version: str, message: str, grpc_client: Grpc
+) -> None:
+    calls: list[Callable[[], Any]] = [
+        lambda: grpc_client.get_model_metadata("m", version),
+        lambda: _grpc_infer(grpc_client, "m", version),
+    ]
+    for call in calls:
+        with pytest.raises(InferenceServerException) as raised:
+            call()
+        assert raised.value.status() == str(grpc.StatusCode.INVALID_ARGUMENT)
+        assert raised.value.message() == message
+
+
+@pytest.mark.parametrize("version", ["abc", "-1", "1x"])
+@pytest.mark.parametrize(
+    "route", ["", "/ready", "/config", "/stats", "/infer", "/generate", "/generate_stream"]
+)
+def test_an_http_version_that_is_not_digits_matches_no_route(
+    agent: RunningAgent, route: str, version: str
+) -> None:
+    """Triton's routes take only digits as a version: anything else is its 404 "Not Found"."""
+    method = "POST" if "gen" in route or "infer" in route else "GET"
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{agent.http_port}/v2/models/m/versions/{version}{route}",
+        data=b"{}" if method == "POST" else None,
+        method=method,
+    )
+    with pytest.raises(urllib.error.HTTPError) as raised:
+        urllib.request.urlopen(request)
+    assert raised.value.code == 404
+    assert json.loads(raised.value.read()) == {"error": "Not Found"}
+
+
 def test_contents_with_raw_input_contents_is_refused_in_tritons_words(
     agent: RunningAgent,
 ) -> None:
@@ -355,7 +386,8 @@ def _get(agent: RunningAgent, path: str) -> tuple[int, Any]:
         with urllib.request.urlopen(f"http://127.0.0.1:{agent.http_port}{path}") as reply:
             return reply.status, json.loads(reply.read())
     except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+        body = exc.read()
+        return exc.code, json.loads(body) if body else None
 
 
 def test_health_answers_carry_the_open_inference_protocol_bodies(
@@ -366,12 +398,18 @@ def test_health_answers_carry_the_open_inference_protocol_bodies(
     # not ready, so neither is the server, until it is unloaded.
     with pytest.raises(InferenceServerException):
         http.load_model("broken")
-    assert _get(agent, "/v2/health/ready") == (503, {"ready": False})
+    # Not ready is Triton's answer: 400, with no body for the server and its text for a model.
+    assert _get(agent, "/v2/health/ready") == (400, None)
+    assert _get(agent, "/v2/models/broken/ready") == (400, {"error": "Model version not ready"})
     http.unload_model("broken")
     assert _get(agent, "/v2/health/ready") == (200, {"ready": True})
     assert _get(agent, "/v2/models/m/ready") == (200, {"name": "m", "ready": True})
     assert _get(agent, "/v2/models/m/versions/1/ready") == (200, {"name": "m", "ready": True})
-    assert _get(agent, "/v2/models/gone/ready") == (503, {"name": "gone", "ready": False})
+    for missing in ("gone", "nope", "m/versions/9", "m/versions/0"):  # unknown: the same 400
+        assert _get(agent, f"/v2/models/{missing}/ready") == (
+            400,
+            {"error": "Model version not ready"},
+        )
 
 
 def test_load_and_unload_outside_explicit_mode_are_unavailable_in_tritons_words(

@@ -90,6 +90,12 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_python_model(repo, "fin", BEHAVIOUR_MODEL, behaviour_config("fin", marker=marker))
     write_python_model(repo, "bad_init", BAD_INIT_MODEL, minimal_config("bad_init"))
     write_python_model(repo, "no_class", NO_CLASS_MODEL, minimal_config("no_class"))
+    bad_import = (
+        "class TritonPythonModel:\n"
+        "    def initialize(self, args):\n"
+        "        import edge_agent_no_such_module\n"
+    )
+    write_python_model(repo, "bad_import", bad_import, minimal_config("bad_import"))
     write_python_model(
         repo, "no_inputs", ADD_SUB_MODEL, minimal_config("no_inputs", with_inputs=False)
     )
@@ -462,9 +468,16 @@ def test_load_failures_report_the_reason(client: httpclient.InferenceServerClien
     no_class = index_row(client, "no_class")
     assert "model.py" in no_class["reason"]
     assert "defines no class TritonPythonModel" in no_class["reason"]
-    no_inputs = index_row(client, "no_inputs")
-    assert "must declare its inputs" in no_inputs["reason"]
-    assert 'input [ { name: "INPUT0"' in no_inputs["reason"]
+    # Raised by the model: Triton's words, the status code, the error and the model's frames.
+    assert bad["reason"].startswith("Internal: RuntimeError: no weights here\n\nAt:\n  ")
+    assert "bad_init/1/model.py(" in bad["reason"]
+    # The model's frames alone (none of the worker's), relative to the repository.
+    assert index_row(client, "bad_import")["reason"] == (
+        "Internal: ModuleNotFoundError: No module named 'edge_agent_no_such_module'\n\n"
+        "At:\n  bad_import/1/model.py(3): initialize\n"
+    )
+    # A model that declares no input loads, as in Triton (one may take none, a generator).
+    assert index_row(client, "no_inputs")["state"] == "READY"
     bad_timeout = index_row(client, "bad_timeout")
     assert "parameters execute_timeout_seconds must be a positive number" in bad_timeout["reason"]
     with pytest.raises(InferenceServerException, match="no weights here"):

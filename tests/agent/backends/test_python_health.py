@@ -140,7 +140,7 @@ def test_a_killed_idle_worker_is_noticed_at_once_and_replaced(agent: RunningAgen
 
     killed = time.monotonic()
     os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: status(port, "/v2/models/idle/ready") == 503, "idle NOT READY", timeout_s=5)
+    wait_until(lambda: status(port, "/v2/models/idle/ready") == 400, "idle NOT READY", timeout_s=5)
     not_ready_s = time.monotonic() - killed
     assert not_ready_s <= NOT_READY_WITHIN_S, f"NOT READY after {not_ready_s:.2f} s"
     # While it restarts everything says the same: strict readiness, the index, the status page.
@@ -183,15 +183,15 @@ def test_readiness_says_not_ready_while_the_only_instance_restarts(
         server = status(port, "/v2/health/ready")
         state = index_row(document(port), "solo")["state"]
         seen.append((model, server, state))
-        return model == 503
+        return model == 400
 
     os.kill(pid, signal.SIGKILL)
     wait_until(observe, "solo NOT READY", timeout_s=5)
     wait_until(lambda: serves(port, "solo", pid), "solo serving again", timeout_s=30)
     # The server was never ready while the model was not (the index said so too, or had it back).
-    down = [s for s in seen if s[0] == 503]
+    down = [s for s in seen if s[0] == 400]
     assert down, seen
-    assert all(server == 503 for _, server, _ in down), seen
+    assert all(server == 400 for _, server, _ in down), seen
     assert status(port, "/v2/health/ready") == 200
 
 
@@ -282,11 +282,12 @@ def test_a_model_whose_initialize_fails_after_its_first_start_backs_off_and_give
         wait_until(lambda: index_row(document(port), "once")["state"] == "UNAVAILABLE", "out")
         shown = index_row(document(port), "once")["reason"]  # with the repository path scrubbed
         assert "failed 4 time(s) in a row (3 restart(s))" in shown
-        assert "RuntimeError: the weights are gone; the version is given up" in shown
-        assert status(port, "/v2/models/once/ready") == 503
-        assert status(port, "/v2/health/ready") == 503  # strict readiness
+        assert "RuntimeError: the weights are gone\n\nAt:\n" in shown  # Triton's form
+        assert "; the version is given up" in shown, shown
+        assert status(port, "/v2/models/once/ready") == 400
+        assert status(port, "/v2/health/ready") == 400  # strict readiness
         assert document(port)["ready"] is False
-        assert status(port, "/v2/models/once/versions/1/ready") == 503
+        assert status(port, "/v2/models/once/versions/1/ready") == 400
         assert infer_pid(port, "steady") == worker_pid(agent, "steady")
 
 
@@ -301,7 +302,7 @@ def test_without_strict_readiness_the_server_stays_ready_while_a_model_is_down(
         pid = worker_pid(agent, "idle")
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
-        wait_until(lambda: status(port, "/v2/models/idle/ready") == 503, "idle NOT READY")
+        wait_until(lambda: status(port, "/v2/models/idle/ready") == 400, "idle NOT READY")
         assert status(port, "/v2/health/ready") == 200  # Triton's --strict-readiness=false
         assert document(port)["ready"] is True
         wait_until(lambda: serves(port, "idle", pid), "idle serving again")

@@ -220,7 +220,7 @@ def test_bad_ensembles_are_refused_at_load_with_the_reason(ens_agent: RunningAge
         urllib.request.urlopen(
             f"http://127.0.0.1:{ens_agent.http_port}/v2/models/a_ghost/ready", timeout=10
         )
-    assert caught.value.code == 503
+    assert caught.value.code == 400  # Triton's "not ready"
 
 
 def test_an_ensemble_has_no_batcher_to_tune(ens_agent: RunningAgent) -> None:

@@ -17,6 +17,7 @@ from agent.errors import (
     ModelLoadError,
     ModelNotFoundError,
     ModelNotReadyError,
+    NoReadyVersionError,
 )
 from agent.models.loader import LoadSettings
 from agent.models.registry import ModelRegistry
@@ -260,6 +261,7 @@ def test_index_rows_for_every_kind_of_model(repo: Path) -> None:
     ]
     [broken] = by_name["broken"]  # the version was tried: it says why it failed
     assert (broken["version"], broken["state"]) == ("1", "UNAVAILABLE")
+    assert broken["reason"].startswith("Invalid argument: ")  # Triton's status code first
     assert "configuration expects datatype TYPE_INT32" in broken["reason"]
     assert "model provides TYPE_FP32" in broken["reason"]
     [garbled] = by_name["garbled"]  # the config did not parse: no version was tried
@@ -282,3 +284,38 @@ def test_load_all_reports_each_failure_and_serves_the_rest(repo: Path) -> None:
             registry.resolve("broken", None)
     finally:
         registry.close()
+
+
+def test_a_model_whose_config_failed_is_not_found_with_its_reason(repo: Path) -> None:
+    """Triton knows no model whose config failed before a version was read: 'is not found',
+    the agent's reason after it; a failed version's model 'has no available versions'."""
+    write_versions(repo, "misnamed", {1: scale_model(1.0)})
+    (repo / "misnamed" / "config.pbtxt").write_text('name: "other"')
+    write_versions(repo, "flat", {1: scale_model(1.0)})
+    (repo / "flat" / "config.pbtxt").write_text(
+        VERSIONED_CONFIG.format(name="flat").replace("dims: [ 1, 4 ]", "dims: [ 1, 0 ]", 1)
+    )
+    registry = ModelRegistry(repo, LoadSettings(intra_op_threads=1))
+    try:
+        for name in ("misnamed", "flat"):
+            with contextlib.suppress(AgentError):
+                registry.load_model(name)
+        with pytest.raises(NoReadyVersionError) as misnamed:
+            registry.resolve("misnamed", None)
+        with pytest.raises(NoReadyVersionError) as flat:
+            registry.resolve("flat", None)
+        rows = {r["name"]: r for r in registry.index()}
+    finally:
+        registry.close()
+    assert misnamed.value.message == (
+        "Request for unknown model: 'misnamed' is not found: "
+        "config name 'other' does not match the model directory 'misnamed'"
+    )
+    assert "version" not in rows["misnamed"]  # refused with the config: no version was read
+    # A dimension below 1 fails the version (as Triton checks it), in Triton's words.
+    assert flat.value.message.startswith("Request for unknown model: 'flat' has no available")
+    assert rows["flat"]["version"] == "1"
+    assert rows["flat"]["reason"] == (
+        "Invalid argument: model input 'X' dimension must be integer >= 1, or -1 to indicate "
+        "a variable-size dimension for flat"
+    )

@@ -415,3 +415,12 @@ def test_specific_version_not_on_disk_is_returned() -> None:
     chosen = select_versions(policy("specific { versions: [ 2, 9, 2 ] }"), [1, 2])
 
     assert chosen == [2, 9]
+
+
+def test_config_to_json_prints_a_field_newer_than_triton_only_when_set() -> None:
+    """Triton 2.51's EnsembleScheduling has no max_inflight_requests: left out while 0."""
+    config = mc.ModelConfig(name="e", platform="ensemble")
+    config.ensemble_scheduling.step.add(model_name="m", model_version=-1)
+    assert "max_inflight_requests" not in config_to_json(config)["ensemble_scheduling"]
+    config.ensemble_scheduling.max_inflight_requests = 4
+    assert config_to_json(config)["ensemble_scheduling"]["max_inflight_requests"] == 4

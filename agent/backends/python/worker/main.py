@@ -350,7 +350,7 @@ def _load(wire: _Wire, init: ipc.Message) -> Any:
             return None
     except BaseException as exc:  # noqa: BLE001 - user code: any failure is the load's reason
         traceback.print_exc()
-        wire.send(_error(_describe(exc)))
+        wire.send(_raised(exc))  # Triton's words: the version's reason is the model's error
         return None
     wire.send(ipc.Message(ipc.READY))
     return model
@@ -467,12 +467,18 @@ def _response_tensors(response: Any) -> list[tuple[str, Any]] | dict[str, Any]:
     return tensors
 
 
-def _raised(exc: Exception) -> ipc.Message:
-    """ERROR for an exception `execute` raised, in Triton's words: "<Type>: <message>" and the
-    model's frames, innermost first ("At:\n  <file>(<line>): <function>"). Raised, a TritonError
-    is INTERNAL as any exception: its code counts only in a response (Triton's TritonError cannot
-    be raised at all)."""
-    frames = traceback.extract_tb(exc.__traceback__)[1:]  # [0]: this worker calling execute
+def _raised(exc: BaseException) -> ipc.Message:
+    """ERROR for an exception `initialize` or `execute` raised, in Triton's words: "<Type>:
+    <message>" and the model's frames, innermost first ("At:\n  <file>(<line>): <function>").
+    Raised, a TritonError is INTERNAL as any exception: its code counts only in a response
+    (Triton's TritonError cannot be raised at all)."""
+    # The model's frames only: [0] is the worker calling it; then none of this module's (the
+    # import of the model file) nor importlib's.
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)[1:]
+        if f.filename != __file__ and not f.filename.startswith("<frozen ")
+    ]
     where = "".join(f"\n  {f.filename}({f.lineno}): {f.name}" for f in reversed(frames))
     text = _describe(exc) + (f"\n\nAt:{where}\n" if where else "")
     return _error(text, user=True)
