@@ -310,10 +310,12 @@ class DataPlane:
         version_text = str(number)
         key: bytes | None = None
         in_shm = shared_memory_outputs(request)
+        admitted = False
         try:
             if in_shm or any(t.shm is not None for t in request.inputs):
                 request = self.shared_memory.resolve_inputs(request)
             valid = self._router.admit(route, request, trace)
+            admitted = True
             priority, timeout_us = scheduling_parameters(params) if params else (None, None)
             if self._cache is not None and served.config.response_cache.enable:
                 lookup = time.perf_counter_ns()
@@ -356,11 +358,12 @@ class DataPlane:
                 logger.exception("model %s version %d: request failed", served.name, number)
             if isinstance(error, ModelInstanceFailedError):
                 self._router.instance_failed(route, error)
-            stats.record_failure(
-                request_ns=time.perf_counter_ns() - start,
-                reason=_failure_reason(error),
-                now_ms=now_ms(),
-            )
+            if admitted:  # as Triton, a request its model refused (bad inputs) is no failure
+                stats.record_failure(
+                    request_ns=time.perf_counter_ns() - start,
+                    reason=_failure_reason(error),
+                    now_ms=now_ms(),
+                )
             self._router.outcome(name, route, start, error)
             if trace is not None:
                 self._traces.end(trace, ())

@@ -88,7 +88,8 @@ def test_a_mismatched_request_is_refused_alike_on_both_paths(registry: ModelRegi
     unary, streamed = asyncio.run(main())
     assert unary.startswith("[request id: u-1] ")
     assert streamed.startswith("[request id: s-1] ")
-    assert (failures(plane, "m"), failures(plane, "streamer")) == (before[0] + 1, before[1] + 1)
+    # As Triton: a request its model refuses never ran, and is no failure in the statistics.
+    assert (failures(plane, "m"), failures(plane, "streamer")) == before
 
 
 def test_a_stateless_model_answers_a_request_with_sequence_flags(registry: ModelRegistry) -> None:
