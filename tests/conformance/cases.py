@@ -985,11 +985,6 @@ KNOWN: dict[str, str] = {
         "both a failure"
         for t in ("http", "grpc")
     },
-    **{
-        f"{t}-stats-ensemble_add_sub": "statistics: the agent gives an ensemble no inference or "
-        "execution count and no batch statistics"
-        for t in ("http", "grpc")
-    },
     "http-ready-after-unload": "model not ready: Triton 400, agent 503",
     "http-load-broken": "load of a broken model: wording differs",
     "http-load-init-fails": "load of a failing model: wording differs",
