@@ -358,7 +358,19 @@ class DataPlane:
                 logger.exception("model %s version %d: request failed", served.name, number)
             if isinstance(error, ModelInstanceFailedError):
                 self._router.instance_failed(route, error)
-            if admitted:  # as Triton, a request its model refused (bad inputs) is no failure
+            # As Triton: a request its model refused (bad inputs) counts nowhere, and one the
+            # model ran and answered with an error (a Python model's response) is a success.
+            if admitted and error.answered is not None:
+                queue_ns, input_ns, infer_ns, output_ns = error.answered
+                stats.record_success(
+                    request_ns=time.perf_counter_ns() - start,
+                    queue_ns=queue_ns,
+                    compute_input_ns=input_ns,
+                    compute_infer_ns=infer_ns,
+                    compute_output_ns=output_ns,
+                    now_ms=now_ms(),
+                )
+            elif admitted:
                 stats.record_failure(
                     request_ns=time.perf_counter_ns() - start,
                     reason=_failure_reason(error),

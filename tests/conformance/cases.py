@@ -975,14 +975,8 @@ KNOWN: dict[str, str] = {
     "grpc-ensemble": "ensembles: Triton adds sequence parameters to the response",
     "grpc-seq-end": "a sequence ended without START: Triton refuses, agent serves",
     **{
-        f"{t}-stats-add_sub": "statistics: the requests Triton serves and the agent refuses "
-        "(classification, above) are successes in Triton's counts"
-        for t in ("http", "grpc")
-    },
-    **{
-        f"{t}-stats-errors": "statistics: Triton counts an execution whose Python model answered "
-        "an error a success, one that raised a failure and an execution more; the agent counts "
-        "both a failure"
+        f"{t}-stats-add_sub": "statistics: the two http-classification requests Triton serves "
+        "and the agent refuses are 2 more successes and executions in Triton's counts"
         for t in ("http", "grpc")
     },
     "http-ready-after-unload": "model not ready: Triton 400, agent 503",
