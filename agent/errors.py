@@ -31,6 +31,11 @@ class InvalidInputError(AgentError):
     """The request is malformed or does not match the model (shape, dtype, names, sizes)."""
 
 
+class UnknownTensorError(InvalidInputError):
+    """The request names an input or output the model does not have. Triton words it without
+    the request's id (it refuses the name before it reads the request's inputs)."""
+
+
 class ModelNotFoundError(AgentError):
     """No such model, or no such version of it, in the repository."""
 

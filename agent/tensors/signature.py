@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from agent.errors import InvalidInputError, ModelConfigError
+from agent.errors import InvalidInputError, ModelConfigError, UnknownTensorError
 from agent.proto import model_config_pb2 as mc
 from agent.tensors import datatypes
 from agent.tensors.request import InferRequest
@@ -93,7 +93,7 @@ class ModelSignature:
         for tensor in reversed(request.inputs):
             contract = self.inputs.get(tensor.name)
             if contract is None:
-                raise InvalidInputError(
+                raise UnknownTensorError(
                     f"unexpected inference input '{tensor.name}' for model '{self.model_name}' "
                     f"(expected: {', '.join(self.inputs)})"
                 )
@@ -164,7 +164,7 @@ class ModelSignature:
         names = []
         for out in request.outputs:
             if out.name not in self.outputs:
-                raise InvalidInputError(
+                raise UnknownTensorError(
                     f"unexpected inference output '{out.name}' for model '{self.model_name}'"
                 )
             names.append(out.name)

@@ -963,7 +963,6 @@ KNOWN: dict[str, str] = {
     "grpc-add-sub": "output order: Triton follows the model's responses, agent the config",
     "grpc-add-sub-": "output order: Triton follows the model's responses, agent the config",
     "http-shm-infer-input": "output order: Triton follows the model's responses, agent the config",
-    "http-unknown-output": "agent prefixes '[request id: <id_unknown>]'",
     "http-classification": "the classification extension is not implemented",
     "http-classification-": "the classification extension is not implemented",
     "grpc-classification": "the classification extension is not implemented",
