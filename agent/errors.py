@@ -21,10 +21,19 @@ class AgentError(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+        # Set by a scheduler where the model ran and answered the request with this error (a
+        # Python model's error response): the execution's queue, compute input, infer and
+        # output ns. Triton counts such a request a success in the statistics.
+        self.answered: tuple[int, int, int, int] | None = None
 
 
 class InvalidInputError(AgentError):
     """The request is malformed or does not match the model (shape, dtype, names, sizes)."""
+
+
+class UnknownTensorError(InvalidInputError):
+    """The request names an input or output the model does not have. Triton words it without
+    the request's id (it refuses the name before it reads the request's inputs)."""
 
 
 class ModelNotFoundError(AgentError):

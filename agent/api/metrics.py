@@ -4,12 +4,11 @@
 default global registry is never touched, so two agents (or two tests) in one process do not
 share metrics. Nothing is pushed: each scrape snapshots `agent.scheduling.statistics` and the host.
 
-Naming: prometheus-client renders a family of type `counter` as `<name>_total` in the text
-format (both the `# TYPE` line and the samples), but Triton's counters carry no `_total`
-(`nv_inference_request_success`, ...). Dashboards and alerts written for Triton query the bare
-names, so the counters are emitted as *untyped* families, which keep their exact names. The
-values still only grow, so `rate()` works on them as on any counter. Summaries and gauges keep
-their Prometheus types.
+Naming: Triton's counters carry no `_total` (`nv_inference_request_success`, ...) and are
+typed `counter`; dashboards and alerts written for Triton query those names. prometheus-client's
+own exposition would rename a counter to `<name>_total`, so `render` writes the text with
+`agent.api.exposition`, which keeps each family's exact name. Summaries, gauges and histograms
+are as prometheus-client writes them.
 
 Emitted, per model version (labels `model`, `version`):
     nv_inference_request_success, nv_inference_request_failure (+ `reason`), nv_inference_count,
@@ -20,7 +19,7 @@ Emitted, per model version (labels `model`, `version`):
     nv_cache_hit_duration_per_model, nv_cache_miss_duration_per_model (µs).
 Python models' custom metrics (`pb_utils.MetricFamily`,
 `agent.backends.python.custom_metrics`): each family under its own name and description,
-counters untyped like the ones above.
+counters typed and named as the ones above.
 Host-wide: nv_cpu_utilization, nv_cpu_memory_total_bytes, nv_cpu_memory_used_bytes, and, with a
 `MemorySource`, edge_agent_memory_budget_bytes, edge_agent_memory_used_bytes (everything
 reserved: the agent's own memory, requests in flight, models), edge_agent_memory_models_bytes
@@ -30,7 +29,7 @@ _inflight_peak_bytes and the counter edge_agent_memory_inflight_refused_total. W
 `GpuReader` (NVML, or tegrastats on Jetson; `agent.device.gpu`), per GPU (label
 `gpu_uuid`): nv_gpu_utilization (0.0 to 1.0), nv_gpu_memory_total_bytes,
 nv_gpu_memory_used_bytes, nv_gpu_power_usage and nv_gpu_power_limit (watts), and
-nv_energy_consumption (joules since the agent started; untyped, as the counters); a figure the
+nv_energy_consumption (joules since the agent started; a counter); a figure the
 GPU does not report is left out for that GPU. With a
 `CanarySource`, edge_agent_canary_share{model,version}: each running canary's share of the
 model's unversioned traffic, for the candidate and the baseline.
@@ -45,14 +44,10 @@ from typing import Final, Protocol
 
 import psutil
 from aiohttp import web
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.metrics_core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    Metric,
-    UnknownMetricFamily,
-)
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
+from agent.api.exposition import render_text
 from agent.api.http.connection import CONNECTION_GUARD, ConnectionGuard, connection_middleware
 from agent.api.http.limits import ConnectionLimits
 from agent.backends.python.custom_metrics import FamilySnapshot
@@ -236,14 +231,16 @@ class TritonCollector:
                     "The most bytes requests in flight held at once since the start",
                     value=figures.peak_bytes,
                 )
-                yield CounterMetricFamily(
-                    "edge_agent_memory_inflight_refused",
+                refused = Metric(
+                    "edge_agent_memory_inflight_refused_total",
                     "Requests refused because they did not fit in the memory in flight",
-                    value=figures.refused,
+                    "counter",
                 )
+                refused.add_sample(refused.name, {}, figures.refused)
+                yield refused
 
 
-# Triton's GPU families: name, help text, the figure, untyped (a counter) or gauge.
+# Triton's GPU families: name, help text, the figure, counter (True) or gauge.
 _GPU_FAMILIES: Final[tuple[tuple[str, str, Callable[[GpuReading], float | None], bool], ...]] = (
     ("nv_gpu_utilization", "GPU utilization rate [0.0 - 1.0)", lambda g: g.utilization, False),
     (
@@ -269,11 +266,7 @@ def _gpu_families(readings: list[GpuReading]) -> Iterator[Metric]:
     if not readings:
         return
     for name, doc, figure, counter in _GPU_FAMILIES:
-        family: Metric = (
-            UnknownMetricFamily(name, doc, labels=("gpu_uuid",))
-            if counter
-            else GaugeMetricFamily(name, doc, labels=("gpu_uuid",))
-        )
+        family = Metric(name, doc, "counter" if counter else "gauge")
         for reading in readings:
             value = figure(reading)
             if value is not None:
@@ -285,10 +278,10 @@ def _gpu_families(readings: list[GpuReading]) -> Iterator[Metric]:
 def _custom_families(families: list[FamilySnapshot]) -> Iterator[Metric]:
     """Python models' `pb_utils.MetricFamily` families, under the names the models gave.
 
-    Counters are untyped, as the agent's own (see the module docstring: no `_total` added);
+    Counters are typed and named as the agent's own (see the module docstring: no `_total`);
     gauges and histograms keep their types. Metrics of one family may have different labels.
     """
-    types = {"COUNTER": "unknown", "GAUGE": "gauge", "HISTOGRAM": "histogram"}
+    types = {"COUNTER": "counter", "GAUGE": "gauge", "HISTOGRAM": "histogram"}
     for fam in families:
         if not fam.series:
             continue
@@ -310,10 +303,10 @@ def _custom_families(families: list[FamilySnapshot]) -> Iterator[Metric]:
 def _counter(
     name: str, doc: str, snaps: list[StatsSnapshot], value: Callable[[StatsSnapshot], int]
 ) -> Metric:
-    """An untyped family (see the module docstring) with one sample per model version."""
-    family = UnknownMetricFamily(name, doc, labels=_LABELS)
+    """A counter family under its exact name (module docstring), one sample per model version."""
+    family = Metric(name, doc, "counter")
     for s in snaps:
-        family.add_metric([s.name, s.version], float(value(s)))
+        family.add_sample(name, {"model": s.name, "version": s.version}, float(value(s)))
     return family
 
 
@@ -365,14 +358,15 @@ def _model_families(snaps: list[StatsSnapshot]) -> Iterator[Metric]:
         snaps,
         lambda s: s.stat("success").count,
     )
-    failure = UnknownMetricFamily(
+    failure = Metric(
         "nv_inference_request_failure",
         "Number of failed inference requests, all batch sizes",
-        labels=(*_LABELS, "reason"),
+        "counter",
     )
     for s in snaps:
         for reason, count in s.failures:
-            failure.add_metric([s.name, s.version, reason], float(count))
+            labels = {"model": s.name, "version": s.version, "reason": reason}
+            failure.add_sample(failure.name, labels, float(count))
     yield failure
     yield _counter(
         "nv_inference_count",
@@ -464,7 +458,7 @@ def build_registry(
 
 def render(registry: CollectorRegistry) -> tuple[bytes, str]:
     """The registry in Prometheus text format, and its Content-Type."""
-    return generate_latest(registry), CONTENT_TYPE
+    return render_text(registry), CONTENT_TYPE
 
 
 METRICS_REGISTRY = web.AppKey("metrics_registry", CollectorRegistry)

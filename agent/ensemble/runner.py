@@ -32,6 +32,7 @@ from agent.errors import AgentError, ModelControlError, ModelNotReadyError
 from agent.scheduling.batching import BatchingPolicy
 from agent.scheduling.protocol import ExecutionResult, KeepsSequences
 from agent.scheduling.sequence_policy import SequenceRequest
+from agent.scheduling.statistics import ModelStatistics
 from agent.tensors.request import InferRequest, InferResponse
 from agent.tensors.signature import ValidatedRequest
 
@@ -148,13 +149,19 @@ class EnsembleScheduler:
     sequences: KeepsSequences | None = None  # a stateful step's sequence is kept by its model
 
     def __init__(
-        self, plan: EnsemblePlan, version: int, policy: BatchingPolicy, slot: StepRunnerSlot
+        self,
+        plan: EnsemblePlan,
+        version: int,
+        policy: BatchingPolicy,
+        slot: StepRunnerSlot,
+        stats: ModelStatistics | None = None,
     ) -> None:
         self.model = plan.name
         self.version = version
         self.plan = plan
         self.policy = policy
         self._slot = slot
+        self._stats = stats  # the ensemble's own: one execution per request run, as Triton
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -222,7 +229,7 @@ class EnsembleScheduler:
             self._in_flight -= 1
             if not self._in_flight:
                 self._idle.set()
-        return ExecutionResult(
+        result = ExecutionResult(
             outputs=[tensors[name] for name in request.output_names],
             queue_ns=0,
             compute_input_ns=0,
@@ -230,6 +237,14 @@ class EnsembleScheduler:
             compute_output_ns=0,
             batch_size=request.batch_size,
         )
+        if self._stats is not None:
+            self._stats.record_execution(
+                batch_size=result.batch_size,
+                compute_input_ns=0,
+                compute_infer_ns=result.compute_infer_ns,
+                compute_output_ns=0,
+            )
+        return result
 
     async def drain(self) -> None:
         while self._in_flight:

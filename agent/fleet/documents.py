@@ -47,6 +47,7 @@ from agent.errors import (
     RepositoryPollError,
     RequestTimeoutError,
     SharedMemoryNotFoundError,
+    UnknownTensorError,
     UnsupportedError,
     lookup,
 )
@@ -73,6 +74,7 @@ ERROR_CODES: dict[type[AgentError], str] = {
     cmd.CommandTooLargeError: "too_large",
     cmd.CommandError: "bad_command",
     InvalidInputError: "invalid_argument",
+    UnknownTensorError: "invalid_argument",
     ModelNotFoundError: "not_found",
     SharedMemoryNotFoundError: "failed",
     ModelNotReadyError: "not_ready",

@@ -62,8 +62,8 @@ def load_ensemble(
     policy = BatchingPolicy.from_config(completed)
     loaded: dict[int, LoadedVersion] = {}
     for version in versions:
-        scheduler = EnsembleScheduler(plan, version, policy, step_runner)
         version_stats = stats.get(name, str(version))
+        scheduler = EnsembleScheduler(plan, version, policy, step_runner, version_stats)
         key = (name, f"{version}@{generation}")
         loaded[version] = LoadedVersion(version, None, scheduler, None, version_stats, None, key)
         record.versions[version] = VersionStatus(ModelState.READY)

@@ -263,6 +263,9 @@ async def _start(
         private_paths=[config.cache.dir] if config.cache.dir is not None else [],
         strict_readiness=config.server.strict_readiness,
     )
+    # `/v2/logging` starts at `log.level` (Triton: INFO records on by default), as SIGHUP resets
+    # it, also where the agent runs inside another process that set up logging its own way.
+    dataplane.log_settings.set_level(config.log.level)
     # Entered before the listeners: stopped after them, once no request can finish a trace.
     stack.push_async_callback(asyncio.to_thread, dataplane.tracer.close)
     sync = build_sync(config, model_cache, versions, events)

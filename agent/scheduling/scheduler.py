@@ -45,6 +45,7 @@ from agent.backends.cancellation import CancelSignal
 from agent.errors import (
     AgentError,
     BackendError,
+    ModelInstanceFailedError,
     ModelNotReadyError,
     OverloadedError,
     PayloadTooLargeError,
@@ -280,13 +281,25 @@ class ModelScheduler:
             # trace.
             names = None
             if (run_requests := self._run_requests) is not None:
-                (answer,) = run_requests(
-                    [(request.feeds, request.output_names)],
-                    traces=[request.trace],
-                    contexts=[request.context],
-                )
+                try:
+                    (answer,) = run_requests(
+                        [(request.feeds, request.output_names)],
+                        traces=[request.trace],
+                        contexts=[request.context],
+                    )
+                except BackendError as exc:
+                    self._count_raised(exc, request.batch_size, time.perf_counter_ns() - t0)
+                    raise
                 if isinstance(answer, BaseException):
-                    raise answer
+                    ns = time.perf_counter_ns() - t0
+                    if self._stats is not None:
+                        self._stats.record_execution(
+                            batch_size=request.batch_size,
+                            compute_input_ns=0,
+                            compute_infer_ns=ns,
+                            compute_output_ns=0,
+                        )
+                    raise _answered(answer, 0, ns)
                 outputs, names = list(answer.values()), tuple(answer)
                 parameters = response_parameters(answer)
             else:
@@ -415,22 +428,27 @@ class ModelScheduler:
         for group in groups:
             t0 = time.perf_counter_ns()
             if run_requests is not None:
-                answers = run_requests(
-                    [(jobs[i].request.feeds, jobs[i].request.output_names) for i in group],
-                    cancelled=[jobs[i].cancel for i in group],
-                    traces=[jobs[i].request.trace for i in group],
-                    contexts=[jobs[i].request.context for i in group],
-                )
+                rows = sum(jobs[i].request.batch_size for i in group)
+                try:
+                    answers = run_requests(
+                        [(jobs[i].request.feeds, jobs[i].request.output_names) for i in group],
+                        cancelled=[jobs[i].cancel for i in group],
+                        traces=[jobs[i].request.trace for i in group],
+                        contexts=[jobs[i].request.context for i in group],
+                    )
+                except BackendError as exc:
+                    self._count_raised(exc, rows, time.perf_counter_ns() - t0)
+                    raise
                 t2 = time.perf_counter_ns()
                 run_ns += t2 - t0
-                rows = sum(jobs[i].request.batch_size for i in group)
                 for i, answer in zip(group, answers, strict=True):
+                    queue_ns = max(0, started_ns - jobs[i].enqueued_ns)
                     results[i] = (
-                        answer
+                        _answered(answer, queue_ns, t2 - t0)
                         if isinstance(answer, BaseException)
                         else ExecutionResult(
                             outputs=list(answer.values()),
-                            queue_ns=max(0, started_ns - jobs[i].enqueued_ns),
+                            queue_ns=queue_ns,
                             compute_input_ns=0,
                             compute_infer_ns=t2 - t0,
                             compute_output_ns=0,
@@ -532,6 +550,18 @@ class ModelScheduler:
         if not self.pending and not self._closed:
             self.releaser.idle()
 
+    def _count_raised(self, error: BackendError, rows: int, ns: int) -> None:
+        """An execution the model raised in (not an instance that died or never ran): counted
+        as Triton counts it, an execution whose rows are no inferences."""
+        if self._stats is not None and not isinstance(error, ModelInstanceFailedError):
+            self._stats.record_execution(
+                batch_size=rows,
+                compute_input_ns=0,
+                compute_infer_ns=ns,
+                compute_output_ns=0,
+                failed=True,
+            )
+
     def _complete(
         self, jobs: list[_Job], outcome: list[ExecutionResult | BaseException] | BaseException
     ) -> None:
@@ -561,6 +591,14 @@ class ModelScheduler:
     def _check_idle(self) -> None:
         if not self.pending:
             self._idle.set()
+
+
+def _answered(error: BaseException, queue_ns: int, compute_infer_ns: int) -> BaseException:
+    """A request's error the model answered with (its execution completed): marked with the
+    execution's durations, which the data plane counts as Triton does (a success)."""
+    if isinstance(error, AgentError):
+        error.answered = (queue_ns, 0, compute_infer_ns, 0)
+    return error
 
 
 def settle(

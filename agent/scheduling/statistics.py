@@ -313,8 +313,11 @@ class ModelStatistics:
         compute_input_ns: int,
         compute_infer_ns: int,
         compute_output_ns: int,
+        failed: bool = False,
     ) -> None:
-        """Count one successful model execution of `batch_size` rows.
+        """Count one model execution of `batch_size` rows. `failed`: the model raised (a
+        Python model's `execute`); as Triton, it counts in `execution_count` and `batch_stats`
+        but its rows not in `inference_count`.
 
         Raises:
             ValueError: `batch_size` < 1 or a duration is negative.
@@ -329,7 +332,8 @@ class ModelStatistics:
             )
         with self._lock:
             self._execution_count += 1
-            self._inference_count += batch_size
+            if not failed:
+                self._inference_count += batch_size
             row = self._batches.get(batch_size)
             if row is None:
                 row = self._batches[batch_size] = [0, 0, 0, 0]

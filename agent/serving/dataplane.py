@@ -332,6 +332,7 @@ class DataPlane:
         )
         key: bytes | None = None
         in_shm = shared_memory_outputs(request)
+        admitted = False
         try:
             if in_shm or any(t.shm is not None for t in request.inputs):
                 request = self.shared_memory.resolve_inputs(request)
@@ -341,6 +342,7 @@ class DataPlane:
             )
             if context is not None:  # most requests have none: the fast path stays as it is
                 valid = replace(valid, context=context)
+            admitted = True
             priority, timeout_us = scheduling_parameters(params) if params else (None, None)
             if self._cache is not None and served.config.response_cache.enable:
                 lookup = time.perf_counter_ns()
@@ -388,11 +390,24 @@ class DataPlane:
                 logger.exception("model %s version %d: request failed", served.name, number)
             if isinstance(error, ModelInstanceFailedError):
                 self._router.instance_failed(route, error)
-            stats.record_failure(
-                request_ns=time.perf_counter_ns() - start,
-                reason=_failure_reason(error),
-                now_ms=now_ms(),
-            )
+            # As Triton: a request its model refused (bad inputs) counts nowhere, and one the
+            # model ran and answered with an error (a Python model's response) is a success.
+            if admitted and error.answered is not None:
+                queue_ns, input_ns, infer_ns, output_ns = error.answered
+                stats.record_success(
+                    request_ns=time.perf_counter_ns() - start,
+                    queue_ns=queue_ns,
+                    compute_input_ns=input_ns,
+                    compute_infer_ns=infer_ns,
+                    compute_output_ns=output_ns,
+                    now_ms=now_ms(),
+                )
+            elif admitted:
+                stats.record_failure(
+                    request_ns=time.perf_counter_ns() - start,
+                    reason=_failure_reason(error),
+                    now_ms=now_ms(),
+                )
             self._router.outcome(name, route, start, error)
             if trace is not None:
                 self._traces.end(trace, ())

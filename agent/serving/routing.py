@@ -31,7 +31,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.canary.control import CanaryManager
-from agent.errors import AgentError, InvalidInputError, ModelInstanceFailedError
+from agent.errors import (
+    AgentError,
+    InvalidInputError,
+    ModelInstanceFailedError,
+    UnknownTensorError,
+)
 from agent.models.control import ModelManager
 from agent.models.registry import ModelRegistry
 from agent.models.served import LoadedVersion, ServedModel
@@ -103,6 +108,8 @@ class RequestRouter:
             signature.output_names(request)
         try:
             valid = signature.validate(request)
+        except UnknownTensorError:
+            raise  # Triton's words, without the request's id
         except InvalidInputError as exc:  # Triton's words open with the request's id
             tag = request.id or "<id_unknown>"
             raise InvalidInputError(f"[request id: {tag}] {exc.message}") from None

@@ -293,7 +293,7 @@ class SharedMemoryRegistry:
         try:
             view = self.read(ref.region, ref.offset, ref.byte_size)
         except (InvalidInputError, SharedMemoryNotFoundError) as exc:
-            raise type(exc)(f"input '{tensor.name}': {exc.message}") from None
+            raise type(exc)(f"{exc.message} (input '{tensor.name}')") from None  # Triton's first
         try:
             data = tensor_from_bytes(view, tensor.datatype, tensor.shape)
         except InvalidInputError as exc:
@@ -329,12 +329,13 @@ def check_span(name: str, size: int, offset: int, byte_size: int) -> None:
         raise InvalidInputError(f"negative offset or byte size for shared memory '{name}'")
     if offset >= size:
         raise InvalidInputError(
-            f"Invalid offset {offset} for shared memory region '{name}' ({size} bytes)"
+            f"Invalid offset for shared memory region: '{name}' (offset {offset}, region of "
+            f"{size} bytes)"
         )
     if offset + byte_size > size:
         raise InvalidInputError(
-            f"Invalid offset + byte size ({offset} + {byte_size}) for shared memory region "
-            f"'{name}' ({size} bytes)"
+            f"Invalid offset + byte size for shared memory region: '{name}' (offset {offset} + "
+            f"{byte_size} bytes, region of {size} bytes)"
         )
 
 

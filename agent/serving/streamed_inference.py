@@ -14,7 +14,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from agent.errors import AgentError, InvalidInputError, ModelInstanceFailedError
 from agent.models.registry import ModelRegistry
 from agent.serving.decoupled import stream_responses
-from agent.serving.request_parameters import now_ms, scheduling_parameters
+from agent.serving.request_parameters import scheduling_parameters
 from agent.serving.request_traces import RequestTraces
 from agent.serving.response_stream import StreamedResponse
 from agent.serving.routing import RequestRouter
@@ -67,10 +67,7 @@ class StreamedInference:
                 )
             valid = self._router.admit(route, request, trace)  # an ensemble's steps: children
             priority, timeout_us = scheduling_parameters(request.parameters)
-        except AgentError as exc:
-            route.loaded.stats.record_failure(
-                request_ns=time.perf_counter_ns() - start, reason="OTHER", now_ms=now_ms()
-            )
+        except AgentError as exc:  # refused before it ran: no failure in the statistics (Triton)
             self._router.outcome(name, route, start, exc)
             if trace is not None:
                 self._traces.stream_end(trace)

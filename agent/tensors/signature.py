@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from agent.errors import InvalidInputError, ModelConfigError
+from agent.errors import InvalidInputError, ModelConfigError, UnknownTensorError
 from agent.proto import model_config_pb2 as mc
 from agent.tensors import datatypes
 from agent.tensors.request import InferRequest, RequestContext
@@ -79,17 +79,26 @@ class ModelSignature:
             InvalidInputError: unknown, missing or repeated inputs, wrong datatype or shape, a batch
                 over max_batch_size, inputs with different batch sizes, unknown requested outputs.
         """
-        feeds: dict[str, np.ndarray] = {}
+        names = [tensor.name for tensor in request.inputs]
+        given: set[str] = set()
+        for name in names:  # Triton refuses a repeated input as it is added, before the rest
+            if name in given:
+                raise InvalidInputError(f"input '{name}' already exists in request")
+            given.add(name)
+        required = [n for n, c in self.inputs.items() if not c.optional]
+        if not len(required) <= len(names) <= len(self.inputs):
+            raise InvalidInputError(self._count_error(names, required))
+        checked: list[tuple[str, np.ndarray]] = []
         batch_size = 0
-        for tensor in request.inputs:
+        # Last to first, as Triton checks them (its request keeps inputs in a hash map that, in
+        # practice, iterates so): with several inputs wrong, the same one is named.
+        for tensor in reversed(request.inputs):
             contract = self.inputs.get(tensor.name)
             if contract is None:
-                raise InvalidInputError(
+                raise UnknownTensorError(
                     f"unexpected inference input '{tensor.name}' for model '{self.model_name}' "
                     f"(expected: {', '.join(self.inputs)})"
                 )
-            if tensor.name in feeds:
-                raise InvalidInputError(f"input '{tensor.name}' appears more than once")
             if tensor.datatype != contract.datatype:
                 raise InvalidInputError(
                     f"inference input '{tensor.name}' data-type is '{tensor.datatype}', but model "
@@ -110,8 +119,8 @@ class ModelSignature:
                     )
                 if batch_size and batch != batch_size:
                     raise InvalidInputError(
-                        f"input '{tensor.name}' has batch size {batch} but other inputs have "
-                        f"{batch_size}"
+                        f"input '{tensor.name}' batch size does not match other inputs for "
+                        f"'{self.model_name}' ({batch}, the others {batch_size})"
                     )
                 batch_size = batch
                 item_shape = shape[1:]
@@ -122,19 +131,33 @@ class ModelSignature:
                 raise InvalidInputError(
                     f"unexpected shape for input '{tensor.name}' for model '{self.model_name}'. "
                     f"Expected {_dims_text(expected)}, got {_dims_text(shape)}."
+                    + (_BATCH_NOTE if self.batched else "")
                 )
             data = tensor.data
             if contract.reshape is not None:
                 target = (shape[0], *contract.reshape) if self.batched else contract.reshape
                 data = data.reshape(target)
-            feeds[tensor.name] = data
-        missing = [n for n, c in self.inputs.items() if n not in feeds and not c.optional]
-        if missing:
-            raise InvalidInputError(
-                f"expected {len(self.inputs)} inputs but got {len(feeds)} inputs for model "
-                f"'{self.model_name}'; missing: {', '.join(missing)}"
-            )
+            checked.append((tensor.name, data))
+        feeds = dict(reversed(checked))  # the request's order, which backends see
+        if any(n not in feeds for n in required):  # optional inputs given in their place
+            raise InvalidInputError(self._count_error(names, required))
         return ValidatedRequest(feeds, self.output_names(request), batch_size or 1)
+
+    def _count_error(self, names: Sequence[str], required: Sequence[str]) -> str:
+        """Triton's words for inputs that do not add up: those given (last to first, as Triton
+        lists them) and the required ones missing (an empty list reads `]`, as Triton's)."""
+        got = "[" + ",".join(f"'{n}'" for n in reversed(names)) + "]"
+        missing = ",".join(f"'{n}'" for n in required if n not in names)
+        expected = (
+            f"expected {len(self.inputs)} inputs"
+            if len(required) == len(self.inputs)
+            else f"expected number of inputs between {len(required)} and {len(self.inputs)}"
+        )
+        return (
+            f"{expected} but got {len(names)} inputs for model '{self.model_name}'. "
+            f"Got input(s) {got}, but missing required input(s) "
+            f"{'[' + missing if missing else ''}]. Please provide all required input(s)."
+        )
 
     def output_names(self, request: InferRequest) -> tuple[str, ...]:
         """The outputs to compute: those requested, or all of them."""
@@ -143,7 +166,7 @@ class ModelSignature:
         names = []
         for out in request.outputs:
             if out.name not in self.outputs:
-                raise InvalidInputError(
+                raise UnknownTensorError(
                     f"unexpected inference output '{out.name}' for model '{self.model_name}'"
                 )
             names.append(out.name)
@@ -162,6 +185,15 @@ class ModelSignature:
             return data
         lead = data.shape[:1] if self.batched else ()
         return data.reshape((*lead, *contract.dims))
+
+
+# What Triton adds to a wrong shape for a model that batches.
+_BATCH_NOTE = (
+    " NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to be"
+    " prepended to each input shape. If you want to specify the full shape including the batch dim"
+    " in your input dims config, try setting max_batch_size to zero. See the model configuration"
+    " docs for more info on max_batch_size."
+)
 
 
 def _contract(tensor: mc.ModelInput | mc.ModelOutput, optional: bool) -> TensorContract:

@@ -219,7 +219,8 @@ class Tracer:
 
         Raises:
             InvalidInputError: an unknown key, a value Triton would refuse, `trace_file` or
-                `trace_mode` (fixed at start).
+                `trace_mode` (fixed at start), a level other than OFF in `triton` mode with
+                no trace file (as Triton: the traces would go nowhere).
         """
         parsed: dict[str, Any] = {}
         for key, value in changes.items():
@@ -234,6 +235,12 @@ class Tracer:
             if key == "trace_mode":
                 raise InvalidInputError("trace mode can not be updated through network protocol")
             parsed[_FIELD[key]] = None if value is None else _parse(key, value)
+        levels = parsed.get("levels")
+        # Nowhere to write traces to: Triton refuses the level rather than drop them.
+        if levels not in (None, ("OFF",)) and self.mode == "triton" and not self.trace_file:
+            raise InvalidInputError(
+                "Attempting to set invalid trace setting :trace file name is not given"
+            )
         writes: list[_Write] = []
         with self._lock:
             if model is None:

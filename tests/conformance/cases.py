@@ -925,11 +925,6 @@ DEVIATIONS: dict[str, tuple[str, int | str, int | str]] = {
     "http-trace-post-level-bad": (SETTING_CHECKS, 200, 400),
     "http-trace-post-unknown-key": (SETTING_CHECKS, 200, 400),
     "http-log-post-unknown-key": (SETTING_CHECKS, 200, 400),
-    "http-trace-post-level": (
-        "trace level set without a trace file: accepted (the file is set at start); Triton: 400",
-        400,
-        200,
-    ),
     "grpc-seq-end": (
         "a sequence that waited for a free slot: Triton counts the wait as idle time and releases "
         "it right after its START ran (its next request is refused); ours counts from its START",
@@ -975,62 +970,11 @@ ROW_DEVIATIONS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 # Differences found and not fixed yet: case id (or prefix, ending in "-") -> what differs.
 # Each stays an xfail that names it until the agent answers as Triton does.
-KNOWN: dict[str, str] = {
-    "http-missing-input": "missing-input wording differs after the common prefix",
-    "grpc-missing-input": "missing-input wording differs after the common prefix",
-    "http-extra-input": "extra-input wording differs",
-    "http-wrong-shape": "wrong-shape wording differs",
-    "grpc-wrong-shape": "wrong-shape wording differs",
-    "http-bad-datatype-name": "datatype wording differs",
-    "http-ensemble-missing-input": "missing-input wording differs after the common prefix",
-    "http-shm-infer-out-of-range": "shared-memory range wording differs",
-    "http-stats-": "statistics fields differ",
-    "grpc-stats-": "statistics fields differ",
-    "http-log-": "log_info defaults differ (agent False at INFO level)",
-    "grpc-log-": "log_info defaults differ (agent False at INFO level)",
-    "http-trace-": "trace settings: level and trace_file fields differ",
-    "metrics-type-": "counters are declared untyped (prometheus-client would add _total); "
-    "Triton declares them counter",
-    "http-wrong-datatype-": "wrong-datatype wording differs",
-}
+KNOWN: dict[str, str] = {}
 
 
 # Cases under a KNOWN prefix that answer as Triton does (measured; they must keep passing).
-AGREE = frozenset(
-    (
-        "grpc-stats-init_fails",
-        "grpc-stats-no_such_model",
-        "grpc-stats-versioned",
-        "http-log-post-format",
-        "http-log-post-info",
-        "http-log-post-reset",
-        "http-stats-init_fails",
-        "http-stats-no_such_model",
-        "http-stats-versioned",
-        "http-stats-versioned-v1",
-        "http-stats-versioned-v3",
-        "http-trace-get",
-        "http-trace-model-get",
-        "http-trace-post-count-neg",
-        "http-trace-post-level-off",
-        "http-trace-post-rate",
-        "http-trace-post-rate-bad",
-        "http-trace-unknown-model",
-        "http-wrong-datatype-BOOL",
-        "http-wrong-datatype-BYTES",
-        "http-wrong-datatype-FP16",
-        "http-wrong-datatype-FP32",
-        "http-wrong-datatype-FP64",
-        "http-wrong-datatype-INT16",
-        "http-wrong-datatype-INT32",
-        "http-wrong-datatype-INT64",
-        "http-wrong-datatype-INT8",
-        "http-wrong-datatype-UINT16",
-        "http-wrong-datatype-UINT32",
-        "http-wrong-datatype-UINT64",
-        "http-wrong-datatype-UINT8",
-    )
-)
+AGREE = frozenset(())
 
 
 def _marked(case: Case) -> Case:

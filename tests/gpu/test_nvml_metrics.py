@@ -11,13 +11,13 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from agent.device.checks import device_checks
 from agent.device.facts import device_facts
 from agent.device.gpu import NvmlReader, detect_gpu_reader
 from agent.models.device_memory import MemoryKind, detect_device_memory
 from agent.runtime.demo import write_demo_repository
+from tests.prometheus_text import read_families
 from tests.support import free_port, wait_listening
 
 pytestmark = pytest.mark.needs_nvml
@@ -44,7 +44,7 @@ def test_gpu_metrics_on_the_agents_metrics_endpoint(metrics_port: int) -> None:
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30) as resp:
         text = resp.read().decode()
     values: dict[str, dict[str, float]] = {}
-    for family in text_string_to_metric_families(text):
+    for family in read_families(text):
         for s in family.samples:
             if s.name.startswith(("nv_gpu", "nv_energy")):
                 values.setdefault(s.name, {})[s.labels["gpu_uuid"]] = s.value

@@ -120,7 +120,7 @@ def input_shape(tensor: pb.ModelInferRequest.InferInputTensor) -> tuple[int, ...
     """
     name, datatype = tensor.name, tensor.datatype
     if datatypes.from_kserve(datatype) is None:
-        raise InvalidInputError(f"input '{name}' has unsupported datatype {datatype!r}")
+        raise InvalidInputError(f"invalid datatype for input {name}: {datatype!r}")
     shape = tuple(tensor.shape)  # int64 in the message: Python ints
     if any(d < 0 for d in shape):
         raise InvalidInputError(f"input '{name}' has a negative dimension")

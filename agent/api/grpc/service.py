@@ -74,6 +74,7 @@ from agent.errors import (
     RepositoryPollError,
     RequestTimeoutError,
     SharedMemoryNotFoundError,
+    UnknownTensorError,
     UnsupportedError,
     lookup,
 )
@@ -89,6 +90,7 @@ logger = logging.getLogger(__name__)
 
 STATUS_FOR_ERROR: dict[type[AgentError], Status] = {
     InvalidInputError: Status.INVALID_ARGUMENT,
+    UnknownTensorError: Status.INVALID_ARGUMENT,
     ModelConfigError: Status.INVALID_ARGUMENT,
     ModelControlError: Status.FAILED_PRECONDITION,
     ModelLoadFailedError: Status.INVALID_ARGUMENT,

@@ -344,7 +344,7 @@ def _input_header(raw: object) -> tuple[str, str, tuple[int, ...], dict[str, Any
         raise InvalidInputError("each input must have a 'name'")
     datatype = raw.get("datatype")
     if not isinstance(datatype, str) or datatypes.from_kserve(datatype) is None:
-        raise InvalidInputError(f"input '{name}' has unsupported datatype {datatype!r}")
+        raise InvalidInputError(f"invalid datatype for input {name}: {datatype!r}")
     shape_raw = raw.get("shape")
     if not isinstance(shape_raw, list) or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape_raw

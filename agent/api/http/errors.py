@@ -50,6 +50,7 @@ from agent.errors import (
     RepositoryPollError,
     RequestTimeoutError,
     SharedMemoryNotFoundError,
+    UnknownTensorError,
     UnsupportedError,
     lookup,
 )
@@ -62,6 +63,7 @@ logger = logging.getLogger(__name__)
 # The one place where error types become HTTP status codes (every type listed: a test checks).
 STATUS_FOR_ERROR: dict[type[AgentError], int] = {
     InvalidInputError: 400,
+    UnknownTensorError: 400,
     ModelControlError: 400,
     ModelConfigError: 400,
     AccessDeniedError: 403,

@@ -498,9 +498,9 @@ def test_malformed_body(body: bytes, match: str) -> None:
     [
         ({"name": ""}, "must have a 'name'"),
         ({"name": 5}, "must have a 'name'"),
-        ({"datatype": "FLOAT32"}, r"input 'x' has unsupported datatype 'FLOAT32'"),
-        ({"datatype": "BF16"}, r"unsupported datatype 'BF16'"),
-        ({"datatype": None}, r"unsupported datatype None"),
+        ({"datatype": "FLOAT32"}, r"invalid datatype for input x: 'FLOAT32'"),
+        ({"datatype": "BF16"}, r"invalid datatype for input x: 'BF16'"),
+        ({"datatype": None}, r"invalid datatype for input x: None"),
         ({"shape": [-1]}, r"input 'x' must have a 'shape' of non-negative integers"),
         ({"shape": [2, -3]}, "non-negative integers"),
         ({"shape": [2.0]}, "non-negative integers"),

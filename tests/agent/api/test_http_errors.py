@@ -56,7 +56,7 @@ BAD_REQUESTS = {
         "unexpected shape for input 'INPUT0'",
     ),
     "wrong dtype": (with_input(datatype="INT32", data=[1] * 64), "data-type is 'INT32'"),
-    "unknown dtype": (with_input(datatype="FP8"), "unsupported datatype"),
+    "unknown dtype": (with_input(datatype="FP8"), "invalid datatype for input INPUT0: 'FP8'"),
     "extra input": (
         {
             "inputs": [
@@ -64,11 +64,12 @@ BAD_REQUESTS = {
                 {"name": "EXTRA", "datatype": "FP32", "shape": [1], "data": [1.0]},
             ]
         },
-        "unexpected inference input 'EXTRA'",
+        "expected 1 inputs but got 2 inputs for model 'mlp_classifier'. "
+        "Got input(s) ['EXTRA','INPUT0']",
     ),
     "missing input": (
         {"inputs": [{"name": "A", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]},
-        "missing: B",
+        "missing required input(s) ['B']",
     ),
     "unknown output": (
         {**GOOD, "outputs": [{"name": "NOPE"}]},

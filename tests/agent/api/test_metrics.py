@@ -7,7 +7,6 @@ import re
 
 import prometheus_client
 from aiohttp.test_utils import TestClient, TestServer
-from prometheus_client.parser import text_string_to_metric_families
 
 from agent.api.metrics import (
     CONTENT_TYPE,
@@ -18,6 +17,7 @@ from agent.api.metrics import (
 )
 from agent.scheduling.statistics import StatisticsRegistry
 from tests.fakes import FakeHostProbe, FakeMemoryBudget
+from tests.prometheus_text import read_families
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -28,7 +28,7 @@ def scrape(
     body, _ = render(build_registry(stats, memory, host=FakeHostProbe()))
     text = body.decode()
     samples: Samples = {}
-    for family in text_string_to_metric_families(text):
+    for family in read_families(text):
         for s in family.samples:
             samples[s.name, frozenset(s.labels.items())] = s.value
     return text, samples
@@ -130,7 +130,8 @@ def test_summaries_have_ordered_quantiles_count_and_sum() -> None:
 def test_exact_triton_names_without_total_suffix() -> None:
     text, _ = scrape(populated())
     assert not re.findall(r"nv_(?:inference|cache)\w*_total", text)
-    assert "# TYPE nv_inference_request_success untyped" in text
+    assert "# TYPE nv_inference_request_success counter" in text
+    assert "# TYPE nv_inference_request_failure counter" in text
     assert "# TYPE nv_inference_pending_request_count gauge" in text
     assert "# TYPE nv_inference_queue_summary_us summary" in text
     assert 'nv_inference_request_success{model="mlp",version="1"} 4.0' in text

@@ -230,7 +230,7 @@ CASES: dict[str, Case] = {
     "an input the model does not have": Case(
         400,
         grpc.StatusCode.INVALID_ARGUMENT,
-        f"{NO_ID}unexpected inference input 'BOGUS' for model 'm'",
+        "unexpected inference input 'BOGUS' for model 'm'",
         *_both("BOGUS", ZEROS, "FP32"),
         prefix=True,
     ),

@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from agent import pb_utils
@@ -20,6 +19,7 @@ from agent.backends.python.custom_metrics import CustomMetricStore
 from agent.pb_utils import metrics as pb_metrics
 from agent.runtime.daemon import RunningAgent
 from agent.scheduling.statistics import StatisticsRegistry
+from tests.prometheus_text import read_families
 from tests.python_models import write_python_model
 from tests.server import explicit_agent, http_client
 
@@ -149,7 +149,7 @@ def test_invalid_families_and_metrics_raise(create: Any, message: str) -> None:
 
 def scrape(stats: StatisticsRegistry) -> dict[str, Any]:
     body, _ = render(build_registry(stats, None))
-    return {f.name: f for f in text_string_to_metric_families(body.decode())}
+    return {f.name: f for f in read_families(body.decode())}
 
 
 def test_store_sums_workers_renders_and_forgets_released_series() -> None:
@@ -177,8 +177,8 @@ def test_store_sums_workers_renders_and_forgets_released_series() -> None:
     refused = store.apply("w2", {"families": [{**family, "kind": "GAUGE"}], "metrics": []})
     assert "already exists with a different kind" in refused[0]
     families = scrape(stats)
-    # Counters keep their exact names (untyped, as the agent's own), histograms their type.
-    assert families["my_requests"].type == "unknown"
+    # Counters keep their exact names and their type, as the agent's own; histograms too.
+    assert families["my_requests"].type == "counter"
     assert families["my_requests"].documentation == "Requests seen"
     assert [(s.labels, s.value) for s in families["my_requests"].samples] == [({"model": "m"}, 4)]
     samples = {(s.name, s.labels.get("le")): s.value for s in families["my_latency"].samples}
@@ -366,7 +366,7 @@ def client(agent: RunningAgent) -> Iterator[httpclient.InferenceServerClient]:
 def metrics(agent: RunningAgent) -> dict[str, Any]:
     with urllib.request.urlopen(f"http://127.0.0.1:{agent.metrics_port}/metrics") as response:
         text = response.read().decode()
-    return {f.name: f for f in text_string_to_metric_families(text)}
+    return {f.name: f for f in read_families(text)}
 
 
 def sample(families: dict[str, Any], name: str, **labels: str) -> float:

@@ -140,13 +140,32 @@ def test_auto_completed_model_without_batching(client: httpclient.InferenceServe
     assert "dynamic_batching" not in config
 
 
+def _counts(client: httpclient.InferenceServerClient, model: str) -> tuple[int, ...]:
+    """(success, fail, execution_count, inference_count) of the model's statistics."""
+    [s] = client.get_inference_statistics(model)["model_stats"]
+    inference = s["inference_stats"]
+    return tuple(
+        int(v)
+        for v in (
+            inference["success"]["count"],
+            inference["fail"]["count"],
+            s["execution_count"],
+            s["inference_count"],
+        )
+    )
+
+
 def test_triton_model_exception_fails_the_request(
     client: httpclient.InferenceServerClient,
 ) -> None:
     a = np.full((1, 4), -1, dtype=np.float32)
+    before = _counts(client, "batch_auto")
     with pytest.raises(InferenceServerException, match="INPUT0 must not be negative"):
         add_sub(client, "batch_auto", a, a)
     assert client.is_model_ready("batch_auto")
+    # As Triton: a failure, and an execution whose row is no inference.
+    after = _counts(client, "batch_auto")
+    assert [n - b for n, b in zip(after, before, strict=True)] == [0, 1, 1, 0]
 
 
 def test_logger_lines_reach_the_agent_log_with_the_model_name(
@@ -192,6 +211,7 @@ def test_a_dynamic_batch_reaches_execute_as_separate_requests(agent: RunningAgen
     client = httpclient.InferenceServerClient(
         f"127.0.0.1:{agent.http_port}", network_timeout=60, concurrency=8
     )
+    before = _counts(client, "count")
     try:
         pending = []
         for k in range(4):
@@ -210,10 +230,14 @@ def test_a_dynamic_batch_reaches_execute_as_separate_requests(agent: RunningAgen
             count = result.as_numpy("COUNT")
             assert count.shape == (k + 1, 1)
             counts.append(int(count[0, 0]))
+        after = _counts(client, "count")
     finally:
         client.close()
     # Requests of different row counts share one execute call, each its own InferenceRequest.
     assert max(counts) > 1, counts
+    # As Triton: a request the model answered with an error response is a success too.
+    success, fail, _, rows = (n - b for n, b in zip(after, before, strict=True))
+    assert (success, fail, rows) == (4, 0, 1 + 2 + 3 + 4)
 
 
 def test_an_empty_config_is_served_as_a_python_model(agent: RunningAgent) -> None:

@@ -9,7 +9,6 @@ import asyncio
 from pathlib import Path
 
 from aiohttp.test_utils import TestClient, TestServer
-from prometheus_client.parser import text_string_to_metric_families
 
 from agent.api.metrics import build_registry, create_metrics_app, render
 from agent.device.checks import device_checks
@@ -20,6 +19,7 @@ from agent.models.loader import LoadSettings
 from agent.models.registry import ModelRegistry
 from agent.scheduling.statistics import StatisticsRegistry
 from tests.fakes import FakeClock, FakeNvml, FakeNvmlGpu
+from tests.prometheus_text import read_families
 
 H200 = "GPU-6f1c0a2e-0000-4000-8000-000000000001"
 OLD = "GPU-6f1c0a2e-0000-4000-8000-000000000002"
@@ -45,7 +45,7 @@ def open_reader(nvml: FakeNvml) -> NvmlReader:
 def samples(text: str) -> dict[tuple[str, str], float]:
     return {
         (s.name, s.labels.get("gpu_uuid", "")): s.value
-        for family in text_string_to_metric_families(text)
+        for family in read_families(text)
         for s in family.samples
         if s.name.startswith(("nv_gpu", "nv_energy"))
     }
@@ -96,7 +96,7 @@ def test_fake_nvml_metrics_scraped_over_http() -> None:
         ("nv_energy_consumption", H200): 0.0,
     }
     # Triton's names exactly: energy is a counter without a `_total` suffix.
-    assert "# TYPE nv_energy_consumption untyped" in text
+    assert "# TYPE nv_energy_consumption counter" in text
     assert "# TYPE nv_gpu_utilization gauge" in text
     # Within the interval a scrape reuses the reading; after it, NVML is read again.
     nvml.gpus[0].busy_percent = 90

@@ -173,6 +173,10 @@ def test_diamond_ensemble_equals_its_steps_by_hand(ens_agent: RunningAgent) -> N
     for model, count in before.items():
         assert _success_count(ens_agent, model) == count + 3
     assert _success_count(ens_agent, "a_diamond") == 3
+    # The ensemble's own: one execution per request, of its rows (Triton's counts).
+    [own] = _client(ens_agent).get_inference_statistics("a_diamond")["model_stats"]
+    assert (int(own["execution_count"]), int(own["inference_count"])) == (3, 1 + 3 + 8)
+    assert sorted(int(b["batch_size"]) for b in own["batch_stats"]) == [1, 3, 8]
     meta = _client(ens_agent).get_model_metadata("a_diamond")
     assert meta["platform"] == "ensemble"
     assert meta["inputs"] == [{"name": "IN", "datatype": "FP32", "shape": [-1, 4]}]

@@ -51,6 +51,18 @@ def test_counts_and_ns_sums_are_exact() -> None:
     assert stats["cache_miss"] == {"count": 0, "ns": 0}
 
 
+def test_an_execution_the_model_raised_in_has_no_inferences() -> None:
+    """As Triton: it counts as an execution (and in batch_stats), its rows not as inferences."""
+    m = ModelStatistics("py", "1")
+    _execute(m, 1)
+    m.record_execution(
+        batch_size=2, compute_input_ns=0, compute_infer_ns=50, compute_output_ns=0, failed=True
+    )
+    doc = m.to_json()
+    assert (doc["execution_count"], doc["inference_count"]) == (2, 1)
+    assert [b["batch_size"] for b in doc["batch_stats"]] == [1, 2]
+
+
 def test_batch_stats_per_batch_size_sorted() -> None:
     m = ModelStatistics("mlp", "1")
     _execute(m, 8, infer_ns=800)

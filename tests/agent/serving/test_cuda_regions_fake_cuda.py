@@ -106,9 +106,14 @@ def test_fake_cuda_spans_checked_before_any_copy() -> None:
     regions.write("r", 12, b"\xff" * 4)
     assert memory[12:] == b"\xff" * 4
     cuda.log.clear()
-    with pytest.raises(InvalidInputError, match=r"Invalid offset \+ byte size \(8 \+ 9\)"):
+    with pytest.raises(
+        InvalidInputError,
+        match=r"Invalid offset \+ byte size for shared memory region: 'r' \(offset 8 \+ 9 ",
+    ):
         regions.read("r", 8, 9)
-    with pytest.raises(InvalidInputError, match="Invalid offset 16"):
+    with pytest.raises(
+        InvalidInputError, match="Invalid offset for shared memory region: 'r' \\(offset 16"
+    ):
         regions.write("r", 16, b"x")
     with pytest.raises(SharedMemoryNotFoundError):
         regions.read("nope", 0, 1)

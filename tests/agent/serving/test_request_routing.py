@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.errors import InvalidInputError
+from agent.errors import InvalidInputError, UnknownTensorError
 from agent.models.control import ModelControlMode, ModelManager
 from agent.models.loader import LoadSettings
 from agent.models.registry import ModelRegistry
 from agent.serving.dataplane import DataPlane
-from agent.tensors.request import InferInput, InferRequest
+from agent.tensors.request import InferInput, InferRequest, RequestedOutput
 from tests.decoupled_models import DECOUPLED_MODEL, decoupled_config
 from tests.models import scale_model, write_versions
 from tests.python_models import write_python_model
@@ -69,6 +69,11 @@ def failures(plane: DataPlane, model: str) -> int:
 
 
 def wrong_input(request_id: str) -> InferRequest:
+    x = np.ones((1, 4), np.int32)  # m's X is FP32
+    return InferRequest((InferInput("X", "INT32", x.shape, x),), id=request_id)
+
+
+def unknown_input(request_id: str) -> InferRequest:
     x = np.ones((1, 1), np.int32)
     return InferRequest((InferInput("NOPE", "INT32", x.shape, x),), id=request_id)
 
@@ -88,7 +93,26 @@ def test_a_mismatched_request_is_refused_alike_on_both_paths(registry: ModelRegi
     unary, streamed = asyncio.run(main())
     assert unary.startswith("[request id: u-1] ")
     assert streamed.startswith("[request id: s-1] ")
-    assert (failures(plane, "m"), failures(plane, "streamer")) == (before[0] + 1, before[1] + 1)
+    # As Triton: a request its model refuses never ran, and is no failure in the statistics.
+    assert (failures(plane, "m"), failures(plane, "streamer")) == before
+
+
+def test_an_unknown_input_or_output_is_refused_without_the_request_id(
+    registry: ModelRegistry,
+) -> None:
+    """Triton words an unknown input or output without the request's id."""
+    plane = DataPlane(registry)
+    x = np.ones((1, 4), np.float32)
+    nope_out = InferRequest(
+        (InferInput("X", "FP32", x.shape, x),), id="u-3", outputs=(RequestedOutput("NOPE"),)
+    )
+    for request, text in (
+        (unknown_input("u-2"), "unexpected inference input 'NOPE' for model 'm'"),
+        (nope_out, "unexpected inference output 'NOPE' for model 'm'"),
+    ):
+        with pytest.raises(UnknownTensorError) as refused:
+            asyncio.run(plane.infer("m", None, request))
+        assert refused.value.message.startswith(text)
 
 
 def test_a_stateless_model_answers_a_request_with_sequence_flags(registry: ModelRegistry) -> None:

@@ -174,21 +174,51 @@ def test_unbatched_request_has_batch_size_one() -> None:
 
 
 def test_unknown_input() -> None:
+    image, _ = good_inputs()
+    with pytest.raises(InvalidInputError) as info:
+        batched_signature().validate(request_of(image, infer_input("EXTRA", "FP32", (2, 4))))
+
+    message = info.value.message
+    assert message.startswith("unexpected inference input 'EXTRA' for model 'clf'")
+    assert "IMAGE, MASK" in message
+
+
+def test_more_inputs_than_the_model_has() -> None:
+    """Triton's words: the inputs given, last to first as Triton lists them, and none missing
+    (Triton writes that empty list as `]`)."""
     with pytest.raises(InvalidInputError) as info:
         batched_signature().validate(
             request_of(*good_inputs(), infer_input("EXTRA", "FP32", (2, 4)))
         )
 
-    message = info.value.message
-    assert "unexpected inference input 'EXTRA' for model 'clf'" in message
-    assert "IMAGE, MASK" in message
+    assert info.value.message == (
+        "expected 2 inputs but got 3 inputs for model 'clf'. Got input(s) "
+        "['EXTRA','MASK','IMAGE'], but missing required input(s) ]. "
+        "Please provide all required input(s)."
+    )
 
 
 def test_duplicate_input() -> None:
     image, mask = good_inputs()
 
-    with pytest.raises(InvalidInputError, match="input 'IMAGE' appears more than once"):
+    with pytest.raises(InvalidInputError, match="input 'IMAGE' already exists in request"):
         batched_signature().validate(request_of(image, mask, image))
+
+
+def test_several_wrong_inputs_name_the_last_as_triton() -> None:
+    image = infer_input("IMAGE", "FP64", (2, 4))
+    mask = infer_input("MASK", "INT32", (2, 2))
+
+    with pytest.raises(InvalidInputError, match="input 'MASK' data-type is 'INT32'"):
+        batched_signature().validate(request_of(image, mask))
+    with pytest.raises(InvalidInputError, match="input 'IMAGE' data-type is 'FP64'"):
+        batched_signature().validate(request_of(mask, image))
+
+
+def test_feeds_keep_the_request_order() -> None:
+    image, mask = good_inputs()
+
+    assert list(batched_signature().validate(request_of(mask, image)).feeds) == ["MASK", "IMAGE"]
 
 
 def test_wrong_datatype() -> None:
@@ -206,9 +236,10 @@ def test_missing_input() -> None:
     with pytest.raises(InvalidInputError) as info:
         batched_signature().validate(request_of(image))
 
-    message = info.value.message
-    assert "expected 2 inputs but got 1 inputs for model 'clf'" in message
-    assert "missing: MASK" in message
+    assert info.value.message == (
+        "expected 2 inputs but got 1 inputs for model 'clf'. Got input(s) ['IMAGE'], but missing "
+        "required input(s) ['MASK']. Please provide all required input(s)."
+    )
 
 
 def test_missing_optional_input_is_fine() -> None:
@@ -222,6 +253,12 @@ def test_missing_optional_input_is_fine() -> None:
     valid = sig.validate(request_of(infer_input("A", "INT32", (1,))))
 
     assert set(valid.feeds) == {"A"}
+    with pytest.raises(InvalidInputError) as info:
+        sig.validate(request_of(infer_input("B", "INT32", (1,))))
+    assert info.value.message == (
+        "expected number of inputs between 1 and 2 but got 1 inputs for model 'o'. Got input(s) "
+        "['B'], but missing required input(s) ['A']. Please provide all required input(s)."
+    )
 
 
 @pytest.mark.parametrize("batch", [5, 0])
@@ -231,7 +268,7 @@ def test_batch_outside_max_batch_size(batch: int) -> None:
 
     message = info.value.message
     assert "batch-size must be <= 4 for 'clf'" in message
-    assert f"got {batch} in input 'IMAGE'" in message
+    assert f"got {batch} in input 'MASK'" in message  # the last input is checked first
 
 
 def test_max_batch_size_itself_is_accepted() -> None:
@@ -243,7 +280,8 @@ def test_mismatched_batch_sizes_across_inputs() -> None:
     mask = infer_input("MASK", "INT64", (3, 2))
 
     with pytest.raises(
-        InvalidInputError, match="input 'MASK' has batch size 3 but other inputs have 2"
+        InvalidInputError,
+        match=r"input 'IMAGE' batch size does not match other inputs for 'clf' \(2, the others 3\)",
     ):
         batched_signature().validate(request_of(image, mask))
 
@@ -267,7 +305,7 @@ def test_wrong_item_shape(shape: tuple[int, ...]) -> None:
     message = info.value.message
     assert "unexpected shape for input 'IMAGE' for model 'clf'" in message
     got = ",".join(map(str, shape))
-    assert f"Expected [-1,4], got [{got}]." in message  # Triton's way of writing dims
+    assert f"Expected [-1,4], got [{got}]. NOTE: Setting a non-zero max_batch_size" in message
 
 
 def test_wrong_shape_unbatched() -> None:

@@ -15,6 +15,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from agent.config.schema import AgentConfig, LogConfig, ModelsConfig, ServerConfig
+from agent.errors import InvalidInputError
 from agent.runtime.daemon import RunningAgent
 from agent.tracing.tracer import Trace, Tracer
 from tests.server import running_agent
@@ -239,8 +240,13 @@ def test_grpc_bad_values_and_unknown_model(
 
 
 def test_no_trace_file_means_tracing_stays_off() -> None:
+    """As Triton: a level that would trace is refused when there is no file to trace to."""
     tracer = Tracer("")
-    tracer.update(None, {"trace_level": ["TIMESTAMPS"], "trace_rate": "1"})
+    for model in (None, MODEL):
+        with pytest.raises(InvalidInputError, match="trace file name is not given"):
+            tracer.update(model, {"trace_level": ["TIMESTAMPS"], "trace_rate": "1"})
+    assert tracer.settings()["trace_rate"] == "1000"  # nothing changed
+    assert tracer.update(None, {"trace_level": ["OFF"], "trace_rate": "5"})["trace_rate"] == "5"
     assert not tracer.active
 
 

@@ -398,12 +398,13 @@ def test_toml_and_environment_reach_the_config(tmp_path: Path) -> None:
     assert config.log.trace_otlp_resource == ("service.name=edge", "site=7")
 
 
-def test_triton_mode_starts_no_opentelemetry() -> None:
+def test_triton_mode_starts_no_opentelemetry(tmp_path: Path) -> None:
     code = (
         "import json, sys\n"
-        "from agent.config.schema import AgentConfig\n"
+        "from agent.config.schema import AgentConfig, LogConfig\n"
         "from agent.runtime.tracing import build_tracer\n"
-        "tracer = build_tracer(AgentConfig())\n"
+        f"log = LogConfig(trace_file={str(tmp_path / 'trace.json')!r})\n"
+        "tracer = build_tracer(AgentConfig(log=log))\n"
         "tracer.update(None, {'trace_level': ['TIMESTAMPS'], 'trace_rate': '1'})\n"
         "tracer.finish(tracer.start('m'))\n"
         "tracer.close()\n"
