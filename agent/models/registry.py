@@ -162,7 +162,6 @@ class ModelRegistry:
             self._records[build.name] = build.record
         return old.served if old is not None else None
 
-
     def unload(self, name: str) -> ServedModel | None:
         """Stop serving a model; returns it for draining and `release`.
 

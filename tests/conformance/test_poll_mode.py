@@ -185,9 +185,8 @@ def test_a_removed_model_folder_is_unloaded(polled: Pair) -> None:
     # Triton's index lists the folders it finds at once; the model goes at the next poll
     deadline = time.monotonic() + DEADLINE_S
     for side in (polled.triton, polled.agent):
-        while (
-            send(side, Http("GET", "/v2/models/added/ready")).status == 200
-            or any(name == "added" for name, _, _ in _index(side))
+        while send(side, Http("GET", "/v2/models/added/ready")).status == 200 or any(
+            name == "added" for name, _, _ in _index(side)
         ):
             assert time.monotonic() < deadline, f"{side.name} still serves 'added'"
             time.sleep(0.2)  # polling the server, not a timing assertion
