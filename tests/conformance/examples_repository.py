@@ -434,6 +434,77 @@ output [
 instance_group [{ kind: KIND_CPU }]
 """
 
+# examples/bls_error_code: error_source answers a TritonError with the code it is sent;
+# bls_error_caller calls it by BLS and answers the code and message its response carried.
+ERROR_SOURCE_MODEL = """
+import triton_python_backend_utils as pb_utils
+
+NAMES = [
+    "UNKNOWN", "INTERNAL", "NOT_FOUND", "INVALID_ARG", "UNAVAILABLE", "UNSUPPORTED",
+    "ALREADY_EXISTS", "CANCELLED",
+]
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            sent = int(pb_utils.get_input_tensor_by_name(request, "ERROR_CODE").as_numpy()[0])
+            name = NAMES[sent] if 0 <= sent < len(NAMES) else "INTERNAL"
+            error = pb_utils.TritonError(
+                "Test error with code " + str(sent), getattr(pb_utils.TritonError, name)
+            )
+            responses.append(pb_utils.InferenceResponse(error=error))
+        return responses
+"""
+
+ERROR_CALLER_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            sent = pb_utils.get_input_tensor_by_name(request, "ERROR_CODE").as_numpy()
+            answer = pb_utils.InferenceRequest(
+                model_name="error_source",
+                requested_output_names=["OUTPUT"],
+                inputs=[pb_utils.Tensor("ERROR_CODE", sent)],
+            ).exec()
+            if answer.has_error():
+                code, text = int(answer.error().code()), str(answer.error().message())
+            else:
+                code, text = -1, "no error"
+            responses.append(pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor("RECEIVED_CODE", np.array([code], dtype=np.int32)),
+                pb_utils.Tensor("ERROR_MESSAGE", np.array([text], dtype=object)),
+            ]))
+        return responses
+"""
+
+ERROR_SOURCE_CONFIG = """
+name: "error_source"
+backend: "python"
+max_batch_size: 0
+input [ { name: "ERROR_CODE" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+instance_group [{ kind: KIND_CPU }]
+"""
+
+ERROR_CALLER_CONFIG = """
+name: "bls_error_caller"
+backend: "python"
+max_batch_size: 0
+input [ { name: "ERROR_CODE" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [
+  { name: "RECEIVED_CODE" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "ERROR_MESSAGE" data_type: TYPE_STRING dims: [ 1 ] }
+]
+instance_group [{ kind: KIND_CPU }]
+"""
+
 # name -> (config or None for none at all, model.py)
 MODELS: dict[str, tuple[str | None, str]] = {
     "add_sub": (_add_sub_config("add_sub"), ADD_SUB_MODEL),
@@ -457,6 +528,8 @@ MODELS: dict[str, tuple[str | None, str]] = {
         CUSTOM_METRICS_MODEL,
     ),
     "resnet50": (INSTANCE_KIND_CONFIG, INSTANCE_KIND_MODEL),
+    "error_source": (ERROR_SOURCE_CONFIG, ERROR_SOURCE_MODEL),
+    "bls_error_caller": (ERROR_CALLER_CONFIG, ERROR_CALLER_MODEL),
 }
 
 

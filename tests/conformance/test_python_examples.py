@@ -333,3 +333,19 @@ def _instance_kind(side: Side) -> Answer:
 
 def test_instance_kind(examples: Pair) -> None:
     _same(examples, _instance_kind)
+
+
+def _bls_error_codes(side: Side) -> Answer:
+    received = {}
+    with _http(side) as client:
+        for code in (2, 3, 4, 5, 7):  # the example's: none is the default INTERNAL (1)
+            inputs = [httpclient.InferInput("ERROR_CODE", [1], "INT32")]
+            inputs[0].set_data_from_numpy(np.array([code], dtype=np.int32))
+            result = client.infer("bls_error_caller", inputs)
+            message = result.as_numpy("ERROR_MESSAGE")[0]
+            received[code] = (int(result.as_numpy("RECEIVED_CODE")[0]), message.decode())
+    return received
+
+
+def test_bls_error_code(examples: Pair) -> None:
+    _same(examples, _bls_error_codes)
