@@ -68,23 +68,16 @@ def _outputs(module: Any, *names: str) -> list[Any]:
     return [module.InferRequestedOutput(name) for name in names]
 
 
-def _by_name(response: dict[str, Any]) -> dict[str, Any]:
-    # Output order is KNOWN to differ (cases.py, "output order": Triton keeps the model's,
-    # the agent the config's); compared here by name so the rest is still checked.
-    response["outputs"] = sorted(response.get("outputs", []), key=lambda o: o["name"])
-    return response
-
-
 def _http_answer(result: httpclient.InferResult, *names: str) -> Answer:
     arrays = {n: (str(result.as_numpy(n).dtype), result.as_numpy(n).tolist()) for n in names}
-    return {"response": _by_name(result.get_response()), "arrays": arrays}
+    return {"response": result.get_response(), "arrays": arrays}
 
 
 def _grpc_answer(result: grpcclient.InferResult, *names: str) -> Answer:
     response = result.get_response(as_json=True)
     response.pop("raw_output_contents", None)
     arrays = {n: (str(result.as_numpy(n).dtype), result.as_numpy(n).tolist()) for n in names}
-    return {"response": _by_name(response), "arrays": arrays}
+    return {"response": response, "arrays": arrays}
 
 
 def _add_sub_http(model: str, side: Side) -> Answer:
