@@ -157,6 +157,8 @@ class ModelRegistry:
                     if version not in old.served.versions:
                         old.versions[version] = status
                 return None
+            if old is not None:
+                _carry_unloaded(old, build.record)
             self._records[build.name] = build.record
         return old.served if old is not None else None
 
@@ -364,13 +366,16 @@ class ModelRegistry:
         return True
 
     def index(self) -> list[dict[str, str]]:
-        """Triton's repository index: every model directory, with each known version's state."""
-        names = set(self._records)
-        if self._root.is_dir():
-            names.update(repository.list_models(self._root))
+        """Triton's repository index: every model directory, with each known version's state.
+
+        A model that serves nothing and whose folder left the repository is not listed (as in
+        Triton; a request naming it still hears it has no available versions)."""
+        on_disk = set(repository.list_models(self._root)) if self._root.is_dir() else set()
         rows: list[dict[str, str]] = []
-        for name in sorted(names):
+        for name in sorted(on_disk | set(self._records)):
             record = self._records.get(name)
+            if record is not None and record.served is None and name not in on_disk:
+                continue
             if record is None or (not record.versions and not record.reason):
                 rows.append({"name": name})
                 continue
@@ -396,6 +401,17 @@ class ModelRegistry:
         for record in records:
             if record.served is not None:
                 self.release(record.served)
+
+
+def _carry_unloaded(old: ModelRecord, new: ModelRecord) -> None:
+    """Versions the old record knew and a reload no longer loads stay in the new one: those
+    that served as UNAVAILABLE "unloaded", failed ones as they were. Triton keeps each version
+    it ever tracked in the index, and answers a request naming one "not at ready state"."""
+    for version, status in old.versions.items():
+        if version in new.versions:
+            continue
+        done = status.state in (ModelState.READY, ModelState.LOADING)
+        new.versions[version] = VersionStatus(ModelState.UNAVAILABLE, UNLOADED) if done else status
 
 
 def _health_reason(loaded: LoadedVersion) -> str:

@@ -19,6 +19,21 @@ class Tensor:
         self._name = name
         self._data = data
 
+    @classmethod
+    def from_dlpack(cls, name: str, tensor: object) -> Tensor:
+        """A tensor sharing the memory of `tensor`, an object with `__dlpack__` (a numpy array,
+        a CPU torch tensor ...), as Triton's `Tensor.from_dlpack` takes it. CPU memory only: the
+        agent's Python models run on the CPU."""
+        return cls(name, np.from_dlpack(tensor))  # type: ignore[arg-type]
+
+    def to_dlpack(self) -> object:
+        """A DLPack capsule of the array (`torch.from_dlpack` and others take it)."""
+        return self._data.__dlpack__()
+
+    def is_cpu(self) -> bool:
+        """Always true: the agent's Python models hold their tensors in CPU memory."""
+        return True
+
     def name(self) -> str:
         return self._name
 

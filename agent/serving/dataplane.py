@@ -63,6 +63,7 @@ from agent.serving.response_stream import StreamedResponse
 from agent.serving.routing import RequestRouter
 from agent.serving.shared_memory import SharedMemoryRegistry
 from agent.serving.streamed_inference import StreamedInference
+from agent.tensors import datatypes
 from agent.tensors.classification import top_k
 from agent.tensors.request import (
     InferRequest,
@@ -376,7 +377,9 @@ class DataPlane:
                 )
             sig = served.signature
             outputs = tuple(
-                OutputTensor(n, sig.outputs[n].datatype, sig.shape_output(n, data))
+                OutputTensor(
+                    n, datatypes.answered(sig.outputs[n].datatype, data), sig.shape_output(n, data)
+                )
                 for n, data in result.named(valid.output_names)
             )
             if answer is not None:  # an ensemble: its outputs in the order its steps make them

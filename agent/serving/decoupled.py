@@ -19,6 +19,7 @@ from agent.scheduling.protocol import ExecutionResult
 from agent.scheduling.sequence_policy import SequenceRequest
 from agent.scheduling.statistics import FailureReason, ResponseKind
 from agent.serving.response_stream import RawResponse, ResponseStream, StreamedResponse
+from agent.tensors import datatypes
 from agent.tensors.request import InferResponse, OutputTensor
 from agent.tensors.signature import ModelSignature, ValidatedRequest
 
@@ -105,7 +106,9 @@ def _item(
     if raw.error is not None or raw.outputs is None:
         return StreamedResponse(None, raw.error, raw.final)
     outputs = tuple(
-        OutputTensor(n, sig.outputs[n].datatype, sig.shape_output(n, data))
+        OutputTensor(
+            n, datatypes.answered(sig.outputs[n].datatype, data), sig.shape_output(n, data)
+        )
         for n, data in raw.outputs.items()
     )
     return StreamedResponse(InferResponse(model, version, outputs, request_id), None, raw.final)

@@ -44,6 +44,15 @@ _TYPES = (
 BY_KSERVE: dict[str, DataType] = {t.kserve: t for t in _TYPES}
 BY_CONFIG: dict[str, DataType] = {t.config: t for t in _TYPES}
 BY_ONNX: dict[str, DataType] = {t.onnx: t for t in _TYPES}
+BY_NUMPY: dict[np.dtype, DataType] = {t.numpy: t for t in _TYPES}
+
+
+def answered(declared: str, data: np.ndarray) -> str:
+    """The KServe datatype an output is answered with: the declared one, or the array's own
+    when a model returned another known type (a Python model may; Triton answers the array as
+    the model made it, so clients read the values it holds, not bytes reinterpreted)."""
+    kind = BY_NUMPY.get(data.dtype)
+    return declared if kind is None else kind.kserve
 
 
 def from_kserve(name: str) -> DataType | None:

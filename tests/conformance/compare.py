@@ -234,6 +234,7 @@ class Side:
     http_port: int
     channel: grpc.Channel
     metrics_port: int
+    grpc_port: int = 0  # for clients that open their own channel (tritonclient)
 
 
 def send(side: Side, call: Http | Grpc, metrics: bool = False) -> Reply:

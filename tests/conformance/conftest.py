@@ -3,12 +3,16 @@
 Each test module of this folder asks for `pair` (module-scoped): Triton and the agent started on
 the same freshly written repository (tests/conformance/repository.py), in explicit model control
 with every model loaded at start, as `--model-control-mode=explicit --load-model=*` does.
-Without Triton (`make triton` installs it) the tests skip and say why.
+`started_pair(workdir, writer, mode)` starts such a pair on another repository (a writer of
+model folders) or in poll mode (Triton polls every second). Without Triton (`make triton`
+installs it) the tests skip and say why.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,28 +36,62 @@ class Pair:
 
 def _side(name: str, http_port: int, grpc_port: int, metrics_port: int) -> Side:
     channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
-    return Side(name, http_port, channel, metrics_port)
+    return Side(name, http_port, channel, metrics_port, grpc_port)
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+# Triton's flags for each mode the pairs run in: explicit loads every model at start.
+_TRITON_MODE = {
+    ModelControlMode.EXPLICIT: ("--model-control-mode=explicit", "--load-model=*"),
+    ModelControlMode.POLL: ("--model-control-mode=poll", "--repository-poll-secs=1"),
+}
+
+
+@contextmanager
+def _no_bytecode() -> Iterator[None]:
+    """Python workers (the agent's, Triton's stubs) write no __pycache__ beside model.py: in
+    poll mode that folder is a change, and Triton would reload each model once more after it
+    loads it, racing the test's next change."""
+    before = os.environ.get("PYTHONDONTWRITEBYTECODE")
+    os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["PYTHONDONTWRITEBYTECODE"]
+        else:
+            os.environ["PYTHONDONTWRITEBYTECODE"] = before
+
+
+@contextmanager
+def started_pair(
+    work: Path,
+    writer: Callable[[Path], Path] = write_repository,
+    mode: ModelControlMode = ModelControlMode.EXPLICIT,
+) -> Iterator[Pair]:
+    """Triton and the agent on the repository `writer` makes under `work`, in `mode`.
+
+    Skips (pytest.skip) when Triton is not installed."""
     install = find_triton()
     if isinstance(install, str):
         pytest.skip(f"the real tritonserver is not available: {install}")
-    work = tmp_path_factory.mktemp("conformance")
-    repo = write_repository(work / "models")
+    repo = writer(work / "models")
     config = AgentConfig(
         server=ServerConfig(http_port=0, grpc_port=0, metrics_port=0, name="triton"),
         models=ModelsConfig(
             repository=repo,
             intra_op_threads=1,
             exit_on_error=False,
-            control_mode=ModelControlMode.EXPLICIT,
-            load_models=("*",),
+            control_mode=mode,
+            load_models=("*",) if mode is ModelControlMode.EXPLICIT else (),
+            poll_quiet_ms=200,
         ),
     )
-    explicit = ("--model-control-mode=explicit", "--load-model=*")
-    with running_triton(install, repo, work, *explicit) as triton, running_agent(config) as agent:
+    flags = _TRITON_MODE[mode]
+    with (
+        _no_bytecode(),
+        running_triton(install, repo, work, *flags) as triton,
+        running_agent(config) as agent,
+    ):
         assert agent.grpc_port is not None
         assert agent.metrics_port is not None
         sides = (
@@ -65,3 +103,9 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
         finally:
             for side in sides:
                 side.channel.close()
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    with started_pair(tmp_path_factory.mktemp("conformance")) as started:
+        yield started

@@ -509,7 +509,7 @@ class PythonBackend(
             calls.cancel()  # calls still running (abandoned, or the worker died) are cancelled
         if reply.kind == ipc.ERROR:
             if reply.meta.get("user"):  # execute raised: Triton's words
-                raise raised_error(self.name, worker.index, reply.meta)
+                raise raised_error(worker.name, reply.meta)
             raise BackendError(
                 f"python model '{self.name}' execute failed: {reply.meta.get('message', '')}"
             )

@@ -2,8 +2,10 @@
 
 A model fails a request in two ways, both Triton's: it returns `InferenceResponse(error=
 TritonError(message, code))`, answered with the message alone and Triton's status for the code;
-or `execute` raises, answered "Failed to process the request(s) for model '<name>_<instance>',
-message: <Type>: <message>" with the model's frames (a raised TritonError keeps its code).
+or `execute` raises, answered "Failed to process the request(s) for model '<instance name>',
+message: <Type>: <message>" with the model's frames (a raised TritonError keeps its code). The
+instance name is Triton's: `<group name>_<index>`, where an unnamed group of a config is named
+`<model>_<group index>` (so 'm_0_0') and the group auto-completion adds is named `<model>` ('m_0').
 """
 
 from __future__ import annotations
@@ -43,11 +45,11 @@ def reported_error(message: str, code: object) -> ModelReportedError:
     return kind(message)
 
 
-def raised_error(model: str, instance: int, meta: Mapping[str, object]) -> BackendError:
-    """The error for an exception `execute` raised (the worker's ERROR meta: "message", and
-    "code" when it was a TritonError)."""
+def raised_error(instance: str, meta: Mapping[str, object]) -> BackendError:
+    """The error for an exception `execute` raised in the instance named `instance` (the
+    worker's ERROR meta: "message", and "code" when it was a TritonError)."""
     text = (
-        f"Failed to process the request(s) for model '{model}_{instance}', "
+        f"Failed to process the request(s) for model '{instance}', "
         f"message: {meta.get('message', '')}"
     )
     if "code" in meta:

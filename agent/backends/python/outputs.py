@@ -1,8 +1,10 @@
 """The outputs a Python model's `execute` returned, checked against the config's declaration.
 
 A Python model declares its outputs in the config only, so the agent checks each returned
-array's datatype and shape (and, for a batched model, its batch rows) before serving it; a
-mismatch is the request's BackendError, worded so the model's author knows the fix.
+array's shape (and, for a batched model, its batch rows) before serving it; a mismatch is the
+request's BackendError, worded so the model's author knows the fix. An array of another datatype
+than declared is answered with its own datatype, as Triton's Python backend answers it; one of
+no datatype the protocol knows is refused.
 
 As Triton's Python backend, a response holds the requested outputs the model returned, in the
 order the model returned them: a requested output the model left out is simply absent (a model
@@ -79,7 +81,9 @@ def checked_output(
     declared = declared_outputs[name]
     assert declared.datatype is not None
     got = "BYTES" if array.dtype == np.object_ else _kserve(array.dtype)
-    if got != declared.datatype.kserve:
+    # Another known datatype is answered as returned, as Triton does (its bls_decoupled example
+    # sums INT32 values into an INT64 array); only an array no protocol can carry is refused.
+    if got != declared.datatype.kserve and got not in datatypes.BY_KSERVE:
         raise BackendError(
             f"{where} is {got} but the config says {declared.type_name} "
             "(convert it with .astype before returning it)"

@@ -328,6 +328,7 @@ def test_triton_sync_example_client(agent: RunningAgent) -> None:
     printed = sync_client(f"127.0.0.1:{agent.http_port}")
     assert printed[0] == "add_sub ok"
     assert (
+        "Model undefined_model - Error when running inference: "
         "Failed for execute the inference request. Model 'undefined_model' is not ready."
         in (printed[1])
     )

@@ -31,9 +31,11 @@ def test_only_the_requested_outputs_are_kept() -> None:
 
 
 def test_a_returned_output_is_still_checked_against_its_declaration() -> None:
-    wrong = {"A": np.ones(2, np.float64)}
-    with pytest.raises(BackendError, match="output 'A' is FP64 but the config says TYPE_FP32"):
-        requested_outputs("m", DECLARED, ("A",), wrong, None)
+    other = {"A": np.ones(2, np.float64)}  # another known datatype: answered as returned
+    assert requested_outputs("m", DECLARED, ("A",), other, None)["A"].dtype == np.float64
+    unknown = {"A": np.ones(2, np.complex64)}
+    with pytest.raises(BackendError, match="output 'A' is complex64 but the config says TYPE_FP32"):
+        requested_outputs("m", DECLARED, ("A",), unknown, None)
     with pytest.raises(BackendError, match=r"has shape \[2\], expected \[3\]"):
         requested_outputs("m", DECLARED, ("A",), returned(), 3)
 

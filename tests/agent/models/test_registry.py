@@ -4,6 +4,7 @@ serving, how a swap hands back the replaced model, and what the repository index
 from __future__ import annotations
 
 import contextlib
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -210,6 +211,32 @@ def test_unload_then_resolve_is_not_ready(loaded: ModelRegistry) -> None:
         loaded.unload("nope")
     loaded.load_model("m")  # and it can come back
     assert loaded.resolve("m", None)[1] == 2
+
+
+def test_a_reload_keeps_versions_it_no_longer_serves_as_unloaded(
+    loaded: ModelRegistry, repo: Path
+) -> None:
+    (repo / "m" / "config.pbtxt").write_text(only_version(2))
+    served = loaded.load_model("m")
+    assert sorted(served.versions) == [2]
+    with pytest.raises(ModelNotReadyError, match="'m' version 1 is not at ready state: unloaded"):
+        loaded.resolve("m", "1")
+    assert [(r["version"], r["state"], r["reason"]) for r in loaded.index()] == [
+        ("1", "UNAVAILABLE", "unloaded"),
+        ("2", "READY", ""),
+    ]
+
+
+def test_a_model_whose_folder_left_is_not_indexed_once_unloaded(
+    loaded: ModelRegistry, repo: Path
+) -> None:
+    served = loaded.unload("m")
+    assert served is not None
+    loaded.release(served)
+    shutil.rmtree(repo / "m")
+    assert loaded.index() == []
+    with pytest.raises(ModelNotReadyError, match="'m' has no available versions"):
+        loaded.resolve("m", None)
 
 
 def test_mark_failed_takes_a_version_out_then_the_model(loaded: ModelRegistry) -> None:

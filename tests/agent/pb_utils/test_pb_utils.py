@@ -65,6 +65,18 @@ def test_unknown_type_string_is_refused() -> None:
         pb_utils.triton_string_to_numpy("TYPE_BF16")
 
 
+def test_tensor_from_and_to_dlpack_share_the_array() -> None:
+    source = np.arange(6, dtype=np.float32).reshape(2, 3)
+    tensor = pb_utils.Tensor.from_dlpack("OUT", source)
+    assert tensor.name() == "OUT"
+    assert tensor.is_cpu()
+    source[0, 0] = 42  # shared memory, not a copy
+    np.testing.assert_array_equal(tensor.as_numpy(), source)
+    again = pb_utils.Tensor.from_dlpack("AGAIN", tensor.as_numpy())
+    assert again.as_numpy().dtype == np.float32
+    assert type(tensor.to_dlpack()).__name__ == "PyCapsule"
+
+
 def test_tensor_needs_an_array() -> None:
     with pytest.raises(TypeError, match="numpy array"):
         pb_utils.Tensor("A", [1, 2])  # type: ignore[arg-type]
