@@ -382,7 +382,7 @@ class PythonBackend(
         channel = self._channels.pop(worker, None)
         if channel is not None:  # its reader thread has seen EOF (or sees it now)
             channel.join()
-        worker.conn.close()
+        worker.close()
 
     def close(self) -> None:
         """Stop the supervision, finalize every live worker (bounded), then end each process by
@@ -462,7 +462,7 @@ class PythonBackend(
             self._pool.discard(worker)  # dead before it took them: the caller tries another
             raise _NotTaken from None
         calls = BlsCalls(
-            self._bls, worker.conn, worker.send, self.timeouts.execute_s, self.name, traces
+            self._bls, worker.wakeup, worker.send, self.timeouts.execute_s, self.name, traces
         )
         calls.watch(seq, cancelled)
         try:
@@ -470,11 +470,11 @@ class PythonBackend(
             deadline = time.monotonic() + self.timeouts.execute_s
             while True:
                 busy = calls.busy
-                calls.wait(deadline)
+                readable = calls.wait(deadline)
                 if busy:
                     deadline = time.monotonic() + self.timeouts.execute_s
                 calls.tell_cancelled()
-                if not worker.conn.poll(0):
+                if not readable:
                     if not calls.busy and time.monotonic() >= deadline:
                         raise TimeoutError
                     continue
