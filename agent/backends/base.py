@@ -25,6 +25,7 @@ by the declaring class as a descriptor without a setter).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -118,6 +119,24 @@ class RunsRequests(Protocol):
         Raises:
             AgentError: the whole batch failed (every request gets the error).
         """
+        ...
+
+
+@runtime_checkable
+class StartsRequests(Protocol):
+    """A `RunsRequests` backend that can also start a batch from the event loop, without a
+    thread (the Python backend: the loop writes to the worker and reads its answer)."""
+
+    def start_requests(
+        self,
+        requests: Sequence[RequestFeeds],
+        cancelled: Sequence[CancelSignal] = (),
+        *,
+        traces: Sequence[object | None] = (),
+    ) -> asyncio.Future[list[list[np.ndarray] | AgentError]] | None:
+        """As `run_requests`, called on the event loop and never blocking it: the future of
+        the answers (it fails as `run_requests` raises), or None when the batch cannot start
+        that way now (then `run_requests` runs on a thread)."""
         ...
 
 

@@ -32,11 +32,14 @@ own answer, say).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
 import select
 import struct
+import sys
+import termios
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -97,6 +100,7 @@ MAX_HEADER_BYTES = 1 << 20
 # A frame: this prefix (header length, data length), the JSON header padded with spaces to a
 # multiple of _ALIGN, then the tensors' bytes, each starting at a multiple of _ALIGN.
 _PREFIX = struct.Struct("<IQ")
+PREFIX_BYTES = _PREFIX.size
 _ALIGN = 16
 _JOIN_BELOW = 64 * 1024  # smaller frames are joined and written with one write(2)
 _IOV_MAX = 1024  # buffers per writev(2) (Linux's limit)
@@ -231,17 +235,34 @@ def receive(conn: HasFileno, deadline: float | None = None) -> Message:
         EOFError: the other side closed the connection (or died).
         WireError: the message is malformed.
     """
-    fd = conn.fileno()
-    nonblocking = not os.get_blocking(fd)
-    prefix = bytearray(_PREFIX.size)
-    _read_into(fd, memoryview(prefix), deadline, nonblocking)
-    header, data = frame_lengths(prefix)
+    return receive_body(conn, read_prefix(conn, deadline), deadline)
+
+
+def read_prefix(conn: HasFileno, deadline: float | None = None) -> tuple[int, int]:
+    """Read a frame's prefix: (header bytes, data bytes) that follow. Raises as `receive`."""
+    prefix = bytearray(PREFIX_BYTES)
+    _read_into(conn.fileno(), memoryview(prefix), deadline)
+    return frame_lengths(prefix)
+
+
+def receive_body(
+    conn: HasFileno, lengths: tuple[int, int], deadline: float | None = None
+) -> Message:
+    """Read the rest of a frame whose prefix `read_prefix` read. Raises as `receive`."""
+    header, data = lengths
     body = bytearray(header + data)
-    _read_into(fd, memoryview(body), deadline, nonblocking)
+    _read_into(conn.fileno(), memoryview(body), deadline)
     return decode(body, header)
 
 
-def _read_into(fd: int, view: memoryview, deadline: float | None, nonblocking: bool) -> None:
+def waiting_bytes(conn: HasFileno) -> int:
+    """How many bytes wait in the descriptor's receive queue (FIONREAD)."""
+    raw = fcntl.ioctl(conn.fileno(), termios.FIONREAD, b"\0\0\0\0")
+    return int.from_bytes(raw, sys.byteorder)
+
+
+def _read_into(fd: int, view: memoryview, deadline: float | None) -> None:
+    nonblocking = deadline is not None and not os.get_blocking(fd)
     got = 0
     size = view.nbytes
     while got < size:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from agent.backends.base import Backend, RequestFeeds, RunsRequests
+from agent.backends.base import Backend, RequestFeeds, RunsRequests, StartsRequests
 from agent.backends.cancellation import CancelSignal
 from agent.backends.onnx import OnnxBackend
 from agent.errors import AgentError, BackendError
@@ -295,3 +295,73 @@ def test_stalls_on_the_loop_move_a_model_back_only_when_they_repeat(
             assert backend.threads[7] == loop_thread
 
         asyncio.run(main())
+
+
+class LoopStartingBackend(RecordingBackend, RunsRequests, StartsRequests):
+    """Starts every other batch from the event loop (as the Python backend does when a worker
+    is idle) and declines the others, which then run on the executor; `fail` fails the next
+    started batch."""
+
+    def __init__(self, inner: OnnxBackend) -> None:
+        super().__init__(inner)
+        self.started_on_loop = 0
+        self.declined = 0
+        self.fail: AgentError | None = None
+
+    def run_requests(
+        self,
+        requests: Sequence[RequestFeeds],
+        cancelled: Sequence[CancelSignal] = (),
+        *,
+        traces: Sequence[object | None] = (),
+    ) -> list[list[np.ndarray] | AgentError]:
+        self.threads.append(threading.get_ident())
+        return [self.inner.run(feeds, names) for feeds, names in requests]
+
+    def start_requests(
+        self,
+        requests: Sequence[RequestFeeds],
+        cancelled: Sequence[CancelSignal] = (),
+        *,
+        traces: Sequence[object | None] = (),
+    ) -> asyncio.Future[list[list[np.ndarray] | AgentError]] | None:
+        if (self.started_on_loop + self.declined) % 2:
+            self.declined += 1
+            return None
+        self.started_on_loop += 1
+        future: asyncio.Future[list[list[np.ndarray] | AgentError]]
+        future = asyncio.get_running_loop().create_future()
+        if self.fail is not None:
+            future.set_exception(self.fail)
+            self.fail = None
+        else:
+            future.set_result([self.inner.run(feeds, names) for feeds, names in requests])
+        return future
+
+
+def test_a_backend_that_starts_batches_on_the_loop_skips_the_executor_when_it_can(
+    onnx_backend: OnnxBackend,
+) -> None:
+    backend = LoopStartingBackend(onnx_backend)
+    stats = ModelStatistics("mlp", "1")
+    expected = [onnx_backend.run(request(s).feeds, ["OUTPUT0"])[0] for s in range(6)]
+    with ThreadPoolExecutor(1) as executor:
+
+        async def main() -> tuple[list[np.ndarray], int]:
+            scheduler = mlp_scheduler(backend, executor, 0, stats=stats)
+            outputs = await submit_each(scheduler, range(6))
+            backend.fail = BackendError("the worker said no")
+            with pytest.raises(BackendError, match="the worker said no"):
+                await scheduler.submit(request(7))
+            after = await scheduler.submit(request(8))  # the instance is free again
+            assert after.outputs[0].shape == (1, 10)
+            return outputs, threading.get_ident()
+
+        outputs, loop_thread = asyncio.run(main())
+    for got, want in zip(outputs, expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert backend.started_on_loop == 4  # 3 of the 6, and the failed one
+    assert backend.declined == 4
+    assert len(backend.threads) == 4
+    assert loop_thread not in backend.threads
+    assert stats.snapshot().execution_count == 7  # both ways count; the failure does not
