@@ -396,11 +396,14 @@ class ModelScheduler:
         if len(jobs) > 1 and len(_group_by_shape(jobs)) > 1:
             return False  # `_execute` runs each group in turn
         t0 = time.perf_counter_ns()
-        answered = start(
-            [(job.request.feeds, job.request.output_names) for job in jobs],
-            cancelled=[job.cancel for job in jobs],
-            traces=[job.request.trace for job in jobs],
-        )
+        try:
+            answered = start(
+                [(job.request.feeds, job.request.output_names) for job in jobs],
+                cancelled=[job.cancel for job in jobs],
+                traces=[job.request.trace for job in jobs],
+            )
+        except Exception:  # noqa: BLE001 - nothing started: the executor runs it (and fails it)
+            return False
         if answered is None:
             return False
 

@@ -108,9 +108,9 @@ logger = logging.getLogger(__name__)
 
 
 _PING_WAIT_S = 0.05  # a PING waits this long for a blocked pipe, then the next round tries
-# Inputs up to this size are sent from the event loop (`start_requests`): far less than a socket
+# EXECUTE up to this size is sent from the event loop (`start_requests`): far less than a socket
 # buffer, so the write never waits for the worker.
-_LOOP_INPUT_BYTES = 64 * 1024
+_LOOP_FRAME_BYTES = 64 * 1024
 
 
 class PythonBackend(
@@ -310,18 +310,15 @@ class PythonBackend(
         """
         if self.decoupled or self._closed:
             return None
-        size = 0
-        for feeds, _ in requests:
-            for array in feeds.values():
-                size += array.nbytes
-        if size > _LOOP_INPUT_BYTES:
+        seq, message = self._execute_message(requests, traces)
+        frame = ipc.encode(message)  # raises as `run_requests` would: the caller falls back
+        if ipc.frame_size(frame) > _LOOP_FRAME_BYTES:
             return None  # its write could wait for the worker to read: a thread sends it
         worker = self._pool.take_now()
         if worker is None:
             return None
-        seq, message = self._execute_message(requests, traces)
         try:
-            worker.send(message)
+            worker.send_frame(frame)
         except OSError:
             self._pool.discard(worker)  # dead before it took them: a thread tries another
             self._give_back(worker)
@@ -342,17 +339,22 @@ class PythonBackend(
             finally:
                 self._give_back(worker)
 
-        call = LoopCall(
-            asyncio.get_running_loop(),
-            worker.conn,
-            worker.send,
-            seq,
-            cancelled,
-            self.timeouts.execute_s,
-            lambda message: self._side.handle(worker, message),
-            finish,
-            handoff,
-        )
+        loop = asyncio.get_running_loop()
+        try:
+            call = LoopCall(
+                loop,
+                worker.conn,
+                worker.send,
+                seq,
+                cancelled,
+                self.timeouts.execute_s,
+                lambda message: self._side.handle(worker, message),
+                finish,
+                handoff,
+            )
+        except Exception:  # noqa: BLE001 - EXECUTE is out: a thread must see it through
+            deadline = time.monotonic() + self.timeouts.execute_s
+            return loop.run_in_executor(None, handoff, None, deadline)
         return call.future
 
     def run_decoupled(self, requests: Sequence[DecoupledRequest]) -> None:

@@ -204,10 +204,18 @@ def send(conn: HasFileno, message: Message) -> None:
     Raises:
         OSError: the other side is gone.
     """
-    buffers = encode(message)
+    send_frame(conn, encode(message))
+
+
+def frame_size(buffers: Sequence[bytes | memoryview]) -> int:
+    """The bytes of an encoded frame."""
+    return sum(len(b) if isinstance(b, bytes) else b.nbytes for b in buffers)
+
+
+def send_frame(conn: HasFileno, buffers: Sequence[bytes | memoryview]) -> None:
+    """Send an encoded frame (`encode`), as `send`."""
     fd = conn.fileno()
-    total = sum(len(b) if isinstance(b, bytes) else b.nbytes for b in buffers)
-    if total < _JOIN_BELOW:  # one small copy is cheaper than scattered writes
+    if frame_size(buffers) < _JOIN_BELOW:  # one small copy is cheaper than scattered writes
         buffers = [b"".join(buffers)]
     views = [memoryview(b).cast("B") for b in buffers]
     while views:

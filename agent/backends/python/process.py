@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -69,6 +70,11 @@ class Worker:
         """Send to the worker (blocking). Raises OSError when it is gone."""
         with self._send_lock:
             ipc.send(self.conn, message)
+
+    def send_frame(self, buffers: Sequence[bytes | memoryview]) -> None:
+        """Send an encoded message (`ipc.encode`), as `send`."""
+        with self._send_lock:
+            ipc.send_frame(self.conn, buffers)
 
     def try_send(self, message: ipc.Message, timeout_s: float) -> bool:
         """Send a small message unless the pipe stays blocked for `timeout_s` (another send

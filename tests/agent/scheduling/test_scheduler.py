@@ -307,6 +307,7 @@ class LoopStartingBackend(RecordingBackend, RunsRequests, StartsRequests):
         self.started_on_loop = 0
         self.declined = 0
         self.fail: AgentError | None = None
+        self.broken = False  # start_requests raises: nothing started
 
     def run_requests(
         self,
@@ -325,6 +326,8 @@ class LoopStartingBackend(RecordingBackend, RunsRequests, StartsRequests):
         *,
         traces: Sequence[object | None] = (),
     ) -> asyncio.Future[list[list[np.ndarray] | AgentError]] | None:
+        if self.broken:
+            raise ValueError("cannot encode")
         if (self.started_on_loop + self.declined) % 2:
             self.declined += 1
             return None
@@ -365,3 +368,19 @@ def test_a_backend_that_starts_batches_on_the_loop_skips_the_executor_when_it_ca
     assert len(backend.threads) == 4
     assert loop_thread not in backend.threads
     assert stats.snapshot().execution_count == 7  # both ways count; the failure does not
+
+
+def test_a_batch_the_backend_fails_to_start_on_the_loop_runs_on_the_executor(
+    onnx_backend: OnnxBackend,
+) -> None:
+    backend = LoopStartingBackend(onnx_backend)
+    backend.broken = True
+    with ThreadPoolExecutor(1) as executor:
+
+        async def main() -> None:
+            scheduler = mlp_scheduler(backend, executor, 0)
+            answer = await scheduler.submit(request(1))
+            assert answer.outputs[0].shape == (1, 10)
+
+        asyncio.run(main())
+    assert len(backend.threads) == 1
