@@ -119,7 +119,8 @@ class LoopCall(Generic[T]):
     def _stop(self) -> None:
         self._active = False
         self._timer.cancel()
-        self._loop.remove_reader(self._conn.fileno())
+        with contextlib.suppress(OSError, ValueError):  # closed under it (the model unloads)
+            self._loop.remove_reader(self._conn.fileno())
 
     def _cancelled_soon(self) -> None:
         """A request was cancelled (any thread): the loop tells the worker."""
