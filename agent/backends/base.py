@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -133,10 +134,12 @@ class StartsRequests(Protocol):
         cancelled: Sequence[CancelSignal] = (),
         *,
         traces: Sequence[object | None] = (),
+        executor: Executor,
     ) -> asyncio.Future[list[list[np.ndarray] | AgentError]] | None:
         """As `run_requests`, called on the event loop and never blocking it: the future of
         the answers (it fails as `run_requests` raises), or None when the batch cannot start
-        that way now (then `run_requests` runs on a thread)."""
+        that way now (then `run_requests` runs on a thread). Whatever must block goes to
+        `executor` (the version's, which has a thread for every execution in flight)."""
         ...
 
 

@@ -401,6 +401,7 @@ class ModelScheduler:
                 [(job.request.feeds, job.request.output_names) for job in jobs],
                 cancelled=[job.cancel for job in jobs],
                 traces=[job.request.trace for job in jobs],
+                executor=self._executor,
             )
         except Exception:  # noqa: BLE001 - nothing started: the executor runs it (and fails it)
             return False

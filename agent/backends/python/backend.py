@@ -58,6 +58,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import NoReturn
 
@@ -301,12 +302,13 @@ class PythonBackend(
         cancelled: Sequence[CancelSignal] = (),
         *,
         traces: Sequence[object | None] = (),
+        executor: Executor,
     ) -> asyncio.Future[list[list[np.ndarray] | AgentError]] | None:
         """`run_requests` from the event loop, without blocking it: EXECUTE goes out at once
         to an idle worker, and the answer is read on the loop (`agent.backends.python.on_loop`;
-        a thread takes over for BLS calls, large answers and failures). None when that is not
-        possible now (no idle worker, large inputs, a decoupled model): call `run_requests` on
-        a thread instead. The future fails as `run_requests` raises.
+        a thread of `executor` takes over for BLS calls, large answers and failures). None
+        when that is not possible now (no idle worker, large inputs, a decoupled model): call
+        `run_requests` on a thread instead. The future fails as `run_requests` raises.
         """
         if self.decoupled or self._closed:
             return None
@@ -343,6 +345,7 @@ class PythonBackend(
         try:
             call = LoopCall(
                 loop,
+                executor,
                 worker.conn,
                 worker.send,
                 seq,
@@ -354,7 +357,7 @@ class PythonBackend(
             )
         except Exception:  # noqa: BLE001 - EXECUTE is out: a thread must see it through
             deadline = time.monotonic() + self.timeouts.execute_s
-            return loop.run_in_executor(None, handoff, None, deadline)
+            return loop.run_in_executor(executor, handoff, None, deadline)
         return call.future
 
     def run_decoupled(self, requests: Sequence[DecoupledRequest]) -> None:

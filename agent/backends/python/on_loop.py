@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
 from typing import Generic, TypeVar
 
 from agent.backends.cancellation import CancelSignal
@@ -44,6 +45,7 @@ class LoopCall(Generic[T]):
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
+        executor: Executor,
         conn: ipc.HasFileno,
         send: Callable[[ipc.Message], None],
         seq: int,
@@ -54,9 +56,10 @@ class LoopCall(Generic[T]):
         handoff: Handoff[T],
     ) -> None:
         """`finish` turns RESULT or ERROR into the answer (on the loop); `handoff` runs on a
-        thread for everything else. Both are called once at most, and only one of them."""
+        thread of `executor` for everything else. One of them is called, once."""
         self.future: asyncio.Future[T] = loop.create_future()
         self._loop = loop
+        self._executor = executor
         self._conn = conn
         self._send = send
         self._seq = seq
@@ -104,7 +107,7 @@ class LoopCall(Generic[T]):
             return
         self._stop()
         deadline = self._deadline
-        thread = self._loop.run_in_executor(None, self._handoff_to, pending, deadline)
+        thread = self._loop.run_in_executor(self._executor, self._handoff_to, pending, deadline)
         thread.add_done_callback(self._copy)
 
     def _copy(self, thread: asyncio.Future[T]) -> None:

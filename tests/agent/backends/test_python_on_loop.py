@@ -8,6 +8,7 @@ import multiprocessing
 import os
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 
 import numpy as np
@@ -26,7 +27,7 @@ class Recorder:
         self.side: list[str] = []
         self.finished: list[ipc.Message] = []
         self.handed: list[tuple[ipc.Message | str | None, float]] = []
-        self.threads: list[int] = []
+        self.threads: list[str] = []  # where finish / handoff ran
         self.sent: list[ipc.Message] = []
         self.told = threading.Event()
 
@@ -42,11 +43,11 @@ class Recorder:
 
     def finish(self, reply: ipc.Message) -> str:
         self.finished.append(reply)
-        self.threads.append(threading.get_ident())
+        self.threads.append(threading.current_thread().name)
         return "on the loop"
 
     def handoff(self, pending: Pending, deadline: float) -> str:
-        self.threads.append(threading.get_ident())
+        self.threads.append(threading.current_thread().name)
         first: ipc.Message | str | None = None
         if pending is not None:
             try:
@@ -72,8 +73,10 @@ async def call(
     cancelled: tuple[CancelSignal, ...] = (),
 ) -> str:
     loop = asyncio.get_running_loop()
+    executor = ThreadPoolExecutor(1, thread_name_prefix="version")
     running = LoopCall(
         loop,
+        executor,
         agent_end,
         recorder.send,
         7,
@@ -84,7 +87,10 @@ async def call(
         recorder.handoff,
     )
     await asyncio.to_thread(write)
-    return await running.future
+    try:
+        return await running.future
+    finally:
+        executor.shutdown()
 
 
 def test_the_answer_is_read_and_finished_on_the_loop_after_side_messages() -> None:
@@ -98,8 +104,8 @@ def test_the_answer_is_read_and_finished_on_the_loop_after_side_messages() -> No
             ipc.Message(ipc.RESULT, {"responses": [{"tensors": 1}]}, [("Y", np.ones(3))]),
         )
 
-    async def main() -> tuple[str, int]:
-        return await call(agent_end, recorder, write), threading.get_ident()
+    async def main() -> tuple[str, str]:
+        return await call(agent_end, recorder, write), threading.current_thread().name
 
     answer, loop_thread = asyncio.run(main())
     assert answer == "on the loop"
@@ -116,15 +122,12 @@ def test_a_bls_call_hands_the_execute_to_a_thread_with_that_message() -> None:
     def write() -> None:
         ipc.send(worker_end, ipc.Message(ipc.BLS, {"id": 1, "model": "m"}))
 
-    async def main() -> tuple[str, int]:
-        return await call(agent_end, recorder, write), threading.get_ident()
-
-    answer, loop_thread = asyncio.run(main())
+    answer = asyncio.run(call(agent_end, recorder, write))
     assert answer == "on a thread"
     first, _ = recorder.handed[0]
     assert isinstance(first, ipc.Message)
     assert first.kind == ipc.BLS
-    assert recorder.threads[0] != loop_thread
+    assert recorder.threads[0].startswith("version")  # the executor given, not the default
     assert recorder.finished == []
 
 

@@ -6,7 +6,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -325,6 +325,7 @@ class LoopStartingBackend(RecordingBackend, RunsRequests, StartsRequests):
         cancelled: Sequence[CancelSignal] = (),
         *,
         traces: Sequence[object | None] = (),
+        executor: Executor,
     ) -> asyncio.Future[list[list[np.ndarray] | AgentError]] | None:
         if self.broken:
             raise ValueError("cannot encode")
