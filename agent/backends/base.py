@@ -25,7 +25,9 @@ by the declaring class as a descriptor without a setter).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -147,6 +149,27 @@ class RunsRequests(Protocol):
         Raises:
             AgentError: the whole batch failed (every request gets the error).
         """
+        ...
+
+
+@runtime_checkable
+class StartsRequests(Protocol):
+    """A `RunsRequests` backend that can also start a batch from the event loop, without a
+    thread (the Python backend: the loop writes to the worker and reads its answer)."""
+
+    def start_requests(
+        self,
+        requests: Sequence[RequestFeeds],
+        cancelled: Sequence[CancelSignal] = (),
+        *,
+        traces: Sequence[object | None] = (),
+        contexts: Sequence[RequestContext | None] = (),
+        executor: Executor,
+    ) -> asyncio.Future[list[NamedOutputs | AgentError]] | None:
+        """As `run_requests`, called on the event loop and never blocking it: the future of
+        the answers (it fails as `run_requests` raises), or None when the batch cannot start
+        that way now (then `run_requests` runs on a thread). Whatever must block goes to
+        `executor` (the version's, which has a thread for every execution in flight)."""
         ...
 
 

@@ -15,6 +15,11 @@ instead; executions well over either bar move it back to the executor
 (`agent.scheduling.inline_gauge` has the rules: wall times measured on the executor hold the
 wait for the GIL, so only the quickest of them counts).
 
+A backend that waits for another process (the Python backend's workers) may start a batch from
+the loop itself (`StartsRequests`): it sends the batch and is woken by the loop when the answer
+comes, so neither the hand-off nor the loop is spent on waiting. When it declines (no idle
+worker, large inputs), the batch goes to the executor as any other.
+
 Memory: with `max_batch_bytes` (from the model's memory plan), a request whose tensors alone
 (inputs, plus a lower bound on its outputs) need more is refused with `PayloadTooLargeError`,
 and batches are split so that their rows, at the largest per-row size queued, stay within it.
@@ -35,10 +40,12 @@ import numpy as np
 from agent.backends.base import (
     Backend,
     DecoupledRequest,
+    NamedOutputs,
     ReleasesMemory,
     ResponseSink,
     RunsDecoupled,
     RunsRequests,
+    StartsRequests,
     response_parameters,
 )
 from agent.backends.cancellation import CancelSignal
@@ -135,6 +142,10 @@ class ModelScheduler:
         # are cancelled while they run.
         self._run_requests = backend.run_requests if isinstance(backend, RunsRequests) else None
         self._run_decoupled = backend.run_decoupled if isinstance(backend, RunsDecoupled) else None
+        # ... and may start them from the loop itself, without an executor hand-off.
+        self._start_requests = (
+            backend.start_requests if isinstance(backend, StartsRequests) else None
+        )
         self._former: BatchFormer[_Job] = BatchFormer(policy)
         self._free = max(1, instances)
         self._instances = max(1, instances)
@@ -392,9 +403,88 @@ class ModelScheduler:
                 outcome = exc
             self._complete(jobs, outcome)
             return
+        if self._start_on_loop(jobs, started):
+            return
         loop = asyncio.get_running_loop()
         future = loop.run_in_executor(self._executor, self._execute, jobs, started, False)
         future.add_done_callback(lambda f: self._on_done(jobs, f))
+
+    def _start_on_loop(self, jobs: list[_Job], started_ns: int) -> bool:
+        """Start the batch from the loop when the backend can (`StartsRequests`): no executor
+        hand-off; False when it cannot now."""
+        start = self._start_requests
+        if start is None or jobs[0].sink is not None:
+            return False
+        if len(jobs) > 1 and len(_group_by_shape(jobs)) > 1:
+            return False  # `_execute` runs each group in turn
+        t0 = time.perf_counter_ns()
+        try:
+            answered = start(
+                [(job.request.feeds, job.request.output_names) for job in jobs],
+                cancelled=[job.cancel for job in jobs],
+                traces=[job.request.trace for job in jobs],
+                contexts=[job.request.context for job in jobs],
+                executor=self._executor,
+            )
+        except Exception:  # noqa: BLE001 - nothing started: the executor runs it (and fails it)
+            return False
+        if answered is None:
+            return False
+
+        def done(future: asyncio.Future[list[NamedOutputs | AgentError]]) -> None:
+            outcome: list[ExecutionResult | BaseException] | BaseException
+            error = future.exception()
+            if error is not None:
+                if isinstance(error, BackendError):
+                    rows = sum(job.request.batch_size for job in jobs)
+                    self._count_raised(error, rows, time.perf_counter_ns() - t0)
+                outcome = error
+            else:
+                group = list(range(len(jobs)))
+                outcome = self._results_of(jobs, group, future.result(), started_ns, t0)
+            self._complete(jobs, outcome)
+            self._after_execution()
+
+        answered.add_done_callback(done)
+        return True
+
+    def _results_of(
+        self,
+        jobs: Sequence[_Job],
+        group: list[int],
+        answers: Sequence[NamedOutputs | AgentError],
+        started_ns: int,
+        t0: int,
+    ) -> list[ExecutionResult | BaseException]:
+        """The results of one group's `run_requests` answers (recorded in the statistics): each
+        request's outputs by name, in the model's order, or the error it was answered with."""
+        t2 = time.perf_counter_ns()
+        rows = sum(jobs[i].request.batch_size for i in group)
+        results: list[ExecutionResult | BaseException] = []
+        for i, answer in zip(group, answers, strict=True):
+            queue_ns = max(0, started_ns - jobs[i].enqueued_ns)
+            results.append(
+                _answered(answer, queue_ns, t2 - t0)
+                if isinstance(answer, BaseException)
+                else ExecutionResult(
+                    outputs=list(answer.values()),
+                    queue_ns=queue_ns,
+                    compute_input_ns=0,
+                    compute_infer_ns=t2 - t0,
+                    compute_output_ns=0,
+                    batch_size=rows,
+                    names=tuple(answer),
+                    parameters=response_parameters(answer),
+                )
+            )
+        if self._stats is not None:
+            self._stats.record_execution(
+                batch_size=rows,
+                compute_input_ns=0,
+                compute_infer_ns=t2 - t0,
+                compute_output_ns=0,
+            )
+        return results
 
     def _arm_timer(self, loop: asyncio.AbstractEventLoop) -> None:
         # With every instance busy, the next dispatch comes from a finishing execution; a timer
@@ -439,31 +529,11 @@ class ModelScheduler:
                 except BackendError as exc:
                     self._count_raised(exc, rows, time.perf_counter_ns() - t0)
                     raise
-                t2 = time.perf_counter_ns()
-                run_ns += t2 - t0
-                for i, answer in zip(group, answers, strict=True):
-                    queue_ns = max(0, started_ns - jobs[i].enqueued_ns)
-                    results[i] = (
-                        _answered(answer, queue_ns, t2 - t0)
-                        if isinstance(answer, BaseException)
-                        else ExecutionResult(
-                            outputs=list(answer.values()),
-                            queue_ns=queue_ns,
-                            compute_input_ns=0,
-                            compute_infer_ns=t2 - t0,
-                            compute_output_ns=0,
-                            batch_size=rows,
-                            names=tuple(answer),
-                            parameters=response_parameters(answer),
-                        )
-                    )
-                if self._stats is not None:
-                    self._stats.record_execution(
-                        batch_size=rows,
-                        compute_input_ns=0,
-                        compute_infer_ns=t2 - t0,
-                        compute_output_ns=0,
-                    )
+                run_ns += time.perf_counter_ns() - t0
+                for i, result in zip(
+                    group, self._results_of(jobs, group, answers, started_ns, t0), strict=True
+                ):
+                    results[i] = result
                 continue
             names = (
                 list(jobs[group[0]].request.output_names)
@@ -543,6 +613,9 @@ class ModelScheduler:
     ) -> None:
         error = future.exception()
         self._complete(jobs, future.result() if error is None else error)
+        self._after_execution()
+
+    def _after_execution(self) -> None:
         self.releaser.ran()
         if not self._closed:
             self._dispatch()

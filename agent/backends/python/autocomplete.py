@@ -49,7 +49,7 @@ def auto_complete_in_worker(site: WorkerSite, config: mc.ModelConfig) -> mc.Mode
     except (EOFError, OSError, ipc.WireError):
         raise ModelLoadError(f"{where}: {exit_reason(worker)}") from None
     finally:
-        worker.conn.close()
+        worker.close()
         site.side.release(worker)
     reap_worker(worker)  # it exits after answering
     if reply.kind != ipc.COMPLETED:

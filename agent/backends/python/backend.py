@@ -11,12 +11,13 @@ is `declared_config`, which the loader completes and serves (`agent.models.loade
 
 Processes: an instance group count of N starts N workers (`python -m
 agent.backends.python.worker.main`, a fresh interpreter: never a fork of the threaded agent;
-`agent.backends.python.instances`). The
-scheduler runs at most N batches at once, one per executor thread; each batch takes a free
-worker, which passes its requests to ONE `execute` call, each its own `InferenceRequest` (as
-Triton's Python backend does: `run_requests`, which the scheduler calls instead of merging the
-batch), and waits for their responses. Tensors travel over
-a socketpair as raw buffers (`agent.backends.python.ipc` says why not shared memory).
+`agent.backends.python.instances`). The scheduler runs at most N batches at once; each batch
+takes a free worker, which passes its requests to ONE `execute` call, each its own
+`InferenceRequest` (as Triton's Python backend does: `run_requests`, which the scheduler calls
+instead of merging the batch), and waits for their responses: from the event loop without a
+thread when it can (`start_requests`, `agent.backends.python.on_loop`), else on an executor
+thread. Tensors travel over a socketpair as raw buffers (`agent.backends.python.ipc` says why
+not shared memory).
 
 Log lines, custom metrics and metric queries a worker sends at any time are handled by
 `agent.backends.python.side_messages`; returned outputs are checked against the config by
@@ -50,12 +51,14 @@ declared tensors: `agent.backends.python.config`.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import NoReturn
 
@@ -92,6 +95,7 @@ from agent.backends.python.instances import (
     start_workers,
 )
 from agent.backends.python.model_errors import raised_error, reported_error
+from agent.backends.python.on_loop import LoopCall
 from agent.backends.python.outputs import in_requested_order, requested_outputs
 from agent.backends.python.pool import WorkerPool
 from agent.backends.python.process import Launcher, Worker, exit_reason, kill_worker, reap_worker
@@ -108,6 +112,9 @@ logger = logging.getLogger(__name__)
 
 
 _PING_WAIT_S = 0.05  # a PING waits this long for a blocked pipe, then the next round tries
+# EXECUTE up to this size is sent from the event loop (`start_requests`): far less than a socket
+# buffer, so the write never waits for the worker.
+_LOOP_FRAME_BYTES = 64 * 1024
 
 
 class PythonBackend(
@@ -295,6 +302,71 @@ class PythonBackend(
                 self._give_back(worker)
         raise ModelInstanceFailedError(f"{self._label}: every instance failed before it ran")
 
+    def start_requests(
+        self,
+        requests: Sequence[RequestFeeds],
+        cancelled: Sequence[CancelSignal] = (),
+        *,
+        traces: Sequence[object | None] = (),
+        contexts: Sequence[RequestContext | None] = (),
+        executor: Executor,
+    ) -> asyncio.Future[list[NamedOutputs | AgentError]] | None:
+        """`run_requests` from the event loop, without blocking it: EXECUTE goes out at once
+        to an idle worker, and the answer is read on the loop (`agent.backends.python.on_loop`;
+        a thread of `executor` takes over for BLS calls, large answers and failures). None
+        when that is not possible now (no idle worker, large inputs, a decoupled model): call
+        `run_requests` on a thread instead. The future fails as `run_requests` raises.
+        """
+        if self.decoupled or self._closed:
+            return None
+        seq, message = self._execute_message(requests, traces, contexts)
+        frame = ipc.encode(message)  # raises as `run_requests` would: the caller falls back
+        if ipc.frame_size(frame) > _LOOP_FRAME_BYTES:
+            return None  # its write could wait for the worker to read: a thread sends it
+        worker = self._pool.take_now()
+        if worker is None:
+            return None
+        try:
+            worker.send_frame(frame)
+        except OSError:
+            self._pool.discard(worker)  # dead before it took them: a thread tries another
+            self._give_back(worker)
+            return None
+
+        def finish(reply: ipc.Message) -> list[NamedOutputs | AgentError]:
+            try:
+                return self._answers(worker, reply, requests)
+            finally:
+                self._give_back(worker)
+
+        def handoff(
+            pending: Callable[[], ipc.Message] | None, deadline: float
+        ) -> list[NamedOutputs | AgentError]:
+            try:
+                reply = self._await_reply(worker, seq, cancelled, traces, pending, deadline)
+                return self._answers(worker, reply, requests)
+            finally:
+                self._give_back(worker)
+
+        loop = asyncio.get_running_loop()
+        try:
+            call = LoopCall(
+                loop,
+                executor,
+                worker.conn,
+                worker.send,
+                seq,
+                cancelled,
+                self.timeouts.execute_s,
+                lambda message: self._side.handle(worker, message),
+                finish,
+                handoff,
+            )
+        except Exception:  # noqa: BLE001 - EXECUTE is out: a thread must see it through
+            deadline = time.monotonic() + self.timeouts.execute_s
+            return loop.run_in_executor(executor, handoff, None, deadline)
+        return call.future
+
     def run_decoupled(self, requests: Sequence[DecoupledRequest]) -> None:
         """Run the requests of one batch in ONE `execute` call of a decoupled model; returns
         when `execute` returned (the instance is free again). Each request's responses go to its
@@ -386,7 +458,7 @@ class PythonBackend(
         channel = self._channels.pop(worker, None)
         if channel is not None:  # its reader thread has seen EOF (or sees it now)
             channel.join()
-        worker.conn.close()
+        worker.close()
 
     def close(self) -> None:
         """Stop the supervision, finalize every live worker (bounded), then end each process by
@@ -452,6 +524,23 @@ class PythonBackend(
         traces: Sequence[object | None] = (),
         contexts: Sequence[RequestContext | None] = (),
     ) -> list[NamedOutputs | AgentError]:
+        seq, message = self._execute_message(requests, traces, contexts)
+        try:
+            worker.send(message)
+        except OSError:
+            self._pool.discard(worker)  # dead before it took them: the caller tries another
+            raise _NotTaken from None
+        deadline = time.monotonic() + self.timeouts.execute_s
+        reply = self._await_reply(worker, seq, cancelled, traces, None, deadline)
+        return self._answers(worker, reply, requests)
+
+    def _execute_message(
+        self,
+        requests: Sequence[RequestFeeds],
+        traces: Sequence[object | None],
+        contexts: Sequence[RequestContext | None] = (),
+    ) -> tuple[int, ipc.Message]:
+        """EXECUTE for a batch, and its sequence number (which CANCEL names)."""
         described: list[dict[str, object]] = [
             {"outputs": list(names), "inputs": len(feeds)} for feeds, names in requests
         ]
@@ -467,38 +556,55 @@ class PythonBackend(
                 )
         tensors = [item for feeds, _ in requests for item in feeds.items()]
         seq = next(self._executes)
-        message = ipc.Message(ipc.EXECUTE, {"requests": described, "seq": seq}, tensors)
-        try:
-            worker.send(message)
-        except OSError:
-            self._pool.discard(worker)  # dead before it took them: the caller tries another
-            raise _NotTaken from None
+        return seq, ipc.Message(ipc.EXECUTE, {"requests": described, "seq": seq}, tensors)
+
+    def _await_reply(
+        self,
+        worker: Worker,
+        seq: int,
+        cancelled: Sequence[CancelSignal],
+        traces: Sequence[object | None],
+        pending: Callable[[], ipc.Message] | None,
+        deadline: float,
+    ) -> ipc.Message:
+        """The worker's answer to EXECUTE `seq` (blocking), serving its BLS calls and passing
+        on cancellations meanwhile. `pending` reads a message already on its way (the event
+        loop's hand-off, `agent.backends.python.on_loop`), handled before the pipe is waited on.
+
+        Raises:
+            ModelInstanceFailedError: the worker hung (and was killed), died, or sent a
+                malformed message.
+        """
         calls = BlsCalls(
-            self._bls, worker.conn, worker.send, self.timeouts.execute_s, self.name, traces
+            self._bls, worker.wakeup, worker.send, self.timeouts.execute_s, self.name, traces
         )
         calls.watch(seq, cancelled)
         try:
             # The worker's own time counts: the clock restarts when its BLS calls are answered.
-            deadline = time.monotonic() + self.timeouts.execute_s
             while True:
-                busy = calls.busy
-                calls.wait(deadline)
-                if busy:
-                    deadline = time.monotonic() + self.timeouts.execute_s
-                calls.tell_cancelled()
-                if not worker.conn.poll(0):
-                    if not calls.busy and time.monotonic() >= deadline:
-                        raise TimeoutError
-                    continue
-                reply = self._side.receive_one(worker, deadline)
-                if reply is None:  # a log line: BLS results must keep flowing meanwhile
-                    continue
+                if pending is not None:
+                    first = pending()
+                    pending = None
+                    reply = None if self._side.handle(worker, first) else first
+                else:
+                    busy = calls.busy
+                    readable = calls.wait(deadline)
+                    if busy:
+                        deadline = time.monotonic() + self.timeouts.execute_s
+                    calls.tell_cancelled()
+                    if not readable:
+                        if not calls.busy and time.monotonic() >= deadline:
+                            raise TimeoutError
+                        continue
+                    reply = self._side.receive_one(worker, deadline)
+                if reply is None:
+                    continue  # a log line: BLS results must keep flowing meanwhile
                 if reply.kind == ipc.BLS:
                     calls.start(reply)
                 elif reply.kind == ipc.BLS_CANCEL:
                     calls.drop(reply)
                 else:
-                    break
+                    return reply
         except TimeoutError:
             self._hung(worker)
         except ipc.WireError as exc:  # a bug on one side: the worker's state is unknown
@@ -507,6 +613,15 @@ class PythonBackend(
             raise ModelInstanceFailedError(self._ended(worker)) from None
         finally:
             calls.cancel()  # calls still running (abandoned, or the worker died) are cancelled
+
+    def _answers(
+        self, worker: Worker, reply: ipc.Message, requests: Sequence[RequestFeeds]
+    ) -> list[NamedOutputs | AgentError]:
+        """Each request's outputs (checked against the config) or error, from RESULT or ERROR.
+
+        Raises:
+            BackendError: `execute` raised or returned a wrong number of responses.
+        """
         if reply.kind == ipc.ERROR:
             if reply.meta.get("user"):  # execute raised: Triton's words
                 raise raised_error(worker.name, reply.meta)

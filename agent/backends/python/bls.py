@@ -32,15 +32,12 @@ message on the wire (`python_ipc`).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import queue
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
-from multiprocessing import Pipe
-from multiprocessing.connection import Connection, wait
 from typing import Any, Protocol
 
 import numpy as np
@@ -48,6 +45,7 @@ import numpy as np
 from agent import pb_utils
 from agent.backends.cancellation import CancelSignal
 from agent.backends.python import ipc
+from agent.backends.python.wakeup import Wakeup
 from agent.errors import (
     AgentError,
     ModelNotFoundError,
@@ -131,23 +129,21 @@ class BlsCalls:
     def __init__(
         self,
         submit: BlsRunner | None,
-        conn: Connection,
+        wakeup: Wakeup,
         send: Callable[[ipc.Message], None],
         default_timeout_s: float,
         caller: str,
         traces: Sequence[object | None] = (),
     ) -> None:
-        """`conn`: the worker's pipe (waited on); `send`: the worker's send (its one lock)."""
+        """`wakeup`: the worker's (waits on its pipe); `send`: the worker's send (its one
+        lock)."""
         self._submit = submit
         self._traces = traces  # of the execute call's requests: the parents of traced calls
-        self._conn = conn
+        self._wakeup = wakeup
         self._send = send
         self._default_s = default_timeout_s
         self._caller = caller
         self._calls: dict[Any, _Call] = {}
-        self._wake_r: Connection | None
-        self._wake_w: Connection | None
-        self._wake_r, self._wake_w = Pipe(duplex=False)
         self._seq = -1
         self._signals: Sequence[CancelSignal] = ()
         self._told: set[int] = set()
@@ -161,7 +157,7 @@ class BlsCalls:
         interrupts `wait`, and `tell_cancelled` passes it on."""
         self._seq, self._signals = seq, cancelled
         for signal in cancelled:
-            signal.on_cancel(lambda: _poke(self._wake_w))
+            signal.on_cancel(self._wakeup.poke)
 
     def tell_cancelled(self) -> None:
         """Send the worker a CANCEL for the requests newly cancelled (`is_cancelled()`); once
@@ -189,7 +185,7 @@ class BlsCalls:
         if self._submit is None:
             self._answer(call, error="BLS needs the agent's data plane, which is not running")
             return
-        wake = self._wake_w
+        wake = self._wakeup.poke
         try:
             request = infer_request_of(message, timeout_us if own else None, self._parent(meta))
             on_item: OnStreamItem | None = None
@@ -201,7 +197,7 @@ class BlsCalls:
                     response: InferResponse | None, error: AgentError | None, final: bool
                 ) -> None:
                     items.put((response, error, final))
-                    _poke(wake)
+                    wake()
 
             future = start_child(self._submit, model, meta, request, on_item)
         except (AgentError, TypeError, ValueError) as exc:
@@ -209,7 +205,7 @@ class BlsCalls:
             return
         call.future = future
         self._calls[call_id] = call
-        future.add_done_callback(lambda _: _poke(wake))
+        future.add_done_callback(lambda _: wake())
 
     def drop(self, message: ipc.Message) -> None:
         """BLS_CANCEL: the model no longer waits for this call; cancel the child request."""
@@ -226,15 +222,16 @@ class BlsCalls:
                 call.future.cancel()
             self._answer(call, error=CANCELLED, final=True)
 
-    def wait(self, deadline: float) -> None:
+    def wait(self, deadline: float) -> bool:
         """Until the worker sends something, this is woken, a call ends (its result then sent)
-        or times out, or `deadline` (a `time.monotonic()` instant) passes."""
-        assert self._wake_r is not None
-        limit = min([deadline, *(c.deadline for c in self._calls.values())])
-        ready = wait([self._conn, self._wake_r], max(0.0, limit - time.monotonic()))
-        if self._wake_r in ready:
-            while self._wake_r.poll():
-                self._wake_r.recv_bytes()
+        or times out, or `deadline` (a `time.monotonic()` instant) passes. True when the
+        worker's pipe is readable."""
+        limit = deadline
+        for call in self._calls.values():
+            limit = min(limit, call.deadline)
+        readable = self._wakeup.wait(limit - time.monotonic())
+        if not self._calls:
+            return readable
         now = time.monotonic()
         for call in list(self._calls.values()):
             assert call.future is not None
@@ -250,6 +247,7 @@ class BlsCalls:
                 del self._calls[call.call_id]
                 call.future.cancel()
                 self._answer(call, error=self._timeout_message(call), final=True)
+        return readable
 
     def _pass_on(self, call: _Call, now: float) -> None:
         """Send a streamed call's responses that came (each restarts its clock, unless the
@@ -277,10 +275,6 @@ class BlsCalls:
             if call.future is not None:
                 call.future.cancel()
         self._calls.clear()
-        for end in (self._wake_r, self._wake_w):
-            if end is not None:
-                end.close()
-        self._wake_r = self._wake_w = None
 
     def _parent(self, meta: dict[str, Any]) -> object | None:
         index = meta.get("trace")
@@ -327,12 +321,6 @@ class BlsCalls:
         if final is not None:  # a streamed call's response
             meta["final"] = final
         self._send(ipc.Message(ipc.BLS_RESULT, meta, tensors or []))
-
-
-def _poke(wake: Connection | None) -> None:
-    if wake is not None:
-        with contextlib.suppress(OSError):
-            wake.send_bytes(b"")
 
 
 def infer_request_of(

@@ -111,7 +111,7 @@ def restart_worker(site: WorkerSite, args: dict[str, str], index: int) -> Worker
         _await_ready(site, worker, time.monotonic() + site.timeouts.initialize_s)
     except BaseException:
         kill_worker(worker)
-        worker.conn.close()
+        worker.close()
         site.side.release(worker)
         raise
     logger.info(

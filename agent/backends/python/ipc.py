@@ -1,36 +1,49 @@
 """The wire between the agent and a Python model's worker process.
 
-One message is a small JSON header, then one raw buffer per tensor, each sent with
-`Connection.send_bytes`::
+One message is one frame on the socketpair::
 
+    prefix  12 bytes: header length (u32 LE), data length (u64 LE)
     header  {"kind": "execute", "meta": {...}, "tensors": [{"name", "datatype", "shape",
-             "nbytes"}, ...]}
-    buffer  tensor 0: row-major little-endian bytes; BYTES tensors in KServe's encoding
-            (4-byte little-endian length before each element)
-    buffer  tensor 1 ...
+             "nbytes"}, ...]} as JSON, padded with spaces to a multiple of 16 bytes
+    data    each tensor's bytes at the next multiple of 16: row-major little-endian; BYTES
+            tensors in KServe's encoding (4-byte little-endian length before each element)
 
-Tensor data never goes through JSON. Buffers are received into fresh writable arrays.
+Tensor data never goes through JSON. New per-request or per-response fields (parameters, ids)
+go in `meta`: EXECUTE's `meta["requests"][i]`, RESULT's `meta["responses"][i]`.
 
-Why pipes and not shared memory: a worker can be killed at any moment (hang timeout, crash,
-`kill -9` of the agent). A socketpair disappears with its last holder, while a shared-memory
-segment in /dev/shm outlives a process killed before it unlinks it. The price is one copy per
-tensor each way, small next to the cost of Python pre/post-processing.
+Cost per message: the sender writes the whole frame with one write(2) (small frames are joined;
+large ones go out with writev(2) from the arrays' own memory); the receiver reads the prefix,
+then the rest into one buffer, whose writable views are the tensors (no copy per tensor). A
+reader never reads past its frame, so polling the descriptor still says whether another message
+waits. Descriptors may be non-blocking (the agent's ends are: a read that finds data needs no
+poll first); `send` then waits for room itself.
 
-Flow control: a socket buffer holds far less than one tensor, so a writer blocks until the other
-side reads. The worker reads its end on a thread of its own at all times (`python_mailbox`), so
-a write from the agent never waits on user code, and both sides can never be stuck writing at
-once (an abandoned BLS result of many MB while the worker sends its own answer, say).
+Why a socketpair and not shared memory: a worker can be killed at any moment (hang timeout,
+crash, `kill -9` of the agent). A socketpair disappears with its last holder, while a
+shared-memory segment in /dev/shm outlives a process killed before it unlinks it. The price is
+one copy per tensor each way, small next to the cost of Python pre/post-processing.
+
+Flow control: a socket buffer holds far less than one large tensor, so a writer blocks until the
+other side reads. The worker reads its end on a thread of its own at all times
+(`python_mailbox`), so a write from the agent never waits on user code, and both sides can
+never be stuck writing at once (an abandoned BLS result of many MB while the worker sends its
+own answer, say).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
+import os
+import select
+import struct
+import sys
+import termios
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -84,6 +97,13 @@ PING = "ping"
 PONG = "pong"
 
 MAX_HEADER_BYTES = 1 << 20
+# A frame: this prefix (header length, data length), the JSON header padded with spaces to a
+# multiple of _ALIGN, then the tensors' bytes, each starting at a multiple of _ALIGN.
+_PREFIX = struct.Struct("<IQ")
+PREFIX_BYTES = _PREFIX.size
+_ALIGN = 16
+_JOIN_BELOW = 64 * 1024  # smaller frames are joined and written with one write(2)
+_IOV_MAX = 1024  # buffers per writev(2) (Linux's limit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,10 +119,15 @@ class WireError(Exception):
     """A malformed message (a bug on one side, not a user error)."""
 
 
-def send(conn: Connection, message: Message) -> None:
-    """Send a message (blocking). Raises OSError when the other side is gone."""
+class HasFileno(Protocol):
+    def fileno(self) -> int: ...
+
+
+def encode(message: Message) -> list[bytes | memoryview]:
+    """The buffers of one frame, in order (pure: no copy of numeric tensors' memory)."""
     described = []
     buffers: list[bytes | memoryview] = []
+    data = 0
     for name, array in message.tensors:
         kind = numpy_to_kserve(array.dtype)
         raw: bytes | memoryview
@@ -115,50 +140,161 @@ def send(conn: Connection, message: Message) -> None:
         described.append(
             {"name": name, "datatype": kind, "shape": list(array.shape), "nbytes": nbytes}
         )
+        pad = -data % _ALIGN
+        if pad:
+            buffers.append(bytes(pad))
         buffers.append(raw)
-    header = {"kind": message.kind, "meta": message.meta, "tensors": described}
-    conn.send_bytes(json.dumps(header, separators=(",", ":")).encode())
-    for raw in buffers:
-        conn.send_bytes(raw)
+        data += pad + nbytes
+    header = json.dumps(
+        {"kind": message.kind, "meta": message.meta, "tensors": described}, separators=(",", ":")
+    ).encode()
+    header += b" " * (-len(header) % _ALIGN)
+    if len(header) > MAX_HEADER_BYTES:
+        raise WireError(f"header of {len(header)} bytes exceeds {MAX_HEADER_BYTES}")
+    return [_PREFIX.pack(len(header), data) + header, *buffers]
 
 
-def receive(conn: Connection, deadline: float | None = None) -> Message:
+def frame_lengths(prefix: bytes | bytearray | memoryview) -> tuple[int, int]:
+    """(header bytes, data bytes) of a frame from its prefix.
+
+    Raises:
+        WireError: the header is larger than MAX_HEADER_BYTES.
+    """
+    header, data = _PREFIX.unpack(prefix)
+    if header > MAX_HEADER_BYTES:
+        raise WireError(f"header of {header} bytes exceeds {MAX_HEADER_BYTES}")
+    return header, data
+
+
+def decode(body: bytearray, header_bytes: int) -> Message:
+    """The message in a frame's body (header, then data); its tensors are writable views of
+    `body` (pure).
+
+    Raises:
+        WireError: the message is malformed.
+    """
+    header = _parse_header(bytes(body[:header_bytes]))
+    tensors = []
+    offset = header_bytes
+    for item in header["tensors"]:
+        name, kind, shape, nbytes = _describe(item)
+        offset += -(offset - header_bytes) % _ALIGN
+        if offset + nbytes > len(body):
+            raise WireError(f"tensor '{name}': {nbytes} bytes overrun the message")
+        array: np.ndarray
+        if kind == "BYTES":
+            array = tensor_from_bytes(memoryview(body)[offset : offset + nbytes], kind, shape)
+        else:
+            dtype = datatypes.BY_KSERVE[kind].numpy
+            if nbytes != math.prod(shape) * dtype.itemsize:
+                raise WireError(f"tensor '{name}': {nbytes} bytes do not fill shape {shape}")
+            if nbytes == 0:
+                array = np.empty(shape, dtype=dtype)
+            else:
+                count = nbytes // dtype.itemsize
+                array = np.frombuffer(body, dtype=dtype, count=count, offset=offset).reshape(shape)
+        tensors.append((name, array))
+        offset += nbytes
+    return Message(header["kind"], header["meta"], tensors)
+
+
+def send(conn: HasFileno, message: Message) -> None:
+    """Send a message (blocking, also on a non-blocking descriptor: it waits for room).
+
+    Raises:
+        OSError: the other side is gone.
+    """
+    send_frame(conn, encode(message))
+
+
+def frame_size(buffers: Sequence[bytes | memoryview]) -> int:
+    """The bytes of an encoded frame."""
+    return sum(len(b) if isinstance(b, bytes) else b.nbytes for b in buffers)
+
+
+def send_frame(conn: HasFileno, buffers: Sequence[bytes | memoryview]) -> None:
+    """Send an encoded frame (`encode`), as `send`."""
+    fd = conn.fileno()
+    if frame_size(buffers) < _JOIN_BELOW:  # one small copy is cheaper than scattered writes
+        buffers = [b"".join(buffers)]
+    views = [memoryview(b).cast("B") for b in buffers]
+    while views:
+        try:
+            written = os.writev(fd, views[:_IOV_MAX])
+        except BlockingIOError:
+            _wait(fd, select.POLLOUT, None)
+            continue
+        while written:
+            if written >= views[0].nbytes:
+                written -= views.pop(0).nbytes
+            else:
+                views[0] = views[0][written:]
+                written = 0
+
+
+def receive(conn: HasFileno, deadline: float | None = None) -> Message:
     """Receive one message; `deadline` is a `time.monotonic()` instant, None waits for ever.
+
+    Reads exactly one frame, never beyond it, so polling the descriptor still tells whether
+    another message waits.
 
     Raises:
         TimeoutError: the deadline passed before the whole message arrived.
         EOFError: the other side closed the connection (or died).
         WireError: the message is malformed.
     """
-    header = _parse_header(_recv(conn, deadline))
-    tensors = []
-    for item in header["tensors"]:
-        name, kind, shape, nbytes = _describe(item)
-        _wait(conn, deadline)
-        buffer = bytearray(nbytes)
-        if conn.recv_bytes_into(buffer) != nbytes:
-            raise WireError(f"tensor '{name}': expected {nbytes} bytes")
-        if kind == "BYTES":
-            array = tensor_from_bytes(memoryview(buffer), kind, shape)
-        else:
-            dtype = datatypes.BY_KSERVE[kind].numpy
-            if nbytes != math.prod(shape) * dtype.itemsize:
-                raise WireError(f"tensor '{name}': {nbytes} bytes do not fill shape {shape}")
-            array = np.frombuffer(buffer, dtype=dtype).reshape(shape)
-        tensors.append((name, array))
-    return Message(header["kind"], header["meta"], tensors)
+    return receive_body(conn, read_prefix(conn, deadline), deadline)
 
 
-def _recv(conn: Connection, deadline: float | None) -> bytes:
-    _wait(conn, deadline)
-    return conn.recv_bytes(MAX_HEADER_BYTES)
+def read_prefix(conn: HasFileno, deadline: float | None = None) -> tuple[int, int]:
+    """Read a frame's prefix: (header bytes, data bytes) that follow. Raises as `receive`."""
+    prefix = bytearray(PREFIX_BYTES)
+    _read_into(conn.fileno(), memoryview(prefix), deadline)
+    return frame_lengths(prefix)
 
 
-def _wait(conn: Connection, deadline: float | None) -> None:
-    if deadline is None:
-        return
-    if not conn.poll(max(0.0, deadline - time.monotonic())):
-        raise TimeoutError("no message before the deadline")
+def receive_body(
+    conn: HasFileno, lengths: tuple[int, int], deadline: float | None = None
+) -> Message:
+    """Read the rest of a frame whose prefix `read_prefix` read. Raises as `receive`."""
+    header, data = lengths
+    body = bytearray(header + data)
+    _read_into(conn.fileno(), memoryview(body), deadline)
+    return decode(body, header)
+
+
+def waiting_bytes(conn: HasFileno) -> int:
+    """How many bytes wait in the descriptor's receive queue (FIONREAD)."""
+    raw = fcntl.ioctl(conn.fileno(), termios.FIONREAD, b"\0\0\0\0")
+    return int.from_bytes(raw, sys.byteorder)
+
+
+def _read_into(fd: int, view: memoryview, deadline: float | None) -> None:
+    nonblocking = deadline is not None and not os.get_blocking(fd)
+    got = 0
+    size = view.nbytes
+    while got < size:
+        if deadline is not None and not nonblocking:
+            _wait(fd, select.POLLIN, deadline)  # a blocking read could outlast the deadline
+        try:
+            count = os.readv(fd, [view[got:]])
+        except BlockingIOError:
+            _wait(fd, select.POLLIN, deadline)
+            continue
+        if count == 0:
+            raise EOFError("the other side closed the connection")
+        got += count
+
+
+def _wait(fd: int, events: int, deadline: float | None) -> None:
+    poller = select.poll()  # not select(): a busy agent's descriptors pass 1024
+    poller.register(fd, events)
+    while True:
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic()) * 1000
+        if poller.poll(timeout):
+            return
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TimeoutError("no message before the deadline")
 
 
 def _parse_header(raw: bytes) -> dict[str, Any]:

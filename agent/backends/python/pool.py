@@ -73,6 +73,13 @@ class WorkerPool:
                 self._cond.wait(left)
             return self._idle.popleft()
 
+    def take_now(self) -> Worker | None:
+        """An idle worker, or None at once when none is (never waits)."""
+        with self._cond:
+            if self._failure or not self._idle:
+                return None
+            return self._idle.popleft()
+
     def take_if_idle(self, worker: Worker) -> bool:
         """Take this worker if it is idle now (the supervisor, to read its heartbeat)."""
         with self._cond:

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import agent
 from agent.backends.python import ipc
+from agent.backends.python.wakeup import Wakeup
 from agent.errors import ModelLoadError
 
 _REAP_S = 5.0  # how long a worker that closed its pipe may take to exit before SIGKILL
@@ -37,13 +39,16 @@ class Worker:
     Sends go through `send` (one lock): the executor thread sends EXECUTE and BLS results, the
     supervisor its PINGs. `pings` is the number of the last PING sent, `pongs` of the last PONG
     read (by whoever reads the pipe then: the executor, a decoupled model's reader thread, or
-    the supervisor while the worker is idle).
+    the supervisor while the worker is idle). The agent's end of the pipe is non-blocking
+    (`ipc` waits itself); `wakeup` is what an `execute` waits on
+    (`agent.backends.python.wakeup`).
     """
 
     index: int
     name: str  # Triton's instance name: GROUP_INDEX
     process: subprocess.Popen[bytes]
     conn: Connection
+    wakeup: Wakeup = field(init=False, repr=False)
     ready: bool = False  # initialize succeeded: finalize is due on close
     pings: int = 0
     pongs: int = 0
@@ -52,10 +57,24 @@ class Worker:
     dead: bool = False  # its process ended: never handed out again
     _send_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
+    def __post_init__(self) -> None:
+        os.set_blocking(self.conn.fileno(), False)  # a read that finds data needs no poll first
+        self.wakeup = Wakeup(self.conn.fileno())
+
+    def close(self) -> None:
+        """Close the agent's end of the pipe and the wake-up pipe (idempotent)."""
+        self.wakeup.close()
+        self.conn.close()
+
     def send(self, message: ipc.Message) -> None:
         """Send to the worker (blocking). Raises OSError when it is gone."""
         with self._send_lock:
             ipc.send(self.conn, message)
+
+    def send_frame(self, buffers: Sequence[bytes | memoryview]) -> None:
+        """Send an encoded message (`ipc.encode`), as `send`."""
+        with self._send_lock:
+            ipc.send_frame(self.conn, buffers)
 
     def try_send(self, message: ipc.Message, timeout_s: float) -> bool:
         """Send a small message unless the pipe stays blocked for `timeout_s` (another send

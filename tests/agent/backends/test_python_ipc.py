@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing
+import os
+import struct
 import threading
 import time
 
@@ -60,11 +63,73 @@ def test_receive_reports_a_closed_pipe() -> None:
         ipc.receive(theirs, time.monotonic() + 5)
 
 
+def frame(header: bytes, data: bytes = b"") -> bytearray:
+    return bytearray(struct.pack("<IQ", len(header), len(data)) + header + data)
+
+
 def test_malformed_header_is_refused() -> None:
     ours, theirs = multiprocessing.Pipe()
-    ours.send_bytes(b'{"kind": "result"}')
+    os.write(ours.fileno(), frame(b'{"kind": "result"}'))
     with pytest.raises(ipc.WireError, match="kind, meta and tensors"):
         ipc.receive(theirs)
+
+
+def test_a_header_larger_than_the_cap_is_refused_before_it_is_read() -> None:
+    with pytest.raises(ipc.WireError, match="exceeds"):
+        ipc.frame_lengths(struct.pack("<IQ", ipc.MAX_HEADER_BYTES + 1, 0))
+
+
+def test_a_frame_is_its_prefix_header_and_aligned_data() -> None:
+    a = np.arange(3, dtype=np.int8)
+    b = np.arange(2, dtype=np.float64)
+    buffers = ipc.encode(ipc.Message(ipc.RESULT, {"x": 1}, [("A", a), ("B", b)]))
+    raw = b"".join(bytes(x) for x in buffers)
+    header, data = ipc.frame_lengths(raw[:12])
+    assert header % 16 == 0
+    assert data == 16 + 16  # A's 3 bytes padded to 16, then B's 16
+    body = bytearray(raw[12:])
+    assert len(body) == header + data
+    got = ipc.decode(body, header)
+    assert got.meta == {"x": 1}
+    assert got.tensors[0][1].tolist() == [0, 1, 2]
+    assert got.tensors[1][1].tolist() == [0.0, 1.0]
+    assert got.tensors[1][1].ctypes.data % 8 == 0  # aligned for its dtype
+
+
+def test_decode_refuses_tensors_that_overrun_the_frame() -> None:
+    header = json.dumps(
+        {
+            "kind": "result",
+            "meta": {},
+            "tensors": [{"name": "A", "datatype": "FP32", "shape": [4], "nbytes": 16}],
+        }
+    ).encode()
+    with pytest.raises(ipc.WireError, match="overrun"):
+        ipc.decode(bytearray(header + bytes(8)), len(header))
+
+
+def test_a_non_blocking_end_sends_large_messages_and_reads_at_the_deadline() -> None:
+    ours, theirs = multiprocessing.Pipe()
+    os.set_blocking(ours.fileno(), False)
+    os.set_blocking(theirs.fileno(), False)
+    big = np.arange(2 * 1024 * 1024, dtype=np.float32)  # far more than the socket buffer
+    got: list[ipc.Message] = []
+    reader = threading.Thread(target=lambda: got.append(ipc.receive(theirs)))
+    reader.start()
+    ipc.send(ours, ipc.Message(ipc.RESULT, tensors=[("Y", big)]))
+    reader.join(timeout=30)
+    np.testing.assert_array_equal(got[0].tensors[0][1], big)
+    with pytest.raises(TimeoutError):
+        ipc.receive(theirs, time.monotonic() + 0.05)
+
+
+def test_a_reader_never_takes_the_next_message() -> None:
+    ours, theirs = multiprocessing.Pipe()
+    ipc.send(ours, ipc.Message(ipc.LOG, {"n": 1}))
+    ipc.send(ours, ipc.Message(ipc.LOG, {"n": 2}))
+    assert ipc.receive(theirs).meta == {"n": 1}
+    assert theirs.poll(0)  # the second is still in the socket, where a poll sees it
+    assert ipc.receive(theirs).meta == {"n": 2}
 
 
 def test_large_messages_cross_both_ways_at_once_without_deadlock() -> None:

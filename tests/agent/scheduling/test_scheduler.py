@@ -6,13 +6,13 @@ import asyncio
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import pytest
 
-from agent.backends.base import Backend, NamedOutputs, RequestFeeds, RunsRequests
+from agent.backends.base import Backend, NamedOutputs, RequestFeeds, RunsRequests, StartsRequests
 from agent.backends.cancellation import CancelSignal
 from agent.backends.onnx import OnnxBackend
 from agent.errors import AgentError, BackendError
@@ -354,3 +354,104 @@ def test_a_backend_answering_by_name_gives_its_order_and_leaves_out_what_it_did_
         names, inline = asyncio.run(main())
     assert inline  # the executor's answers and the inline ones alike
     assert names == [["B", "A"]] * 6
+
+
+class LoopStartingBackend(RecordingBackend, RunsRequests, StartsRequests):
+    """Starts every other batch from the event loop (as the Python backend does when a worker
+    is idle) and declines the others, which then run on the executor; `fail` fails the next
+    started batch."""
+
+    def __init__(self, inner: OnnxBackend) -> None:
+        super().__init__(inner)
+        self.started_on_loop = 0
+        self.declined = 0
+        self.fail: AgentError | None = None
+        self.broken = False  # start_requests raises: nothing started
+
+    def run_requests(
+        self,
+        requests: Sequence[RequestFeeds],
+        cancelled: Sequence[CancelSignal] = (),
+        *,
+        traces: Sequence[object | None] = (),
+        contexts: Sequence[RequestContext | None] = (),
+    ) -> list[NamedOutputs | AgentError]:
+        self.threads.append(threading.get_ident())
+        return [
+            dict(zip(names, self.inner.run(feeds, names), strict=True)) for feeds, names in requests
+        ]
+
+    def start_requests(
+        self,
+        requests: Sequence[RequestFeeds],
+        cancelled: Sequence[CancelSignal] = (),
+        *,
+        traces: Sequence[object | None] = (),
+        contexts: Sequence[RequestContext | None] = (),
+        executor: Executor,
+    ) -> asyncio.Future[list[NamedOutputs | AgentError]] | None:
+        if self.broken:
+            raise ValueError("cannot encode")
+        if (self.started_on_loop + self.declined) % 2:
+            self.declined += 1
+            return None
+        self.started_on_loop += 1
+        future: asyncio.Future[list[NamedOutputs | AgentError]]
+        future = asyncio.get_running_loop().create_future()
+        if self.fail is not None:
+            future.set_exception(self.fail)
+            self.fail = None
+        else:
+            future.set_result(
+                [
+                    dict(zip(names, self.inner.run(feeds, names), strict=True))
+                    for feeds, names in requests
+                ]
+            )
+        return future
+
+
+def test_a_backend_that_starts_batches_on_the_loop_skips_the_executor_when_it_can(
+    onnx_backend: OnnxBackend,
+) -> None:
+    backend = LoopStartingBackend(onnx_backend)
+    stats = ModelStatistics("mlp", "1")
+    expected = [onnx_backend.run(request(s).feeds, ["OUTPUT0"])[0] for s in range(6)]
+    with ThreadPoolExecutor(1) as executor:
+
+        async def main() -> tuple[list[np.ndarray], int]:
+            scheduler = mlp_scheduler(backend, executor, 0, stats=stats)
+            outputs = await submit_each(scheduler, range(6))
+            backend.fail = BackendError("the worker said no")
+            with pytest.raises(BackendError, match="the worker said no"):
+                await scheduler.submit(request(7))
+            after = await scheduler.submit(request(8))  # the instance is free again
+            assert after.outputs[0].shape == (1, 10)
+            return outputs, threading.get_ident()
+
+        outputs, loop_thread = asyncio.run(main())
+    for got, want in zip(outputs, expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert backend.started_on_loop == 4  # 3 of the 6, and the failed one
+    assert backend.declined == 4
+    assert len(backend.threads) == 4
+    assert loop_thread not in backend.threads
+    snapshot = stats.snapshot()
+    assert snapshot.execution_count == 8  # both ways count, the raised one too (as in Triton)
+    assert snapshot.inference_count == 7  # the raised one's rows are no inferences
+
+
+def test_a_batch_the_backend_fails_to_start_on_the_loop_runs_on_the_executor(
+    onnx_backend: OnnxBackend,
+) -> None:
+    backend = LoopStartingBackend(onnx_backend)
+    backend.broken = True
+    with ThreadPoolExecutor(1) as executor:
+
+        async def main() -> None:
+            scheduler = mlp_scheduler(backend, executor, 0)
+            answer = await scheduler.submit(request(1))
+            assert answer.outputs[0].shape == (1, 10)
+
+        asyncio.run(main())
+    assert len(backend.threads) == 1
