@@ -243,7 +243,8 @@ class OnnxBackend(Backend, ReleasesMemory, ReportsProviders, ReportsHealth, Coun
         """Create the session, and probe it once on zeros (the health probe's baseline).
 
         `intra_op_threads`: each run's threads; `lone_intra_op_threads` above it: a second
-        session with that many for runs that start while no other is in flight (`ThreadPlan`).
+        session with that many for runs that start while no other is in flight (`ThreadPlan`;
+        on the CPU only).
 
         Raises:
             ModelLoadError: the file is missing or ONNX Runtime refuses it; the config asks for
@@ -281,7 +282,10 @@ class OnnxBackend(Backend, ReleasesMemory, ReportsProviders, ReportsHealth, Coun
             except Exception as exc:  # noqa: BLE001 - onnxruntime raises untyped errors
                 raise ModelLoadError(f"onnxruntime cannot load {path}: {exc}") from None
 
-        lone = lone_intra_op_threads if lone_intra_op_threads > intra_op_threads else 0
+        # CPU threads only speed up CPU runs: a GPU model keeps one session (one engine, one
+        # copy in device memory).
+        cpu_only = choice.providers == [_CPU]
+        lone = lone_intra_op_threads if cpu_only and lone_intra_op_threads > intra_op_threads else 0
         self._new_session = functools.partial(new_session, intra_op_threads)
         self._new_lone = functools.partial(new_session, lone) if lone else None
         self._session = self._new_session()
