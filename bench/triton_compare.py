@@ -531,6 +531,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, help="default 5 (--quick 1)")
     parser.add_argument("--perf-analyzer", default=None, help="the perf_analyzer binary")
     parser.add_argument(
+        "--models",
+        default="mlp,cnn",
+        help="comma-separated, from mlp,cnn (default both; add_sub always runs)",
+    )
+    parser.add_argument(
         "--pinned",
         action="store_true",
         help="also the agent with every run pinned to cores / instances threads",
@@ -539,6 +544,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     rounds = args.rounds or (1 if args.quick else 5)
     if rounds < 1:
         parser.error("--rounds must be at least 1")
+    keys = [k.strip() for k in args.models.split(",") if k.strip()]
+    if not keys or any(k not in MODELS for k in keys):
+        parser.error(f"--models: comma-separated, from {','.join(MODELS)}")
     binary = find_perf_analyzer(args.perf_analyzer)
     if binary is None:
         print(
@@ -550,7 +558,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="triton-compare-") as tmp:
         try:
             rows, why_no_triton = run_compare(
-                binary, rounds, args.quick, Path(tmp), _log, pinned=args.pinned
+                binary,
+                rounds,
+                args.quick,
+                Path(tmp),
+                _log,
+                [MODELS[k] for k in keys],
+                pinned=args.pinned,
             )
         except (BenchError, OSError, subprocess.SubprocessError) as exc:
             print(f"triton compare: error: {exc}", file=sys.stderr)

@@ -10,11 +10,12 @@ opted into CPU fallback (`models.allow_cpu_fallback`): then it loads on the CPU,
 `missing_providers` says what it runs without (the index, the config response, the status page
 and the fleet's status show it). An unknown accelerator name is refused either way.
 
-Threads: a run that starts while no other run of the version is in flight gets the whole device
-(a second, "lone" session with one intra-op thread per core); a run that starts beside others
-uses the per-instance session (`cores / instances` threads), so busy instances never contend for
-cores. `thread_plan` decides; an explicit thread count (the config's `intra_op_thread_count`
-parameter, `models.intra_op_threads`) pins every run to it and keeps one session.
+Threads: a run that starts alone gets the whole device (a second, "lone" session with one
+intra-op thread per core); a run that starts beside others, or while runs have lately overlapped
+(`InFlight`), uses the per-instance session (`cores / instances` threads), so busy instances
+never contend for cores. `thread_plan` decides; an explicit thread count (the config's
+`intra_op_thread_count` parameter, `models.intra_op_threads`) pins every run to it and keeps one
+session.
 
 A session whose run raises is judged by a probe on zeros and rebuilt when that fails too
 (`agent.backends.session_health`): the version is not ready meanwhile, and gives up past the
@@ -28,6 +29,7 @@ import functools
 import logging
 import os
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -206,18 +208,33 @@ def thread_plan(
     return ThreadPlan(max(1, cores // max(1, instances)), cores)
 
 
-class InFlight:
-    """Counts a version's runs in flight and says whether a run starts alone (thread-safe)."""
+# A run goes to the lone session only when no two runs have overlapped for this long: under
+# load, batches often start together (their clients answered together), and one of them taking
+# every core beside the other's instance share would make the cores contend (measured: CNN at
+# c=16 lost throughput), while a lone client's requests never overlap.
+QUIET_BEFORE_LONE_S = 0.5
 
-    def __init__(self) -> None:
+
+class InFlight:
+    """Counts a version's runs in flight and says whether a run starts alone: none in flight,
+    and none overlapped another for `quiet_s` (thread-safe; the caller passes monotonic `now`).
+    """
+
+    def __init__(self, quiet_s: float = QUIET_BEFORE_LONE_S) -> None:
         self._lock = threading.Lock()
         self._count = 0
+        self._quiet_s = quiet_s
+        self._overlapped_at: float | None = None  # when a run last started beside another
 
-    def start(self) -> bool:
-        """Count a run in; True when no other run is in flight."""
+    def start(self, now: float) -> bool:
+        """Count a run in; True when it starts alone."""
         with self._lock:
             self._count += 1
-            return self._count == 1
+            if self._count > 1:
+                self._overlapped_at = now
+                return False
+            last = self._overlapped_at
+            return last is None or now - last >= self._quiet_s
 
     def end(self) -> None:
         """Count a run out (once per `start`)."""
@@ -383,7 +400,7 @@ class OnnxBackend(Backend, ReleasesMemory, ReportsProviders, ReportsHealth, Coun
         if shrink_memory:
             options = ort.RunOptions()
             options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
-        alone = self._in_flight.start()
+        alone = self._in_flight.start(time.monotonic())
         session = self._lone if alone and self._lone is not None else self._session
         try:
             return self._session_run(session, feeds, output_names, options)

@@ -47,14 +47,18 @@ def test_a_bad_thread_count_parameter_refuses_the_version(text: str) -> None:
 
 
 def test_in_flight_says_whether_a_run_starts_alone() -> None:
-    runs = InFlight()
-    assert runs.start()  # alone
-    assert not runs.start()  # beside the first
+    runs = InFlight(quiet_s=0.5)
+    assert runs.start(now=0.0)  # alone
     runs.end()
-    assert not runs.start()  # the second is still in flight
+    assert runs.start(now=1.0)  # alone again: nothing overlapped yet
+    assert not runs.start(now=1.1)  # beside the first
     runs.end()
     runs.end()
-    assert runs.start()  # all done: alone again
+    # Runs overlapped lately: the next one is not alone although none is in flight.
+    assert not runs.start(now=1.5)
+    runs.end()
+    assert runs.start(now=1.6)  # 0.5 s since the overlap
+    runs.end()
 
 
 @pytest.fixture(scope="module")
