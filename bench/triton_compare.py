@@ -13,11 +13,12 @@ MLP, 1 instance, and the MobileNetV2-shaped CNN, 2 instances; the same config.pb
                   `pip install --target` into the Triton venv, once (`stub_onnxruntime`).
 
 Every round runs each case against each server (perf_analyzer, batch 1, binary tensors over
-HTTP, a fixed `--request-count`), the servers' order rotated every round so none always runs on a
-warmer or colder machine; the table gives the medians of the rounds and the median of the
-per-round agent / Triton ratios (a single pair on a shared machine moves far more). Cases: the
-MLP over HTTP and gRPC at c=1 and c=16, the CNN over HTTP at c=1 and c=16, and Triton's add_sub
-example (a Python model) called one after another with tritonclient over HTTP.
+HTTP, a fixed `--request-count`), the servers' order rotated and reversed from round to round
+so that none always runs on a warmer or colder machine, or right after the same other server.
+The table gives the medians of the rounds and the median of the per-round agent / Triton ratios
+(a single pair on a shared machine moves far more). Cases: the MLP over HTTP and gRPC at c=1
+and c=16, the CNN over HTTP at c=1 and c=16, and Triton's add_sub example (a Python model)
+called one after another with tritonclient over HTTP.
 Throughput at c=16 is c / mean latency (Little's law, as bench.latency_pairs reads it).
 """
 
@@ -354,9 +355,11 @@ def add_sub_run(port: int, calls: int) -> Measure:
 
 
 def server_order(round_index: int, servers: Sequence[str]) -> list[str]:
-    """The servers rotated by the round's index."""
-    shift = round_index % len(servers)
-    return [*servers[shift:], *servers[:shift]]
+    """The servers rotated every other round, and reversed in odd rounds: each server runs in
+    each position, and right before and right after each other server, as often."""
+    shift = (round_index // 2) % len(servers)
+    order = [*servers[shift:], *servers[:shift]]
+    return order[::-1] if round_index % 2 else order
 
 
 def requests_for(case: Case, quick: bool) -> int:
@@ -513,7 +516,8 @@ def caption(rounds: int, quick: bool) -> str:
     return (
         f"The agent against Triton 2.51 on the same models (bench.triton_compare): {rounds} "
         f"round(s){' (--quick: a tenth of the requests)' if quick else ''}, the servers' order "
-        "rotated every round; medians over the rounds, and the median of the per-round ratios "
+        "rotated and reversed from round to round; medians over the rounds, and the median of "
+        "the per-round ratios "
         "(inf/s: agent / Triton, above 1.00 is faster; p50: agent / Triton, below 1.00 is "
         "faster). Triton serves the ONNX models through a Python-backend model.py running "
         "onnxruntime (one thread per core); so does the 'agent, Python backend' column; "

@@ -25,9 +25,15 @@ from bench.triton_compare import (
 from tests.support import perf_analyzer
 
 
-def test_the_servers_order_rotates_every_round() -> None:
+def test_the_servers_order_rotates_and_reverses() -> None:
     servers = [AGENT, AGENT_PYTHON, TRITON]
-    assert [server_order(i, servers)[0] for i in range(4)] == [AGENT, AGENT_PYTHON, TRITON, AGENT]
+    orders = [server_order(i, servers) for i in range(4)]
+    assert orders == [
+        [AGENT, AGENT_PYTHON, TRITON],
+        [TRITON, AGENT_PYTHON, AGENT],
+        [AGENT_PYTHON, TRITON, AGENT],
+        [AGENT, TRITON, AGENT_PYTHON],
+    ]
 
 
 def test_medians_and_the_median_of_the_per_round_ratios() -> None:
