@@ -241,7 +241,10 @@ def stub_onnxruntime(triton_venv: Path, version: str) -> Path | str:
     if not (target / "onnxruntime").is_dir():
         if not Path(STUB_INTERPRETER).is_file():
             return f"no {STUB_INTERPRETER} (Triton's Python stub's interpreter)"
-        staging = Path(tempfile.mkdtemp(prefix=".bench-onnxruntime-", dir=triton_venv))
+        try:
+            staging = Path(tempfile.mkdtemp(prefix=".bench-onnxruntime-", dir=triton_venv))
+        except OSError as exc:
+            return f"cannot write onnxruntime for Triton's stub under {triton_venv}: {exc}"
         try:
             done = subprocess.run(
                 [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",

@@ -19,6 +19,7 @@ from bench.triton_compare import (
     render,
     run_compare,
     server_order,
+    stub_onnxruntime,
     summarize,
     write_onnx_repository,
 )
@@ -98,6 +99,13 @@ def test_the_pinned_repository_pins_each_model_to_its_share_of_the_cores(tmp_pat
     assert 'key: "intra_op_thread_count"' in text
     plain = write_onnx_repository(tmp_path, [MODELS["cnn"]], {"cnn": onnx_path})
     assert "intra_op_thread_count" not in (plain / "mobilenetv2" / "config.pbtxt").read_text()
+
+
+def test_without_a_writable_triton_venv_triton_is_skipped_with_the_reason(tmp_path: Path) -> None:
+    missing = tmp_path / "no-venv"
+    reason = stub_onnxruntime(missing, "0.0.0")
+    assert isinstance(reason, str)
+    assert "no-venv" in reason or "python" in reason
 
 
 def test_a_quick_real_run_measures_every_case(tmp_path: Path) -> None:
