@@ -152,8 +152,13 @@ fleet-cluster: $(BIN)/.installed rabbitmq
 lint-ansible: $(BIN)/.installed
 	cd deploy/ansible && PATH=$(CURDIR)/$(BIN):$$PATH $(CURDIR)/$(BIN)/ansible-lint --offline --profile production
 
-bench: $(BIN)/.installed perf-analyzer
-	PERF_ANALYZER=$(CURDIR)/$(PERF_VENV)/bin/perf_analyzer $(BIN)/python -m bench
+# The suite (raw ONNX Runtime against the agent), then the agent against the real Triton on the
+# same models (bench/triton_compare.py). BENCH_ARGS=--quick: the short smoke run of both.
+BENCH_ARGS ?=
+bench: $(BIN)/.installed perf-analyzer triton
+	PERF_ANALYZER=$(CURDIR)/$(PERF_VENV)/bin/perf_analyzer $(BIN)/python -m bench $(BENCH_ARGS)
+	PERF_ANALYZER=$(CURDIR)/$(PERF_VENV)/bin/perf_analyzer TRITON_VENV=$(CURDIR)/$(TRITON_VENV) \
+	  $(BIN)/python -m bench.triton_compare $(BENCH_ARGS)
 
 # Regenerate the Python code for the ModelConfig schema after editing the .proto.
 proto: $(BIN)/.installed

@@ -230,6 +230,14 @@ class HoldsWorkerMemory(Protocol):
 
 
 @runtime_checkable
+class CountsExtraRuns(Protocol):
+    """Holds memory for more concurrent runs than it has instances (ONNX Runtime's lone-run
+    session: its arena beside the instances'); the memory plan counts them."""
+
+    extra_runs: int  # runs beyond one per instance
+
+
+@runtime_checkable
 class ReportsHealth(Protocol):
     """Its instances can fail while serving and be restarted (`agent.backends.health`): Python
     workers, ONNX Runtime and TensorRT sessions. The registry reads `health` for readiness and

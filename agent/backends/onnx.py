@@ -10,6 +10,13 @@ opted into CPU fallback (`models.allow_cpu_fallback`): then it loads on the CPU,
 `missing_providers` says what it runs without (the index, the config response, the status page
 and the fleet's status show it). An unknown accelerator name is refused either way.
 
+Threads: a run that starts alone gets the whole device (a second, "lone" session with one
+intra-op thread per core); a run that starts beside others, or while runs have lately overlapped
+(`InFlight`), uses the per-instance session (`cores / instances` threads), so busy instances
+never contend for cores. `thread_plan` decides; an explicit thread count (the config's
+`intra_op_thread_count` parameter, `models.intra_op_threads`) pins every run to it and keeps one
+session.
+
 A session whose run raises is judged by a probe on zeros and rebuilt when that fails too
 (`agent.backends.session_health`): the version is not ready meanwhile, and gives up past the
 restart limit.
@@ -21,6 +28,8 @@ import ctypes
 import functools
 import logging
 import os
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +38,13 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from agent.backends.base import Backend, ReleasesMemory, ReportsHealth, ReportsProviders
+from agent.backends.base import (
+    Backend,
+    CountsExtraRuns,
+    ReleasesMemory,
+    ReportsHealth,
+    ReportsProviders,
+)
 from agent.backends.health import HealthListener, HealthState, RestartPolicy
 from agent.backends.session_health import SessionGuard
 from agent.backends.tensorrt.build import ort_tensorrt_options
@@ -143,13 +158,92 @@ def _decide(
         raise ModelLoadError(refused)
 
 
-def default_intra_op_threads(instances: int) -> int:
-    """Threads per session: the cores shared between instances, at least one each."""
-    return max(1, (os.cpu_count() or 1) // max(1, instances))
+# Triton's ONNX Runtime backend's config parameter for a session's intra-op threads.
+INTRA_OP_PARAMETER = "intra_op_thread_count"
 
 
-class OnnxBackend(Backend, ReleasesMemory, ReportsProviders, ReportsHealth):
-    """A model version running in ONNX Runtime."""
+@dataclass(frozen=True, slots=True)
+class ThreadPlan:
+    """ONNX Runtime intra-op threads for a version's runs.
+
+    `busy`: a run that starts while other runs of the version are in flight (each instance's
+    share of the cores); `alone`: a run that starts with none in flight. Equal: one session.
+    """
+
+    busy: int
+    alone: int
+
+    @property
+    def lone_session(self) -> bool:
+        """Whether lone runs get a session of their own (more threads than a busy run)."""
+        return self.alone > self.busy
+
+
+def thread_plan(
+    config: mc.ModelConfig, instances: int, setting: int = 0, cores: int | None = None
+) -> ThreadPlan:
+    """The threads of a version's runs: the config's `intra_op_thread_count` parameter, else
+    `setting` (models.intra_op_threads), each pinning every run; 0 or neither: every core for a
+    run that starts alone, the cores shared between the instances for the others.
+
+    Raises:
+        ModelLoadError: the parameter is not an integer >= 0.
+    """
+    cores = cores or os.cpu_count() or 1
+    parameter = config.parameters.get(INTRA_OP_PARAMETER)
+    if parameter is not None:
+        text = parameter.string_value.strip()
+        try:
+            pinned = int(text)
+        except ValueError:
+            pinned = -1
+        if pinned < 0:
+            raise ModelLoadError(
+                f"model '{config.name}': parameter '{INTRA_OP_PARAMETER}' must be an integer >= 0, "
+                f"got '{parameter.string_value}'"
+            )
+        setting = pinned or setting
+    if setting > 0:
+        return ThreadPlan(setting, setting)
+    return ThreadPlan(max(1, cores // max(1, instances)), cores)
+
+
+# A run goes to the lone session only when no two runs have overlapped for this long: under
+# load, batches often start together (their clients answered together), and one of them taking
+# every core beside the other's instance share would make the cores contend (measured: CNN at
+# c=16 lost throughput), while a lone client's requests never overlap.
+QUIET_BEFORE_LONE_S = 0.5
+
+
+class InFlight:
+    """Counts a version's runs in flight and says whether a run starts alone: none in flight,
+    and none overlapped another for `quiet_s` (thread-safe; the caller passes monotonic `now`).
+    """
+
+    def __init__(self, quiet_s: float = QUIET_BEFORE_LONE_S) -> None:
+        self._lock = threading.Lock()
+        self._count = 0
+        self._quiet_s = quiet_s
+        self._overlapped_at: float | None = None  # when a run last started beside another
+
+    def start(self, now: float) -> bool:
+        """Count a run in; True when it starts alone."""
+        with self._lock:
+            self._count += 1
+            if self._count > 1:
+                self._overlapped_at = now
+                return False
+            last = self._overlapped_at
+            return last is None or now - last >= self._quiet_s
+
+    def end(self) -> None:
+        """Count a run out (once per `start`)."""
+        with self._lock:
+            self._count -= 1
+
+
+class OnnxBackend(Backend, ReleasesMemory, ReportsProviders, ReportsHealth, CountsExtraRuns):
+    """A model version running in ONNX Runtime (thread-safe: instances share its sessions)."""
 
     def __init__(
         self,
@@ -158,11 +252,16 @@ class OnnxBackend(Backend, ReleasesMemory, ReportsProviders, ReportsHealth):
         intra_op_threads: int,
         cache_root: Path | None = None,
         *,
+        lone_intra_op_threads: int = 0,
         allow_cpu_fallback: bool = False,
         restart_policy: RestartPolicy | None = None,
         health_listener: HealthListener | None = None,
     ) -> None:
         """Create the session, and probe it once on zeros (the health probe's baseline).
+
+        `intra_op_threads`: each run's threads; `lone_intra_op_threads` above it: a second
+        session with that many for runs that start while no other is in flight (`ThreadPlan`;
+        on the CPU only).
 
         Raises:
             ModelLoadError: the file is missing or ONNX Runtime refuses it; the config asks for
@@ -185,23 +284,33 @@ class OnnxBackend(Backend, ReleasesMemory, ReportsProviders, ReportsHealth):
                 [p if isinstance(p, str) else p[0] for p in choice.providers],
                 " (models.allow_cpu_fallback)" if name in self.missing_providers else "",
             )
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = intra_op_threads
-        options.inter_op_num_threads = 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        # Idle intra-op threads would otherwise spin, taking a core from the event loop that
-        # parses the next requests (measured: 1.9 cores for 1,600 inferences/s on 2 cores).
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
 
-        def new_session() -> ort.InferenceSession:
+        def new_session(threads: int) -> ort.InferenceSession:
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = threads
+            options.inter_op_num_threads = 1
+            options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            # Idle intra-op threads would otherwise spin, taking a core from the event loop that
+            # parses the next requests (measured: 1.9 cores for 1,600 inferences/s on 2 cores).
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
             try:
                 return ort.InferenceSession(str(path), options, providers=choice.providers)
             except Exception as exc:  # noqa: BLE001 - onnxruntime raises untyped errors
                 raise ModelLoadError(f"onnxruntime cannot load {path}: {exc}") from None
 
-        self._new_session = new_session
-        self._session = new_session()
+        # CPU threads only speed up CPU runs: a GPU model keeps one session (one engine, one
+        # copy in device memory).
+        cpu_only = choice.providers == [_CPU]
+        lone = lone_intra_op_threads if cpu_only and lone_intra_op_threads > intra_op_threads else 0
+        self._new_session = functools.partial(new_session, intra_op_threads)
+        self._new_lone = functools.partial(new_session, lone) if lone else None
+        self._session = self._new_session()
+        self._lone: ort.InferenceSession | None = None
+        self._in_flight = InFlight()  # ORT's run is thread-safe: instances share the sessions
+        self.threads = ThreadPlan(intra_op_threads, lone or intra_op_threads)
+        # The lone session's arena holds one more run's activations beside the instances'.
+        self.extra_runs = 1 if lone else 0
         self.providers: tuple[str, ...] = tuple(self._session.get_providers())
         # ONNX Runtime lists a provider whose libraries are missing (TensorRT on some JetPack
         # releases) and drops it from the session with a warning: that is missing too.
@@ -217,6 +326,8 @@ class OnnxBackend(Backend, ReleasesMemory, ReportsProviders, ReportsHealth):
                 del self._session
                 raise
             self.missing_providers += tuple(name for _, name in dropped)
+        if self._new_lone is not None:
+            self._lone = self._new_lone()
         self._inputs = tuple(_tensor(t) for t in self._session.get_inputs())
         self._outputs = tuple(_tensor(t) for t in self._session.get_outputs())
         self._string_inputs = frozenset(
@@ -246,7 +357,7 @@ class OnnxBackend(Backend, ReleasesMemory, ReportsProviders, ReportsHealth):
     def _probe(self) -> None:
         """One batch-1 run on zeros, straight on the session (raises what it raises)."""
         feeds = {t.name: _zeros(t) for t in self._inputs}
-        self._session_run(feeds, [t.name for t in self._outputs], None)
+        self._session_run(self._session, feeds, [t.name for t in self._outputs], None)
 
     def _probe_passes(self) -> bool:
         try:
@@ -259,8 +370,10 @@ class OnnxBackend(Backend, ReleasesMemory, ReportsProviders, ReportsHealth):
         return True
 
     def _rebuild(self) -> None:
-        """A new session in place of one that failed its probe (runs after it use the new)."""
+        """New sessions in place of ones that failed the probe (runs after it use the new)."""
         self._session = self._new_session()
+        if self._new_lone is not None:
+            self._lone = self._new_lone()
 
     @property
     def inputs(self) -> Sequence[ModelTensor]:
@@ -287,15 +400,20 @@ class OnnxBackend(Backend, ReleasesMemory, ReportsProviders, ReportsHealth):
         if shrink_memory:
             options = ort.RunOptions()
             options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+        alone = self._in_flight.start(time.monotonic())
+        session = self._lone if alone and self._lone is not None else self._session
         try:
-            return self._session_run(feeds, output_names, options)
+            return self._session_run(session, feeds, output_names, options)
         except Exception as exc:  # noqa: BLE001 - onnxruntime has no public error types
             error = BackendError(f"onnxruntime failed: {exc}")
+        finally:
+            self._in_flight.end()
         self._guard.failed(error)  # the session's fault, or this request's? (its probe says)
         raise error
 
     def _session_run(
         self,
+        session: ort.InferenceSession,
         feeds: Mapping[str, np.ndarray],
         output_names: Sequence[str],
         options: ort.RunOptions | None,
@@ -309,7 +427,7 @@ class OnnxBackend(Backend, ReleasesMemory, ReportsProviders, ReportsHealth):
             feeds = {
                 k: (_bytes_to_str(v) if k in self._string_inputs else v) for k, v in feeds.items()
             }
-        results = self._session.run(list(output_names), dict(feeds), options)
+        results = session.run(list(output_names), dict(feeds), options)
         out = [np.asarray(r) for r in results]
         if self._string_outputs:
             out = [
@@ -326,12 +444,21 @@ class OnnxBackend(Backend, ReleasesMemory, ReportsProviders, ReportsHealth):
             BackendError: the model does not run on zeros of its smallest shape.
         """
         feeds = {t.name: _zeros(t) for t in self._inputs}
-        self.run(feeds, [t.name for t in self._outputs], shrink_memory=True)
+        names = [t.name for t in self._outputs]
+        self.run(feeds, names, shrink_memory=True)
+        if self._lone is not None:  # the run above took one of the two (idle: the lone one)
+            options = ort.RunOptions()
+            options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+            try:
+                self._session_run(self._session, feeds, names, options)
+            except Exception as exc:  # noqa: BLE001 - onnxruntime has no public error types
+                raise BackendError(f"onnxruntime failed: {exc}") from None
         trim_c_heap()
 
     def close(self) -> None:
         self._guard.close()
         del self._session
+        self._lone = None
 
 
 def _zeros(tensor: ModelTensor) -> np.ndarray:

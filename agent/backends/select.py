@@ -91,6 +91,7 @@ def create_backend(
     restart_policy: RestartPolicy | None = None,
     health_listener: HealthListener | None = None,
     allow_cpu_fallback: bool = False,
+    lone_intra_op_threads: int = 0,
 ) -> Backend:
     """The backend instance for one model version (blocking: may build an engine).
 
@@ -101,6 +102,8 @@ def create_backend(
     `restart_policy` and `health_listener`: how failed instances are restarted, and who hears
     of it (`agent.backends.health`). `allow_cpu_fallback`: an ONNX model whose config asks for
     an accelerator this ONNX Runtime lacks runs on the CPU instead of being refused.
+    `lone_intra_op_threads`: an ONNX model's threads for a run that starts alone
+    (`agent.backends.onnx.ThreadPlan`; 0: as `intra_op_threads`).
 
     Raises:
         ModelLoadError: the runtime is missing (TensorRT on a CPU-only host: the model is then
@@ -144,6 +147,7 @@ def create_backend(
         allow_cpu_fallback=allow_cpu_fallback,
         restart_policy=restart_policy,
         health_listener=health_listener,
+        lone_intra_op_threads=lone_intra_op_threads,
     )
 
 

@@ -96,7 +96,7 @@ class ModelsConfig:
     demo: bool = False  # serve the built-in demo repository (generated on first use)
     strict_model_config: bool = False  # True: no auto-complete from the model file
     exit_on_error: bool = True  # a model that fails to load stops start-up
-    intra_op_threads: int = 0  # ONNX Runtime threads per session; 0: cores / instances
+    intra_op_threads: int = 0  # ONNX Runtime threads per run; 0: all cores alone, else shared
     memory_budget_bytes: int = 0  # 0: the cgroup's memory.max, else 80% of RAM
     # The budget's share kept for requests in flight (agent.models.inflight); 0: a quarter of
     # the budget, between 64 MiB and 1 GiB.

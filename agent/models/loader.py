@@ -19,9 +19,15 @@ from pathlib import Path
 
 import onnxruntime as ort
 
-from agent.backends.base import Backend, DeclaresConfig, ReportsHealth, ReportsProviders
+from agent.backends.base import (
+    Backend,
+    CountsExtraRuns,
+    DeclaresConfig,
+    ReportsHealth,
+    ReportsProviders,
+)
 from agent.backends.health import HealthChange, RestartPolicy
-from agent.backends.onnx import default_intra_op_threads
+from agent.backends.onnx import ThreadPlan, thread_plan
 from agent.backends.select import BackendKind, backend_kind, create_backend, worker_memory_bytes
 from agent.ensemble.plan import is_ensemble
 from agent.ensemble.runner import StepRunnerSlot
@@ -66,7 +72,9 @@ class LoadSettings:
     """How models are loaded."""
 
     auto_complete: bool = True
-    intra_op_threads: int = 0  # 0: the cores shared between a model's instances
+    # ONNX Runtime threads per run; 0: every core for a run that starts alone, the cores shared
+    # between a model's instances for the others (agent.backends.onnx.ThreadPlan).
+    intra_op_threads: int = 0
     max_queue_size: int = 1024  # per version, when the config's queue policy sets none
     measure_memory: bool = True  # measure each version's footprint and fit it to the budget
     engine_cache_root: Path | None = None  # where TensorRT engines built on the device are kept
@@ -249,8 +257,13 @@ class ModelLoader:
         """Load, complete/check, size to the memory budget, warm up and schedule one version."""
         validate_dims(config, name)
         instances = instance_count(config)
-        threads = self.settings.intra_op_threads or default_intra_op_threads(instances)
         path = model_dir / str(version) / repository.model_filename(config)
+        kind = backend_kind(config, path.parent)
+        threads = (
+            thread_plan(config, instances, self.settings.intra_op_threads)
+            if kind is BackendKind.ONNXRUNTIME
+            else ThreadPlan(1, 1)
+        )
         auto = self.settings.auto_complete and first
         # Old and new builds of one version coexist during a swap: each holds its own share.
         key = (name, f"{version}@{generation}")
@@ -261,7 +274,7 @@ class ModelLoader:
             backend = create_backend(
                 path.parent,
                 config,
-                threads,
+                threads.busy,
                 cache_root=self.settings.engine_cache_root,
                 model_name=name,
                 version=version,
@@ -271,6 +284,7 @@ class ModelLoader:
                 restart_policy=self.settings.restart_policy,
                 health_listener=listener,
                 allow_cpu_fallback=self.settings.allow_cpu_fallback,
+                lone_intra_op_threads=threads.alone,
             )
             # A Python model's auto_complete_config may have declared more than the file said.
             declared = backend.declared_config if isinstance(backend, DeclaresConfig) else config
@@ -290,7 +304,7 @@ class ModelLoader:
         footprint: Footprint | None = None
         estimated = ""  # why the footprint is an estimate from the model file, when it is
         warmed_up = False
-        python = backend_kind(config, path.parent) is BackendKind.PYTHON
+        python = kind is BackendKind.PYTHON
         if self.settings.measure_memory and self.ledger is not None and not python:
             # Measured on the configured warm-up samples when there are some, else on zeros;
             # a model that fails on zeros loads with an estimate (agent.models.memory_probe).
@@ -313,7 +327,10 @@ class ModelLoader:
             completed.parameters[CPU_FALLBACK_PARAMETER].string_value = fallback
         try:
             if footprint is not None and self.ledger is not None:
-                completed = fit_to_budget(self.ledger, completed, footprint, key, estimated)
+                extra = backend.extra_runs if isinstance(backend, CountsExtraRuns) else 0
+                completed = fit_to_budget(
+                    self.ledger, completed, footprint, key, estimated, extra_runs=extra
+                )
             elif python and self.settings.measure_memory and self.ledger is not None:
                 # User code runs in worker processes, never on made-up zeros: the budget holds
                 # what the workers are resident with after initialize.

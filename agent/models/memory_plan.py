@@ -192,12 +192,15 @@ def plan_capacity(
     max_batch_size: int,
     instances: int,
     budget_bytes: int | None = None,
+    extra_runs: int = 0,
 ) -> CapacityPlan:
     """The largest batch cap and instance count whose estimate fits in the budget left.
 
-    Estimate: `instances * footprint.bytes_for(batch cap)`. ONNX Runtime gives every instance its
-    own session, and sessions share no weights or arenas, so each instance is counted whole. This
-    overestimates runtimes that do share weights, which is the safe side on a device.
+    Estimate: `(instances + extra_runs) * footprint.bytes_for(batch cap)`. ONNX Runtime's
+    instances share one session, but each run in flight holds its own activations in its arena,
+    so each instance is counted whole; a lone-run session (agent.backends.onnx) is one run more.
+    The weights are counted once per run although they are loaded once or twice: the safe side
+    on a device.
 
     The batch cap is kept in preference to instances: instances are lowered first (down to 1),
     and only then the batch cap. A model that does not batch (max_batch_size 0) is costed at
@@ -208,6 +211,7 @@ def plan_capacity(
         budget_left: bytes of the budget not reserved yet.
         max_batch_size: the config's batch cap; 0 when the model does not batch.
         instances: the configured instance count, >= 1.
+        extra_runs: runs the runtime holds memory for beyond one per instance, >= 0.
         budget_bytes: the whole budget, only to word the error.
 
     Raises:
@@ -217,19 +221,23 @@ def plan_capacity(
     Returns:
         The plan.
     """
-    if max_batch_size < 0 or instances < 1:
-        raise ValueError(f"bad max_batch_size {max_batch_size} or instances {instances}")
-    need = footprint.bytes_for(1)
+    if max_batch_size < 0 or instances < 1 or extra_runs < 0:
+        raise ValueError(
+            f"bad max_batch_size {max_batch_size}, instances {instances} or extra_runs {extra_runs}"
+        )
+    need = footprint.bytes_for(1) * (1 + extra_runs)
     if need > budget_left:
         of = f" of the {_mib(budget_bytes)} budget" if budget_bytes is not None else ""
         raise MemoryBudgetError(
             f"needs {_mib(need)} at batch 1, {_mib(max(budget_left, 0))} left{of}"
         )
     top = max(1, max_batch_size)
-    batch = next(b for b in range(top, 0, -1) if footprint.bytes_for(b) <= budget_left)
+    runs = 1 + extra_runs
+    batch = next(b for b in range(top, 0, -1) if footprint.bytes_for(b) * runs <= budget_left)
     per_instance = footprint.bytes_for(batch)
-    count = min(instances, budget_left // per_instance) if per_instance else instances
-    estimate = count * per_instance
+    fits = budget_left // per_instance - extra_runs if per_instance else instances
+    count = min(instances, fits)
+    estimate = (count + extra_runs) * per_instance
     changes = [f"batch cap lowered from {top} to {batch}"] if batch < top else []
     if count < instances:
         changes.append(f"instances lowered from {instances} to {count}")

@@ -67,9 +67,11 @@ def fit_to_budget(
     footprint: Footprint,
     key: tuple[str, str],
     estimated: str = "",
+    extra_runs: int = 0,
 ) -> mc.ModelConfig:
     """Reserve what the version needs of what is left, lowering its batch cap and instances.
 
+    `extra_runs`: runs the backend holds memory for beyond one per instance (`plan_capacity`).
     `estimated` says why the footprint is an estimate from the model file (not measured):
     the log, a refusal and the config's `edge_agent_memory_plan` parameter say so too.
 
@@ -83,6 +85,7 @@ def fit_to_budget(
             max_batch_size=config.max_batch_size,
             instances=instance_count(config),
             budget_bytes=ledger.budget_bytes(),
+            extra_runs=extra_runs,
         )
     except MemoryBudgetError as exc:
         if estimated:

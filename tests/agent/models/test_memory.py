@@ -195,6 +195,20 @@ def test_plan_lowers_the_batch_cap_when_one_instance_does_not_fit() -> None:
     assert both.reason.startswith("batch cap lowered from 32 to 11 and instances lowered from 3")
 
 
+def test_plan_counts_a_lone_run_session_as_one_run_more() -> None:
+    # ONNX Runtime's session for runs that start alone holds one more run's arena.
+    plan = plan_capacity(FP, budget_left=500 * MIB, max_batch_size=32, instances=2, extra_runs=1)
+    assert (plan.max_batch_size, plan.instances, plan.estimated_bytes) == (32, 2, 486 * MIB)
+    # Instances are lowered first; the extra run stays in the estimate.
+    fewer = plan_capacity(FP, budget_left=400 * MIB, max_batch_size=32, instances=2, extra_runs=1)
+    assert (fewer.max_batch_size, fewer.instances, fewer.estimated_bytes) == (32, 1, 324 * MIB)
+    # Then the batch cap: two runs of the smaller batch must fit.
+    tight = plan_capacity(FP, budget_left=242 * MIB, max_batch_size=32, instances=1, extra_runs=1)
+    assert (tight.max_batch_size, tight.instances, tight.estimated_bytes) == (11, 1, 240 * MIB)
+    with pytest.raises(ModelLoadError, match="needs 200 MiB at batch 1"):
+        plan_capacity(FP, budget_left=199 * MIB, max_batch_size=32, instances=1, extra_runs=1)
+
+
 def test_plan_never_exceeds_the_budget_left() -> None:
     for left in range(100, 700, 7):
         plan = plan_capacity(FP, budget_left=left * MIB, max_batch_size=32, instances=3)
