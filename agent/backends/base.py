@@ -177,9 +177,15 @@ class StartsRequests(Protocol):
 class RunsDecoupled(Protocol):
     """Answers a request with any number of responses (Triton's decoupled transaction policy)."""
 
-    def run_decoupled(self, requests: Sequence[DecoupledRequest]) -> None:
+    def run_decoupled(
+        self,
+        requests: Sequence[DecoupledRequest],
+        *,
+        contexts: Sequence[RequestContext | None] = (),
+    ) -> None:
         """Run one batch; returns when the instance is free again. Each request's responses go
         to its sink as the model sends them (also after this returned), until its final flag.
+        `contexts`: each request's id, parameters and correlation id (as `run_requests`).
 
         Raises:
             AgentError: the instance failed before the requests were taken.

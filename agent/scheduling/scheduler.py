@@ -596,7 +596,7 @@ class ModelScheduler:
         for job in jobs:
             assert job.sink is not None  # a decoupled model is reached through streams only
             requests.append((job.request.feeds, job.request.output_names, job.sink))
-        run(requests)
+        run(requests, contexts=[job.request.context for job in jobs])
         t1 = time.perf_counter_ns()
         rows = sum(j.request.batch_size for j in jobs)
         if self._stats is not None:

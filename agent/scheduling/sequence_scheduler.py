@@ -386,7 +386,7 @@ class SequenceScheduler(KeepsSequences):
             row = (step.correlation_id, step.start, step.end)
             feeds = {**job.request.feeds, **self.tensors.control_feeds([row])}
             requests.append((feeds, job.request.output_names, job.sink))
-        run(requests)
+        run(requests, contexts=[step.item.request.context for step in steps])
         t1 = time.perf_counter_ns()
         if self._stats is not None:
             self._stats.record_execution(

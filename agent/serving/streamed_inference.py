@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import replace
 
 from agent.errors import AgentError, InvalidInputError, ModelInstanceFailedError
 from agent.models.registry import ModelRegistry
 from agent.serving.decoupled import stream_responses
-from agent.serving.request_parameters import scheduling_parameters
+from agent.serving.request_parameters import request_context, scheduling_parameters
 from agent.serving.request_traces import RequestTraces
 from agent.serving.response_stream import StreamedResponse
 from agent.serving.routing import RequestRouter
@@ -66,6 +67,11 @@ class StreamedInference:
                     "shared-memory tensors are not supported with decoupled models"
                 )
             valid = self._router.admit(route, request, trace)  # an ensemble's steps: children
+            context = request_context(
+                request, route.sequence.correlation_id if route.sequence is not None else 0
+            )
+            if context is not None:  # what the model's request_id() and parameters() answer
+                valid = replace(valid, context=context)
             priority, timeout_us = scheduling_parameters(request.parameters)
         except AgentError as exc:  # refused before it ran: no failure in the statistics (Triton)
             self._router.outcome(name, route, start, exc)

@@ -367,7 +367,12 @@ class PythonBackend(
             return loop.run_in_executor(executor, handoff, None, deadline)
         return call.future
 
-    def run_decoupled(self, requests: Sequence[DecoupledRequest]) -> None:
+    def run_decoupled(
+        self,
+        requests: Sequence[DecoupledRequest],
+        *,
+        contexts: Sequence[RequestContext | None] = (),
+    ) -> None:
         """Run the requests of one batch in ONE `execute` call of a decoupled model; returns
         when `execute` returned (the instance is free again). Each request's responses go to its
         sink as the model sends them, until its final flag, also after this returned; every
@@ -380,7 +385,7 @@ class PythonBackend(
         for _ in range(len(self._args) + 1):
             worker = self._pool.take(self.timeouts.execute_s)
             try:
-                self._run_decoupled_on(worker, requests)
+                self._run_decoupled_on(worker, requests, contexts)
                 return
             except _NotTaken:
                 continue  # it was gone before the requests reached it: they go to another
@@ -396,11 +401,14 @@ class PythonBackend(
         self,
         worker: Worker,
         requests: Sequence[DecoupledRequest],
+        contexts: Sequence[RequestContext | None] = (),
     ) -> None:
         channel = self._channels[worker]
         ids = [next(self._request_ids) for _ in requests]
         try:
-            reply = channel.execute(list(zip(ids, requests, strict=True)), self.timeouts.execute_s)
+            reply = channel.execute(
+                list(zip(ids, requests, strict=True)), self.timeouts.execute_s, contexts
+            )
         except NotSent:
             self._pool.discard(worker)
             raise _NotTaken from None

@@ -33,6 +33,7 @@ import numpy as np
 from agent.backends.base import DecoupledRequest, ResponseSink
 from agent.backends.python import ipc
 from agent.errors import AgentError, BackendError, ModelInstanceFailedError, ModelNotReadyError
+from agent.tensors.request import RequestContext
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +106,7 @@ class DecoupledChannel:
         self,
         requests: Sequence[tuple[int, DecoupledRequest]],
         execute_s: float,
+        contexts: Sequence[RequestContext | None] = (),
     ) -> ipc.Message:
         """Send one EXECUTE with these (id, request) and wait until `execute` returned: its
         RESULT or ERROR. The wait restarts with every message from the worker (a model that
@@ -118,10 +120,17 @@ class DecoupledChannel:
         """
         if not self._thread.is_alive():
             raise NotSent  # its reader saw the pipe end: the worker is gone
-        described = []
+        described: list[dict[str, object]] = []
         for request_id, (feeds, names, sink) in requests:
             self.open(request_id, sink, names)
             described.append({"id": request_id, "outputs": list(names), "inputs": len(feeds)})
+        for index, context in enumerate(contexts):  # what the model's request_id() etc. answer
+            if context is not None:
+                described[index].update(
+                    request_id=context.id,
+                    parameters=dict(context.parameters),
+                    correlation_id=context.correlation_id,
+                )
         tensors = [item for _, (feeds, _, _) in requests for item in feeds.items()]
         try:
             self.send(ipc.Message(ipc.EXECUTE, {"requests": described}, tensors))

@@ -18,6 +18,7 @@ from agent import pb_utils
 from agent.backends.python.backend import PythonBackend
 from agent.errors import AgentError
 from agent.proto import model_config_pb2 as mc
+from agent.tensors.request import RequestContext
 from tests.decoupled_models import DECOUPLED_MODEL, decoupled_config
 from tests.python_models import write_python_model
 
@@ -183,3 +184,71 @@ def test_a_model_that_is_not_decoupled_may_answer_through_its_sender(tmp_path: P
     finally:
         backend.close()
     assert [a["Y"].tolist() for a in answers if isinstance(a, dict)] == [[[2.0, 4.0]], [[4.0, 6.0]]]
+
+
+# Streams one response per request: its id, parameters (JSON) and correlation id, as it read them.
+CONTEXT_STREAMER = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            told = f"{request.request_id()}|{request.parameters()}|{request.correlation_id()}"
+            out = pb_utils.Tensor("TOLD", np.array([told.encode()], dtype=np.object_))
+            request.get_response_sender().send(
+                pb_utils.InferenceResponse([out]),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+            )
+        return None
+"""
+CONTEXT_STREAMER_CONFIG = """
+name: "told"
+backend: "python"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "TOLD" data_type: TYPE_STRING dims: [ 1 ] } ]
+model_transaction_policy { decoupled: true }
+"""
+
+
+class Told:
+    """A ResponseSink that keeps the one TOLD text it gets."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.done = threading.Event()
+
+    def put(
+        self, outputs: dict[str, np.ndarray] | None, error: AgentError | None, final: bool
+    ) -> None:
+        assert error is None, error
+        if outputs is not None:
+            self.text = outputs["TOLD"].flat[0].decode()
+        if final:
+            self.done.set()
+
+    def on_cancel(self, cancel: object) -> None:
+        pass
+
+
+def test_a_decoupled_model_reads_each_request_s_id_parameters_and_correlation_id(
+    tmp_path: Path,
+) -> None:
+    model_dir = write_python_model(tmp_path, "told", CONTEXT_STREAMER, CONTEXT_STREAMER_CONFIG)
+    config = text_format.Parse((model_dir / "config.pbtxt").read_text(), mc.ModelConfig())
+    backend = PythonBackend(model_dir / "1", config)
+    try:
+        sinks = [Told(), Told()]
+        x = {"X": np.array([1], np.int32)}
+        backend.run_decoupled(
+            [(x, ["TOLD"], sink) for sink in sinks],
+            contexts=[RequestContext("req-7", {"tag": "a", "n": 3}, 42), None],
+        )
+        for sink in sinks:
+            assert sink.done.wait(30)
+    finally:
+        backend.close()
+    assert sinks[0].text == 'req-7|{"tag": "a", "n": 3}|42'
+    assert sinks[1].text == "|{}|0"  # Triton's defaults for a request that carries none
