@@ -13,6 +13,7 @@ import contextlib
 import time
 from collections.abc import AsyncGenerator
 
+from agent.backends.base import response_parameters
 from agent.errors import AgentError, BackendError, InternalError, ModelInstanceFailedError
 from agent.models.served import LoadedVersion, ServedModel
 from agent.scheduling.protocol import ExecutionResult
@@ -111,7 +112,8 @@ def _item(
         )
         for n, data in raw.outputs.items()
     )
-    return StreamedResponse(InferResponse(model, version, outputs, request_id), None, raw.final)
+    answer = InferResponse(model, version, outputs, request_id, response_parameters(raw.outputs))
+    return StreamedResponse(answer, None, raw.final)
 
 
 def _count(

@@ -30,7 +30,7 @@ from multiprocessing.connection import Connection
 
 import numpy as np
 
-from agent.backends.base import DecoupledRequest, ResponseSink
+from agent.backends.base import DecoupledRequest, ModelOutputs, ResponseSink
 from agent.backends.python import ipc
 from agent.errors import AgentError, BackendError, ModelInstanceFailedError, ModelNotReadyError
 from agent.tensors.request import RequestContext
@@ -213,4 +213,7 @@ class DecoupledChannel:
         except BackendError as exc:
             entry.sink.put(None, exc, final)
             return
+        params = message.meta.get("parameters")
+        if isinstance(params, dict) and params:  # InferenceResponse(parameters=...)
+            outputs = ModelOutputs(outputs, params)
         entry.sink.put(outputs, None, final)

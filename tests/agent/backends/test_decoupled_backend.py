@@ -15,6 +15,7 @@ import pytest
 from google.protobuf import text_format
 
 from agent import pb_utils
+from agent.backends.base import response_parameters
 from agent.backends.python.backend import PythonBackend
 from agent.errors import AgentError
 from agent.proto import model_config_pb2 as mc
@@ -198,7 +199,7 @@ class TritonPythonModel:
             told = f"{request.request_id()}|{request.parameters()}|{request.correlation_id()}"
             out = pb_utils.Tensor("TOLD", np.array([told.encode()], dtype=np.object_))
             request.get_response_sender().send(
-                pb_utils.InferenceResponse([out]),
+                pb_utils.InferenceResponse([out], parameters={"streamed": True, "n": 2}),
                 flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
             )
         return None
@@ -218,6 +219,7 @@ class Told:
 
     def __init__(self) -> None:
         self.text = ""
+        self.parameters: dict[str, object] | None = None
         self.done = threading.Event()
 
     def put(
@@ -226,6 +228,7 @@ class Told:
         assert error is None, error
         if outputs is not None:
             self.text = outputs["TOLD"].flat[0].decode()
+            self.parameters = response_parameters(outputs)
         if final:
             self.done.set()
 
@@ -233,7 +236,7 @@ class Told:
         pass
 
 
-def test_a_decoupled_model_reads_each_request_s_id_parameters_and_correlation_id(
+def test_a_decoupled_model_reads_each_request_s_context_and_answers_parameters(
     tmp_path: Path,
 ) -> None:
     model_dir = write_python_model(tmp_path, "told", CONTEXT_STREAMER, CONTEXT_STREAMER_CONFIG)
@@ -252,3 +255,5 @@ def test_a_decoupled_model_reads_each_request_s_id_parameters_and_correlation_id
         backend.close()
     assert sinks[0].text == 'req-7|{"tag": "a", "n": 3}|42'
     assert sinks[1].text == "|{}|0"  # Triton's defaults for a request that carries none
+    # The response's own parameters travel with it (InferenceResponse(parameters=...)).
+    assert [sink.parameters for sink in sinks] == [{"streamed": True, "n": 2}] * 2

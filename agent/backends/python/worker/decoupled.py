@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 import threading
 import traceback
 from collections.abc import Callable
@@ -130,6 +131,9 @@ class DecoupledRuntime:
                         meta["error"] = str(outcome["error"])
                     else:
                         tensors = outcome
+                        params = json.loads(response.parameters())
+                        if params:  # the model's response parameters (rare: most set none)
+                            meta["parameters"] = params
             if final:
                 with self._lock:
                     self._open.pop(request_id, None)
