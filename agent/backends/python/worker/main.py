@@ -58,6 +58,7 @@ from agent.backends.python.worker import bls_client, decoupled
 from agent.backends.python.worker.mailbox import Mailbox
 from agent.pb_utils import metrics as pb_metrics
 from agent.pb_utils.request import received_request
+from agent.pb_utils.response import parameters_of
 
 _PR_SET_PDEATHSIG = 1
 _TRITON_MODULE = "triton_python_backend_utils"
@@ -406,7 +407,7 @@ def _execute(model: Any, message: ipc.Message, running: _Running) -> ipc.Message
         else:
             answers.append({"tensors": len(outcome)})
             tensors.extend(outcome)
-            params = json.loads(response.parameters())
+            params = parameters_of(response)
             if params:  # the model's response parameters (rare: most set none)
                 answers[-1]["parameters"] = params
     return ipc.Message(ipc.RESULT, {"responses": answers}, tensors)
