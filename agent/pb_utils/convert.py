@@ -102,12 +102,6 @@ def triton_string_to_numpy(type_string: str) -> type[Any]:
     return found.numpy.type
 
 
-# The first KServe datatype of each numpy dtype, as the scan in `numpy_to_kserve` finds it.
-_KSERVE_OF: dict[np.dtype, str] = {}
-for _kind in datatypes.BY_KSERVE.values():
-    _KSERVE_OF.setdefault(_kind.numpy, _kind.kserve)
-
-
 def numpy_to_kserve(dtype: np.dtype) -> str:
     """The KServe datatype of a numpy dtype; str and bytes arrays are BYTES.
 
@@ -116,9 +110,9 @@ def numpy_to_kserve(dtype: np.dtype) -> str:
     """
     if dtype.kind in "OSU":
         return "BYTES"
-    known = _KSERVE_OF.get(dtype)  # every tensor of every call asks: a lookup, not a scan
+    known = datatypes.BY_NUMPY.get(dtype)  # every tensor of every call asks: a lookup first
     if known is not None:
-        return known
+        return known.kserve
     for kind in datatypes.BY_KSERVE.values():
         if kind.numpy == dtype:
             return kind.kserve
