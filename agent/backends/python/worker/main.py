@@ -242,15 +242,18 @@ class _MetricTotals:
         self._ids = ids
         self._open = False
 
-    @contextlib.contextmanager
-    def listening(self) -> Iterator[None]:
+    def listening(self) -> _MetricTotals:
+        """`with totals.listening():` around `initialize` and `execute` (a plain context
+        manager, not a generator: it wraps every execute)."""
+        return self
+
+    def __enter__(self) -> None:
         self._open = True
         pb_metrics.set_total_source(self.total)
-        try:
-            yield
-        finally:
-            self._open = False
-            pb_metrics.set_total_source(None)
+
+    def __exit__(self, *exc: object) -> None:
+        self._open = False
+        pb_metrics.set_total_source(None)
 
     def total(self, family: str, labels: dict[str, str]) -> float | None:
         if not self._open:
@@ -385,7 +388,8 @@ def _execute(model: Any, message: ipc.Message, running: _Running) -> ipc.Message
     running.start(seq if isinstance(seq, int) else -1, requests)
     try:
         responses = model.execute(requests)
-        if inspect.isawaitable(responses):  # `async def execute`, as Triton allows
+        # `async def execute`, as Triton allows (a plain list, the usual answer, never is).
+        if type(responses) is not list and inspect.isawaitable(responses):
             responses = _run_coroutine(responses)
     except Exception as exc:  # noqa: BLE001 - user code: report it, stay alive
         traceback.print_exc()
