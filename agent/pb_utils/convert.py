@@ -110,6 +110,9 @@ def numpy_to_kserve(dtype: np.dtype) -> str:
     """
     if dtype.kind in "OSU":
         return "BYTES"
+    known = datatypes.BY_NUMPY.get(dtype)  # every tensor of every call asks: a lookup first
+    if known is not None:
+        return known.kserve
     for kind in datatypes.BY_KSERVE.values():
         if kind.numpy == dtype:
             return kind.kserve

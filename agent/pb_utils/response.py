@@ -116,6 +116,12 @@ class InferenceResponse:
         return json.dumps(self._parameters)
 
 
+def parameters_of(response: InferenceResponse) -> dict[str, bool | int | str]:
+    """The response's parameters as `parameters()` would give them back from JSON (the worker
+    reads them for every response: no JSON round trip; checked bool/int/str when set)."""
+    return dict(response._parameters)
+
+
 def _checked_parameters(
     parameters: Mapping[str, bool | int | str] | str | None,
 ) -> dict[str, bool | int | str]:

@@ -104,6 +104,8 @@ PREFIX_BYTES = _PREFIX.size
 _ALIGN = 16
 _JOIN_BELOW = 64 * 1024  # smaller frames are joined and written with one write(2)
 _IOV_MAX = 1024  # buffers per writev(2) (Linux's limit)
+# json.dumps with any option builds a new encoder per call; this one is made once (stateless).
+_HEADER_JSON = json.JSONEncoder(separators=(",", ":"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,8 +147,8 @@ def encode(message: Message) -> list[bytes | memoryview]:
             buffers.append(bytes(pad))
         buffers.append(raw)
         data += pad + nbytes
-    header = json.dumps(
-        {"kind": message.kind, "meta": message.meta, "tensors": described}, separators=(",", ":")
+    header = _HEADER_JSON.encode(
+        {"kind": message.kind, "meta": message.meta, "tensors": described}
     ).encode()
     header += b" " * (-len(header) % _ALIGN)
     if len(header) > MAX_HEADER_BYTES:
@@ -173,7 +175,7 @@ def decode(body: bytearray, header_bytes: int) -> Message:
     Raises:
         WireError: the message is malformed.
     """
-    header = _parse_header(bytes(body[:header_bytes]))
+    header = _parse_header(bytes(memoryview(body)[:header_bytes]))  # one copy, not two
     tensors = []
     offset = header_bytes
     for item in header["tensors"]:
@@ -315,7 +317,12 @@ def _parse_header(raw: bytes) -> dict[str, Any]:
 def _describe(item: Any) -> tuple[str, str, Sequence[int], int]:
     if not isinstance(item, dict):
         raise WireError("tensor description is not an object")
-    name, kind, shape, nbytes = (item.get(k) for k in ("name", "datatype", "shape", "nbytes"))
+    name, kind, shape, nbytes = (
+        item.get("name"),
+        item.get("datatype"),
+        item.get("shape"),
+        item.get("nbytes"),
+    )
     if (
         not isinstance(name, str)
         or kind not in datatypes.BY_KSERVE

@@ -77,7 +77,6 @@ def checked_output(
     Raises:
         BackendError: its datatype or shape is not declared.
     """
-    where = f"python model '{model_name}' output '{name}'"
     declared = declared_outputs[name]
     assert declared.datatype is not None
     got = "BYTES" if array.dtype == np.object_ else _kserve(array.dtype)
@@ -85,7 +84,7 @@ def checked_output(
     # sums INT32 values into an INT64 array); only an array no protocol can carry is refused.
     if got != declared.datatype.kserve and got not in datatypes.BY_KSERVE:
         raise BackendError(
-            f"{where} is {got} but the config says {declared.type_name} "
+            f"{_where(model_name, name)} is {got} but the config says {declared.type_name} "
             "(convert it with .astype before returning it)"
         )
     shape = declared.shape
@@ -97,12 +96,20 @@ def checked_output(
         if rows is not None:
             expected[0] = str(rows)
         raise BackendError(
-            f"{where} has shape {list(array.shape)}, expected [{', '.join(expected)}]"
+            f"{_where(model_name, name)} has shape {list(array.shape)}, "
+            f"expected [{', '.join(expected)}]"
         )
     return array
 
 
+def _where(model_name: str, name: str) -> str:
+    return f"python model '{model_name}' output '{name}'"  # for errors only: not per call
+
+
 def _kserve(dtype: np.dtype) -> str:
+    known = datatypes.BY_NUMPY.get(dtype)  # every output of every call: a lookup first
+    if known is not None:
+        return known.kserve
     for kind in datatypes.BY_KSERVE.values():
         if kind.numpy == dtype:
             return kind.kserve

@@ -167,4 +167,19 @@ def test_large_messages_cross_both_ways_at_once_without_deadlock() -> None:
     agent_end.close()
     with pytest.raises(EOFError):
         mailbox.receive()
+    with pytest.raises(EOFError):  # and every receive after it
+        mailbox.receive()
     assert "the agent is gone" in str(waiting.result(timeout=5).meta["error"])
+
+
+def test_the_main_loop_gets_every_message_sent_before_the_pipe_closed_first() -> None:
+    agent_end, worker_end = multiprocessing.Pipe(duplex=True)
+    mailbox = Mailbox(worker_end)
+    ipc.send(agent_end, ipc.Message(ipc.EXECUTE, {"seq": 1}))
+    ipc.send(agent_end, ipc.Message(ipc.FINALIZE))
+    agent_end.close()
+    mailbox.start()
+    assert mailbox.receive().meta == {"seq": 1}
+    assert mailbox.receive().kind == ipc.FINALIZE
+    with pytest.raises(EOFError):
+        mailbox.receive()

@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from agent import pb_utils
+from agent.pb_utils.response import parameters_of
+from agent.tensors import datatypes
 
 CONFIG = {
     "input": [{"name": "A", "data_type": "TYPE_FP32"}, {"name": "B", "data_type": "TYPE_STRING"}],
@@ -109,3 +111,32 @@ def test_response_parameters_are_checked_as_triton_checks_them() -> None:
         pb_utils.InferenceResponse(parameters={1: "x"})  # type: ignore[dict-item]
     with pytest.raises(pb_utils.TritonModelException, match="Expect dict, got <class 'list'>"):
         pb_utils.InferenceResponse(parameters=[])  # type: ignore[arg-type]
+
+
+def test_parameters_of_a_response_are_what_its_json_gives_back() -> None:
+    for response in (
+        pb_utils.InferenceResponse([], parameters={"b": True, "i": 3, "s": "v"}),
+        pb_utils.InferenceResponse(parameters='{"i": 1}'),
+        pb_utils.InferenceResponse(),
+    ):
+        got = parameters_of(response)
+        assert got == json.loads(response.parameters())
+        got["added"] = 1  # a copy: the response keeps its own
+        assert "added" not in json.loads(response.parameters())
+
+
+def test_numpy_to_kserve_answers_as_a_scan_of_every_datatype_would() -> None:
+    def scanned(dtype: np.dtype) -> str | None:
+        if dtype.kind in "OSU":
+            return "BYTES"
+        return next((t.kserve for t in datatypes.BY_KSERVE.values() if t.numpy == dtype), None)
+
+    dtypes = [t.numpy for t in datatypes.BY_KSERVE.values()]
+    dtypes += [np.dtype(c) for c in ("<f4", ">f4", ">i8", "S3", "U2", "c8", "M8[s]", "V4")]
+    for dtype in dtypes:
+        expected = scanned(dtype)
+        if expected is None:
+            with pytest.raises(ValueError, match="has no KServe datatype"):
+                pb_utils.numpy_to_kserve(dtype)
+        else:
+            assert pb_utils.numpy_to_kserve(dtype) == expected, dtype

@@ -22,8 +22,8 @@ When the pipe closes or breaks, every waiting call gets an error reply and `rece
 from __future__ import annotations
 
 import contextlib
+import queue
 import threading
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from multiprocessing.connection import Connection
@@ -45,11 +45,13 @@ class Mailbox:
         self._conn = conn
         self._on_cancel = on_cancel
         self._on_ping = on_ping
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._slots: dict[int, Future[ipc.Message]] = {}
         # Streamed calls (BLS with decoupled=True): every reply until one with meta "final".
         self._streams: dict[int, Callable[[ipc.Message], None]] = {}
-        self._others: deque[ipc.Message] = deque()
+        # A C queue, not a deque under the condition: the main loop wakes with fewer steps.
+        # After the pipe failed, it ends with the failure (every later `receive` raises it).
+        self._others: queue.SimpleQueue[ipc.Message | BaseException] = queue.SimpleQueue()
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._read, name="pipe-reader", daemon=True)
 
@@ -62,17 +64,16 @@ class Mailbox:
         Raises:
             EOFError, OSError, ipc.WireError: the pipe closed or broke (as `ipc.receive`).
         """
-        with self._cond:
-            while not self._others:
-                if self._failure is not None:
-                    raise self._failure
-                self._cond.wait()
-            return self._others.popleft()
+        item = self._others.get()
+        if isinstance(item, BaseException):
+            self._others.put(item)  # for the next `receive`
+            raise item
+        return item
 
     def expect(self, call_id: int) -> Future[ipc.Message]:
         """A slot for the reply to `call_id`; register it before sending the call."""
         slot: Future[ipc.Message] = Future()
-        with self._cond:
+        with self._lock:
             if self._failure is not None:
                 _fill(slot, call_id, f"the agent is gone: {self._failure}")
             else:
@@ -81,7 +82,7 @@ class Mailbox:
 
     def expect_stream(self, call_id: int, deliver: Callable[[ipc.Message], None]) -> None:
         """Hand every reply to `call_id` to `deliver` (reader thread) until a final one."""
-        with self._cond:
+        with self._lock:
             failure = self._failure
             if failure is None:
                 self._streams[call_id] = deliver
@@ -90,13 +91,15 @@ class Mailbox:
 
     def forget(self, call_id: int) -> None:
         """Nobody waits for `call_id` any more: its replies will be dropped on arrival."""
-        with self._cond:
+        with self._lock:
             self._slots.pop(call_id, None)
             self._streams.pop(call_id, None)
 
     def abandon(self, reason: str) -> None:
         """Answer every waiting call with an error (the `execute` that made them returned)."""
-        with self._cond:
+        if not self._slots and not self._streams:
+            return  # most executes make no calls (one made meanwhile comes after this anyway)
+        with self._lock:
             slots, self._slots = self._slots, {}
             streams, self._streams = self._streams, {}
         for call_id, slot in slots.items():
@@ -110,14 +113,14 @@ class Mailbox:
                 message = ipc.receive(self._conn)
             except Exception as exc:  # noqa: BLE001 - a reader dying silently would hang the worker
                 # EOF (the agent is gone), OSError, WireError, MemoryError: the pipe is done.
-                with self._cond:
+                with self._lock:
                     self._failure = exc
-                    self._cond.notify_all()
+                self._others.put(exc)
                 self.abandon(f"the agent is gone: {exc!r}")
                 return
             if message.kind in _REPLIES:
                 call_id = _id(message)
-                with self._cond:
+                with self._lock:
                     slot = self._slots.pop(call_id, None)
                     deliver = self._streams.get(call_id)
                     if deliver is not None and message.meta.get("final", True):
@@ -133,9 +136,7 @@ class Mailbox:
                 if self._on_ping is not None:
                     self._on_ping(message)
             else:
-                with self._cond:
-                    self._others.append(message)
-                    self._cond.notify_all()
+                self._others.put(message)
 
 
 def _id(message: ipc.Message) -> int:

@@ -58,6 +58,7 @@ from agent.backends.python.worker import bls_client, decoupled
 from agent.backends.python.worker.mailbox import Mailbox
 from agent.pb_utils import metrics as pb_metrics
 from agent.pb_utils.request import received_request
+from agent.pb_utils.response import parameters_of
 
 _PR_SET_PDEATHSIG = 1
 _TRITON_MODULE = "triton_python_backend_utils"
@@ -241,15 +242,18 @@ class _MetricTotals:
         self._ids = ids
         self._open = False
 
-    @contextlib.contextmanager
-    def listening(self) -> Iterator[None]:
+    def listening(self) -> _MetricTotals:
+        """`with totals.listening():` around `initialize` and `execute` (a plain context
+        manager, not a generator: it wraps every execute)."""
+        return self
+
+    def __enter__(self) -> None:
         self._open = True
         pb_metrics.set_total_source(self.total)
-        try:
-            yield
-        finally:
-            self._open = False
-            pb_metrics.set_total_source(None)
+
+    def __exit__(self, *exc: object) -> None:
+        self._open = False
+        pb_metrics.set_total_source(None)
 
     def total(self, family: str, labels: dict[str, str]) -> float | None:
         if not self._open:
@@ -384,7 +388,8 @@ def _execute(model: Any, message: ipc.Message, running: _Running) -> ipc.Message
     running.start(seq if isinstance(seq, int) else -1, requests)
     try:
         responses = model.execute(requests)
-        if inspect.isawaitable(responses):  # `async def execute`, as Triton allows
+        # `async def execute`, as Triton allows (a plain list, the usual answer, never is).
+        if type(responses) is not list and inspect.isawaitable(responses):
             responses = _run_coroutine(responses)
     except Exception as exc:  # noqa: BLE001 - user code: report it, stay alive
         traceback.print_exc()
@@ -406,7 +411,7 @@ def _execute(model: Any, message: ipc.Message, running: _Running) -> ipc.Message
         else:
             answers.append({"tensors": len(outcome)})
             tensors.extend(outcome)
-            params = json.loads(response.parameters())
+            params = parameters_of(response)
             if params:  # the model's response parameters (rare: most set none)
                 answers[-1]["parameters"] = params
     return ipc.Message(ipc.RESULT, {"responses": answers}, tensors)
