@@ -11,7 +11,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from agent.pb_utils.errors import TritonModelException
-from agent.pb_utils.response import InferenceResponseSender
+from agent.pb_utils.response import InferenceResponseSender, checked_parameter_types
 from agent.pb_utils.tensor import Tensor
 
 # Request flags (Triton's TRITONSERVER_RequestFlag): a BLS request's `flags=`, with its
@@ -80,17 +80,8 @@ class InferenceRequest:
             raise TritonModelException("timeout must be a non-negative number of microseconds")
         self._timeout = int(timeout)
         self._cancelled = False
-        self._parameters = dict(parameters or {})
+        self._parameters: dict[str, Any] = checked_parameter_types(parameters or {})
         self._trace = trace if isinstance(trace, InferenceTrace) else InferenceTrace()
-        for key, value in self._parameters.items():
-            if not isinstance(key, str):
-                raise TritonModelException(
-                    f"Expect parameters keys to have type str, found type {type(key)}"
-                )
-            if not isinstance(value, bool | int | str):
-                raise TritonModelException(
-                    f"Expect parameters values to have type bool/int/str, found type {type(value)}"
-                )
 
     def inputs(self) -> list[Tensor]:
         return list(self._inputs)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from agent.pb_utils.errors import ModelError, TritonModelException
 from agent.pb_utils.tensor import Tensor
@@ -134,6 +135,16 @@ def _checked_parameters(
             raise TritonModelException(f"parameters must be a JSON object: {exc}") from None
     if not isinstance(parameters, Mapping):
         raise TritonModelException(f"Expect dict, got {type(parameters)}")
+    return checked_parameter_types(parameters)
+
+
+def checked_parameter_types(parameters: Mapping[Any, Any]) -> dict[str, bool | int | str]:
+    """A copy of `parameters` if every key is a str and every value a bool, int or str (what
+    Triton's requests and responses carry).
+
+    Raises:
+        TritonModelException: another key or value type, in Triton's words.
+    """
     for key, value in parameters.items():
         if not isinstance(key, str):
             raise TritonModelException(
