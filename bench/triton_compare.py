@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -408,13 +408,15 @@ def run_compare(
     models: Sequence[BenchModel] = (MODELS["mlp"], MODELS["cnn"]),
     *,
     pinned: bool = False,
+    only: Collection[str] = (),
 ) -> tuple[list[Row], str]:
     """Start the servers, run the rounds; the rows and why Triton is missing ("" when not).
 
-    `pinned`: also the agent with each model's runs pinned to cores / instances threads."""
+    `pinned`: also the agent with each model's runs pinned to cores / instances threads;
+    `only`: the names of the perf_analyzer cases to run (none given: every case of `models`)."""
     onnx_paths = write_model_files(workdir, list(models))
     served = {m.served_name for m in models}
-    cases = [c for c in CASES if c.model in served]
+    cases = [c for c in CASES if c.model in served and (not only or c.name in only)]
     why_no_triton = ""
     stub_path: Path | None = None
     install = find_triton()

@@ -79,7 +79,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_python_model(repo, "flaky", BEHAVIOUR_MODEL, behaviour_config("flaky"))
     write_python_model(repo, "hang", BEHAVIOUR_MODEL, behaviour_config("hang", timeout_s=2))
     write_python_model(
-        repo, "hang_late", BEHAVIOUR_MODEL, behaviour_config("hang_late", timeout_s=20)
+        repo, "hang_late", BEHAVIOUR_MODEL, behaviour_config("hang_late", timeout_s=10)
     )
     write_python_model(
         repo, "hang_queue", BEHAVIOUR_MODEL, behaviour_config("hang_queue", timeout_s=8)
@@ -408,7 +408,7 @@ def test_a_fast_python_model_never_runs_on_the_event_loop(
     assert client.is_model_ready("hang_late")  # the stuck request has not been answered yet
     with pytest.raises(InferenceServerException) as raised:
         stuck.get_result()
-    assert "no response within 20 s" in str(raised.value)
+    assert "no response within 10 s" in str(raised.value)
 
 
 def test_requests_queued_behind_a_hang_go_to_the_new_worker(
