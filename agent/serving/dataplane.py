@@ -350,15 +350,17 @@ class DataPlane:
                 # Keyed by the build, not the version number: a version rebuilt under the same
                 # number (poll reload, re-activation) never answers from the old build's entries.
                 key = cache_key(served.name, loaded.build_id, request.inputs, valid.output_names)
-                hit = self._cache.get(key)
-                if hit is not None:
-                    hit = self._classify(served, request, hit)
+                cached = self._cache.get(key)
+                if cached is not None:
+                    hit = self._classify(served, request, cached.outputs)
                     self.shared_memory.place_outputs(hit, in_shm)
                     now = time.perf_counter_ns()
                     stats.record_cache_hit(ns=now - lookup, now_ms=now_ms(), request_ns=now - start)
                     self._router.outcome(name, route, start, None)
                     if trace is not None:
                         self._traces.end(trace, hit)
+                    if answer is None:
+                        answer = cached.parameters  # those the model answered the miss with
                     return InferResponse(served.name, version_text, hit, request.id, answer)
                 stats.record_cache_miss(ns=time.perf_counter_ns() - lookup)
             queued = time.perf_counter_ns() if trace is not None else 0
@@ -426,7 +428,9 @@ class DataPlane:
             now_ms=now_ms(),
         )
         if key is not None and self._cache is not None:
-            self._cache.put(key, outputs, model=served.name, version=version_text)
+            self._cache.put(
+                key, outputs, model=served.name, version=version_text, parameters=result.parameters
+            )
         self._router.outcome(name, route, start, None)
         if trace is not None:
             self._traces.end(trace, answered)

@@ -12,14 +12,16 @@ Invariants:
   immutable bytes, so a caller can neither write into them nor flip them back to writeable;
   BYTES (object) arrays are copied on every hit.
 * Each entry remembers its model and version so `invalidate` can drop them on unload or swap.
+* An entry keeps the response's parameters (a Python model's `InferenceResponse(parameters=...)`)
+  with its outputs: a hit answers what the miss answered.
 * Capacity 0 disables the cache: `get` returns None and `put` returns False, no counter moves.
 
 The cache is NOT thread-safe by design: it is used from the event loop only. Example::
 
     cache = ResponseCache(64 << 20)
     key = cache_key("mlp", "1", request.inputs, ["OUTPUT0"])
-    outputs = cache.get(key)
-    if outputs is None:
+    hit = cache.get(key)
+    if hit is None:
         outputs = run_model(...)
         cache.put(key, outputs, model="mlp", version="1")
 """
@@ -29,9 +31,9 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -107,10 +109,19 @@ def entry_size(outputs: Sequence[OutputTensor]) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class CachedResponse:
+    """What a hit answers: the outputs and the response parameters stored with them."""
+
+    outputs: tuple[OutputTensor, ...]
+    parameters: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class _Entry:
     model: str
     version: str
     outputs: tuple[OutputTensor, ...]
+    parameters: Mapping[str, Any] | None
     size: int
 
 
@@ -165,14 +176,14 @@ class ResponseCache:
         """Entries dropped to make room (not those dropped by `invalidate`)."""
         return self._evictions
 
-    def get(self, key: bytes) -> tuple[OutputTensor, ...] | None:
+    def get(self, key: bytes) -> CachedResponse | None:
         """Look a response up and mark it most recently used.
 
         Args:
             key: a `cache_key` digest.
 
         Returns:
-            The cached outputs (numeric arrays read-only), or None on a miss.
+            The cached outputs (numeric arrays read-only) and parameters, or None on a miss.
         """
         if self._capacity == 0:
             return None
@@ -182,10 +193,16 @@ class ResponseCache:
             return None
         self._entries.move_to_end(key)
         self._hits += 1
-        return tuple(_hand_out(out) for out in entry.outputs)
+        return CachedResponse(tuple(_hand_out(out) for out in entry.outputs), entry.parameters)
 
     def put(
-        self, key: bytes, outputs: tuple[OutputTensor, ...], *, model: str, version: str
+        self,
+        key: bytes,
+        outputs: tuple[OutputTensor, ...],
+        *,
+        model: str,
+        version: str,
+        parameters: Mapping[str, Any] | None = None,
     ) -> bool:
         """Store a response, evicting least recently used entries until it fits.
 
@@ -197,12 +214,14 @@ class ResponseCache:
             outputs: the response's outputs.
             model: the model's name, for `invalidate`.
             version: the version that produced the outputs, for `invalidate`.
+            parameters: the response's parameters (bool, int, float or str values), answered
+                with the outputs on every hit.
 
         Returns:
             True when stored; False when the cache is disabled or the entry alone is larger than
             the capacity (nothing is evicted then).
         """
-        size = entry_size(outputs)
+        size = entry_size(outputs) + _parameters_size(parameters)
         if size > self._capacity:
             if self._capacity:
                 logger.debug(
@@ -221,7 +240,8 @@ class ResponseCache:
             self._used -= evicted.size
             self._evictions += 1
         stored = tuple(OutputTensor(o.name, o.datatype, _frozen_copy(o.data)) for o in outputs)
-        self._entries[key] = _Entry(model, version, stored, size)
+        kept = dict(parameters) if parameters else None  # a private copy, as the arrays
+        self._entries[key] = _Entry(model, version, stored, kept, size)
         self._used += size
         return True
 
@@ -252,6 +272,13 @@ class _Digest(Protocol):
 def _field(digest: _Digest, value: bytes) -> None:
     digest.update(len(value).to_bytes(8, "little"))
     digest.update(value)
+
+
+def _parameters_size(parameters: Mapping[str, Any] | None) -> int:
+    """Bytes counted for an entry's parameters: their keys' and values' text."""
+    if not parameters:
+        return 0
+    return sum(len(key) + len(str(value)) for key, value in parameters.items())
 
 
 def _as_bytes(value: object) -> bytes:

@@ -101,6 +101,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     write_python_model(repo, "sloppy", SLOPPY_MODEL, minimal_config("sloppy"))
     write_python_model(repo, "context", CONTEXT_MODEL, minimal_config("context"))
+    cached = minimal_config("context_cached") + "response_cache { enable: true }"
+    write_python_model(repo, "context_cached", CONTEXT_MODEL, cached)
     sequences = minimal_config("context_seq") + "sequence_batching { }"
     write_python_model(repo, "context_seq", CONTEXT_MODEL, sequences)
     timeout = minimal_config("bad_timeout") + (
@@ -272,6 +274,23 @@ def test_the_model_reads_the_request_context_and_answers_response_parameters(
     assert response["id"] == "r-1"
     assert response["parameters"] == {"id": "r-1", "asked": '{"s": "v", "i": 3}', "corrid": 0}
     assert plain.get_response()["parameters"] == {"id": "", "asked": "{}", "corrid": 0}
+
+
+def test_a_response_cache_hit_answers_the_parameters_the_model_answered_the_miss_with(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    inp = httpclient.InferInput("X", [1, 1], "FP32")
+    inp.set_data_from_numpy(np.full((1, 1), 7.0, dtype=np.float32))
+
+    miss = client.infer("context_cached", [inp], request_id="r-1")
+    hit = client.infer("context_cached", [inp], request_id="r-2")
+
+    stats = client.get_inference_statistics("context_cached")["model_stats"][0]
+    assert stats["inference_stats"]["cache_hit"]["count"] == 1
+    assert hit.get_response()["id"] == "r-2"  # the request's own id, the model's parameters
+    assert hit.get_response()["parameters"] == miss.get_response()["parameters"]
+    assert miss.get_response()["parameters"]["id"] == "r-1"
+    assert hit.as_numpy("Y").tolist() == [[7.0]]
 
 
 def test_a_sequence_s_model_reads_its_correlation_id(

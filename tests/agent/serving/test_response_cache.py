@@ -135,7 +135,7 @@ def test_putting_a_key_again_replaces_its_entry() -> None:
     cache.put(b"a", outputs(2.0), model="m", version="1")
     hit = cache.get(b"a")
     assert hit is not None
-    assert hit[0].data[0] == 2.0
+    assert hit.outputs[0].data[0] == 2.0
     assert (cache.entries, cache.used_bytes) == (1, FP32_100_ENTRY)
 
 
@@ -146,14 +146,14 @@ def test_cached_arrays_are_copies_the_caller_cannot_change() -> None:
     mine[0].data[:] = 9.0
     hit = cache.get(b"a")
     assert hit is not None
-    assert hit[0].data.tolist() == [1.0] * 100
+    assert hit.outputs[0].data.tolist() == [1.0] * 100
     with pytest.raises(ValueError, match="read-only"):
-        hit[0].data[0] = 5.0
+        hit.outputs[0].data[0] = 5.0
     with pytest.raises(ValueError, match="WRITEABLE"):
-        hit[0].data.flags.writeable = True
+        hit.outputs[0].data.flags.writeable = True
     again = cache.get(b"a")
     assert again is not None
-    assert again[0].data.tolist() == [1.0] * 100
+    assert again.outputs[0].data.tolist() == [1.0] * 100
 
 
 def test_cached_bytes_outputs_are_copied_on_every_hit() -> None:
@@ -164,11 +164,11 @@ def test_cached_bytes_outputs_are_copied_on_every_hit() -> None:
     words[0] = b"eel"
     first = cache.get(b"a")
     assert first is not None
-    assert first[0].data.tolist() == [b"cat", b"dog"]
-    first[0].data[1] = b"fox"
+    assert first.outputs[0].data.tolist() == [b"cat", b"dog"]
+    first.outputs[0].data[1] = b"fox"
     second = cache.get(b"a")
     assert second is not None
-    assert second[0].data.tolist() == [b"cat", b"dog"]
+    assert second.outputs[0].data.tolist() == [b"cat", b"dog"]
 
 
 def test_invalidate_drops_one_version_or_the_whole_model() -> None:
@@ -207,3 +207,17 @@ def test_capacity_zero_disables_the_cache() -> None:
 def test_negative_capacity_is_refused() -> None:
     with pytest.raises(ValueError, match="capacity"):
         ResponseCache(-1)
+
+
+def test_a_hit_answers_the_parameters_stored_with_the_outputs() -> None:
+    cache = ResponseCache(10 * FP32_100_ENTRY)
+    given = {"calls": 1, "tag": "first"}
+    cache.put(b"a", outputs(1.0), model="m", version="1", parameters=given)
+    cache.put(b"b", outputs(1.0), model="m", version="1")
+    given["calls"] = 2  # the caller's mapping changes later: the entry keeps its own copy
+    hit = cache.get(b"a")
+    assert hit is not None
+    assert hit.parameters == {"calls": 1, "tag": "first"}
+    plain = cache.get(b"b")
+    assert plain is not None
+    assert plain.parameters is None
