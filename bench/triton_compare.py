@@ -60,6 +60,7 @@ TRITON = "Triton 2.51"
 SERVERS = (AGENT, PINNED, AGENT_PYTHON, TRITON)
 STUB_INTERPRETER = f"/usr/bin/python{STUB_PYTHON}"
 PYTHON_PATH_PARAMETER = "bench_python_path"  # where model.py finds onnxruntime (Triton's stub)
+SPINNING_PARAMETER = "bench_spinning"  # "1": model.py's onnxruntime threads spin during runs
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +128,13 @@ class TritonPythonModel:
         import onnxruntime as ort
 
         options = ort.SessionOptions()  # intra-op threads 0: one per core
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        parameters = config.get("parameters", {})
+        if parameters.get("bench_spinning", {}).get("string_value") == "1":
+            # Threads spin while a run runs and stop when it returns (the agent's lone run).
+            options.add_session_config_entry("session.intra_op.allow_spinning", "1")
+            options.add_session_config_entry("session.force_spinning_stop", "1")
+        else:
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         version = os.path.join(args["model_repository"], args["model_version"])
         self.session = ort.InferenceSession(
             os.path.join(version, "model.onnx"), options, providers=["CPUExecutionProvider"]
@@ -176,11 +183,14 @@ output [
 """
 
 
-def python_config(model: BenchModel, python_path: Path | None) -> str:
-    """The dynbatch config.pbtxt of `model`, served by the Python backend's model.py."""
+def python_config(model: BenchModel, python_path: Path | None, *, spinning: bool = False) -> str:
+    """The dynbatch config.pbtxt of `model`, served by the Python backend's model.py
+    (`spinning`: its onnxruntime threads spin while a run runs, and stop when it returns)."""
     text = config_pbtxt(model, "dynbatch").replace(
         'platform: "onnxruntime_onnx"', 'backend: "python"'
     )
+    if spinning:
+        text += f'parameters {{ key: "{SPINNING_PARAMETER}" value: {{ string_value: "1" }} }}\n'
     if python_path is not None:
         text += (
             f'parameters {{ key: "{PYTHON_PATH_PARAMETER}" '
@@ -190,7 +200,12 @@ def python_config(model: BenchModel, python_path: Path | None) -> str:
 
 
 def write_python_repository(
-    root: Path, models: Sequence[BenchModel], onnx_paths: dict[str, Path], python_path: Path | None
+    root: Path,
+    models: Sequence[BenchModel],
+    onnx_paths: dict[str, Path],
+    python_path: Path | None,
+    *,
+    spinning: bool = False,
 ) -> Path:
     """The models as Python models (model.py + model.onnx) and add_sub, under `root`."""
     root.mkdir(parents=True, exist_ok=True)
@@ -200,7 +215,7 @@ def write_python_repository(
         shutil.copyfile(onnx_paths[model.key], version / "model.onnx")
         (version / "model.py").write_text(ONNX_MODEL_PY, encoding="utf-8")
         (root / model.served_name / "config.pbtxt").write_text(
-            python_config(model, python_path), encoding="utf-8"
+            python_config(model, python_path, spinning=spinning), encoding="utf-8"
         )
     add_sub = root / "add_sub" / "1"
     add_sub.mkdir(parents=True, exist_ok=True)
@@ -409,11 +424,15 @@ def run_compare(
     *,
     pinned: bool = False,
     only: Collection[str] = (),
+    spinning: bool = False,
 ) -> tuple[list[Row], str]:
     """Start the servers, run the rounds; the rows and why Triton is missing ("" when not).
 
     `pinned`: also the agent with each model's runs pinned to cores / instances threads;
-    `only`: the names of the perf_analyzer cases to run (none given: every case of `models`)."""
+    `only`: the names of the perf_analyzer cases to run (none given: every case of `models`);
+    `spinning`: the Python-backend model.py's onnxruntime threads spin while a run runs and
+    stop when it returns, as the agent's lone runs (default: they never spin, as its other
+    runs)."""
     onnx_paths = write_model_files(workdir, list(models))
     served = {m.served_name for m in models}
     cases = [c for c in CASES if c.model in served and (not only or c.name in only)]
@@ -439,12 +458,14 @@ def run_compare(
             repo = write_onnx_repository(workdir, models, onnx_paths, pinned=True)
             ports[PINNED] = stack.enter_context(agent_server(repo))
         log("[triton compare] starting the agent (Python backend)")
-        python_repo = write_python_repository(workdir / "python-repo", models, onnx_paths, None)
+        python_repo = write_python_repository(
+            workdir / "python-repo", models, onnx_paths, None, spinning=spinning
+        )
         ports[AGENT_PYTHON] = stack.enter_context(agent_server(python_repo))
         if stub_path is not None:
             log("[triton compare] starting tritonserver")
             triton_repo = write_python_repository(
-                workdir / "triton-repo", models, onnx_paths, stub_path
+                workdir / "triton-repo", models, onnx_paths, stub_path, spinning=spinning
             )
             try:
                 ports[TRITON] = stack.enter_context(triton_server(triton_repo, workdir / "triton"))
@@ -517,7 +538,7 @@ def render(rows: Sequence[Row]) -> str:
     return markdown_table(header, lines, [False] + [True] * (len(header) - 1))
 
 
-def caption(rounds: int, quick: bool) -> str:
+def caption(rounds: int, quick: bool, spinning: bool = False) -> str:
     return (
         f"The agent against Triton 2.51 on the same models (bench.triton_compare): {rounds} "
         f"round(s){' (--quick: a tenth of the requests)' if quick else ''}, the servers' order "
@@ -525,7 +546,9 @@ def caption(rounds: int, quick: bool) -> str:
         "the per-round ratios "
         "(inf/s: agent / Triton, above 1.00 is faster; p50: agent / Triton, below 1.00 is "
         "faster). Triton serves the ONNX models through a Python-backend model.py running "
-        "onnxruntime (one thread per core); so does the 'agent, Python backend' column; "
+        "onnxruntime (one thread per core, "
+        + ("spinning while a run runs, --spinning-model-py" if spinning else "never spinning")
+        + "); so does the 'agent, Python backend' column; "
         "'agent, pinned threads' (--pinned) pins each run to cores / instances threads."
     )
 
@@ -548,6 +571,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--pinned",
         action="store_true",
         help="also the agent with every run pinned to cores / instances threads",
+    )
+    parser.add_argument(
+        "--spinning-model-py",
+        action="store_true",
+        help="the Python-backend model.py's onnxruntime threads spin while a run runs "
+        "(as the agent's lone runs); default: they never spin",
     )
     args = parser.parse_args(argv)
     rounds = args.rounds or (1 if args.quick else 5)
@@ -574,11 +603,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _log,
                 [MODELS[k] for k in keys],
                 pinned=args.pinned,
+                spinning=args.spinning_model_py,
             )
         except (BenchError, OSError, subprocess.SubprocessError) as exc:
             print(f"triton compare: error: {exc}", file=sys.stderr)
             return 1
-    print(caption(rounds, args.quick))
+    print(caption(rounds, args.quick, args.spinning_model_py))
     print()
     print(render(rows))
     if why_no_triton:

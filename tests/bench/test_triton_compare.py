@@ -89,6 +89,10 @@ def test_the_python_models_config_is_the_onnx_one_on_the_python_backend(tmp_path
     assert "count: 2" in text
     assert f'string_value: "{tmp_path}"' in text
     assert "bench_python_path" not in python_config(model, None)
+    assert "bench_spinning" not in text
+    assert 'key: "bench_spinning" value: { string_value: "1" }' in python_config(
+        model, None, spinning=True
+    )
 
 
 def test_the_pinned_repository_pins_each_model_to_its_share_of_the_cores(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 
 from agent.backends.base import CountsExtraRuns
@@ -88,6 +89,27 @@ def test_a_lone_session_answers_as_the_shared_one_and_counts_one_run_more(
     finally:
         backend.close()
         pinned.close()
+
+
+def test_a_lone_run_s_threads_spin_while_it_runs_and_busy_runs_threads_sleep(
+    model_path: Path,
+) -> None:
+    backend = OnnxBackend(model_path, _config(), intra_op_threads=1, lone_intra_op_threads=2)
+    try:
+        lone = backend._lone  # private: the test reads the sessions' options
+        busy = backend._session
+        assert lone is not None
+
+        def entry(session: ort.InferenceSession, key: str) -> str:
+            return str(session.get_session_options().get_session_config_entry(key))
+
+        # The lone run's threads spin between operators and stop when it returns; a busy run's
+        # never take a core from the event loop.
+        assert entry(lone, "session.intra_op.allow_spinning") == "1"
+        assert entry(lone, "session.force_spinning_stop") == "1"
+        assert entry(busy, "session.intra_op.allow_spinning") == "0"
+    finally:
+        backend.close()
 
 
 def test_no_lone_session_when_it_would_not_have_more_threads(model_path: Path) -> None:
