@@ -24,10 +24,11 @@ shared-memory segment in /dev/shm outlives a process killed before it unlinks it
 one copy per tensor each way, small next to the cost of Python pre/post-processing.
 
 Flow control: a socket buffer holds far less than one large tensor, so a writer blocks until the
-other side reads. The worker reads its end on a thread of its own at all times
-(`python_mailbox`), so a write from the agent never waits on user code, and both sides can
-never be stuck writing at once (an abandoned BLS result of many MB while the worker sends its
-own answer, say).
+other side reads. The worker reads its end at all times (its main thread while it waits for
+work, a relief thread while user code runs long or waits for a reply: `python_mailbox`), so a
+write from the agent never waits on user code for long, and both sides can never be stuck
+writing at once (an abandoned BLS result of many MB while the worker sends its own answer,
+say).
 """
 
 from __future__ import annotations
@@ -90,8 +91,8 @@ METRIC_VALUE_RESULT = "metric_value_result"
 # returned.
 RESPONSE = "response"
 # Liveness (agent.backends.python.supervisor): agent → worker PING meta {"n"} at any time after
-# READY; the worker's pipe reader hands it to a thread of its own that answers PONG meta {"n"}
-# (the reader itself never writes: see the flow control above). A PONG may come late, after
+# READY; whoever reads the worker's pipe hands it to a thread of its own that answers PONG
+# meta {"n"} (a reader never writes: see the flow control above). A PONG may come late, after
 # the `execute` it overlapped: the numbers say which PING it answers.
 PING = "ping"
 PONG = "pong"

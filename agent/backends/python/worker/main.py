@@ -15,11 +15,13 @@ FD is this end of a socketpair inherited from the agent, PPID the agent's pid. T
 4. on FINALIZE calls `finalize()`, answers FINALIZED and exits; when the pipe closes (agent gone)
    it exits without finalizing.
 
-A reader thread (`agent.backends.python.worker.mailbox`) takes every message off the pipe as it
-arrives, so the agent never blocks writing to this worker. The agent's heartbeat PINGs are
-answered (PONG) by a thread of their own as soon as that reader has them, also while `execute`
-runs: a slow `execute` keeps answering, a stopped or wedged process does not (the agent then
-kills and replaces it, `agent.backends.python.supervisor`). Inside `execute`,
+The main thread reads the pipe itself while it waits for work, and a relief thread reads it
+while the main thread is busy for long or waits for a reply
+(`agent.backends.python.worker.mailbox`), so a short `execute` costs no thread switch and the
+agent never blocks writing to this worker. The agent's heartbeat PINGs are answered (PONG) by a
+thread of their own as soon as they are read, also while `execute` runs: a slow `execute` keeps
+answering, a stopped or wedged process does not (the agent then kills and replaces it,
+`agent.backends.python.supervisor`). Inside `execute`,
 `pb_utils.InferenceRequest.exec` / `async_exec` send BLS messages and wait for their BLS_RESULT
 (`agent.backends.python.worker.bls_client`; `async def execute` runs on one event loop per
 worker). A CANCEL from the agent marks requests of the running execute (`request.is_cancelled()`).
@@ -100,7 +102,7 @@ def main(argv: list[str]) -> int:
     running = _Running()
     cancels = _Cancels(running)
     pongs = _Pongs(wire)
-    # One reader thread takes every message off the pipe as it arrives (python_mailbox says why).
+    # The pipe is read at all times, by this thread or a relief thread (python_mailbox says why).
     mailbox = Mailbox(conn, on_cancel=cancels.route, on_ping=pongs.ping)
     mailbox.start()
     ids = itertools.count(1)  # ids of calls to the agent (BLS, metric values)
@@ -165,7 +167,7 @@ def _decoupled_runtime(wire: _Wire, init: ipc.Message) -> decoupled.DecoupledRun
 
 
 class _Pongs:
-    """Answers the agent's PINGs from a thread of its own (the pipe reader never writes)."""
+    """Answers the agent's PINGs from a thread of its own (whoever reads the pipe never writes)."""
 
     def __init__(self, wire: _Wire) -> None:
         self._wire = wire
@@ -173,7 +175,7 @@ class _Pongs:
         self._thread: threading.Thread | None = None
 
     def ping(self, message: ipc.Message) -> None:
-        """A PING, from the reader thread: queued for the answering thread (started at once)."""
+        """A PING, from the reading thread: queued for the answering thread (started at once)."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._answer, name="pong", daemon=True)
             self._thread.start()
@@ -189,7 +191,7 @@ class _Pongs:
 
 
 class _Running:
-    """The requests of the running `execute`, which CANCEL messages mark (reader thread).
+    """The requests of the running `execute`, which CANCEL messages mark (the reading thread).
 
     EXECUTE and CANCEL carry the agent's sequence number of the execute: a CANCEL read before
     the main loop has built the requests waits for them; one for an execute already answered is
@@ -272,7 +274,7 @@ class _MetricTotals:
 
 
 class _Cancels:
-    """Routes CANCEL (reader thread): a decoupled model's by request id, others by execute."""
+    """Routes CANCEL (the reading thread): a decoupled model's by request id, others by execute."""
 
     def __init__(self, running: _Running) -> None:
         self.running = running
