@@ -33,6 +33,7 @@ say).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import math
@@ -105,8 +106,27 @@ PREFIX_BYTES = _PREFIX.size
 _ALIGN = 16
 _JOIN_BELOW = 64 * 1024  # smaller frames are joined and written with one write(2)
 _IOV_MAX = 1024  # buffers per writev(2) (Linux's limit)
-# json.dumps with any option builds a new encoder per call; this one is made once (stateless).
+# json.dumps with any option builds a new encoder per call, and JSONEncoder.encode builds its C
+# encoder per call: this one is made once (stateless without circular checks: headers are
+# trees); the pure-Python encoder only where the C accelerator is missing.
 _HEADER_JSON = json.JSONEncoder(separators=(",", ":"))
+_C_HEADER_JSON: Any = None
+with contextlib.suppress(ImportError):  # else an interpreter without the C accelerator
+    from _json import make_encoder
+
+    # What _HEADER_JSON hands it, without the circular-reference markers.
+    _C_HEADER_JSON = make_encoder(
+        None,  # markers
+        _HEADER_JSON.default,
+        json.encoder.encode_basestring_ascii,
+        None,  # indent
+        ":",
+        ",",
+        False,  # sort_keys
+        False,  # skipkeys
+        True,  # allow_nan
+    )
+_HEADER_DECODER = json.JSONDecoder()
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,9 +168,11 @@ def encode(message: Message) -> list[bytes | memoryview]:
             buffers.append(bytes(pad))
         buffers.append(raw)
         data += pad + nbytes
-    header = _HEADER_JSON.encode(
-        {"kind": message.kind, "meta": message.meta, "tensors": described}
-    ).encode()
+    fields = {"kind": message.kind, "meta": message.meta, "tensors": described}
+    if _C_HEADER_JSON is None:
+        header = _HEADER_JSON.encode(fields).encode()
+    else:
+        header = "".join(_C_HEADER_JSON(fields, 0)).encode()
     header += b" " * (-len(header) % _ALIGN)
     if len(header) > MAX_HEADER_BYTES:
         raise WireError(f"header of {len(header)} bytes exceeds {MAX_HEADER_BYTES}")
@@ -176,7 +198,7 @@ def decode(body: bytearray, header_bytes: int) -> Message:
     Raises:
         WireError: the message is malformed.
     """
-    header = _parse_header(bytes(memoryview(body)[:header_bytes]))  # one copy, not two
+    header = _parse_header(memoryview(body)[:header_bytes])
     tensors = []
     offset = header_bytes
     for item in header["tensors"]:
@@ -219,7 +241,14 @@ def send_frame(conn: HasFileno, buffers: Sequence[bytes | memoryview]) -> None:
     """Send an encoded frame (`encode`), as `send`."""
     fd = conn.fileno()
     if frame_size(buffers) < _JOIN_BELOW:  # one small copy is cheaper than scattered writes
-        buffers = [b"".join(buffers)]
+        data = b"".join(buffers)
+        try:
+            written = os.write(fd, data)
+        except BlockingIOError:
+            written = 0
+        if written == len(data):
+            return  # the usual case: the whole frame at once
+        buffers = [memoryview(data)[written:]]
     views = [memoryview(b).cast("B") for b in buffers]
     while views:
         try:
@@ -266,6 +295,61 @@ def receive_body(
     return decode(body, header)
 
 
+class FrameReader:
+    """Reads messages off a blocking descriptor with read-ahead, for a descriptor read by
+    nobody else (the worker's end): a small message, and what follows it, come in one read(2)
+    instead of two. Not for the agent's ends: a poll of the descriptor no longer says whether a
+    message waits (it may wait in this buffer). Messages larger than the buffer are read into
+    their own memory, exactly to their end. One thread at a time may call `receive`.
+    """
+
+    _SIZE = 64 * 1024
+
+    def __init__(self, conn: HasFileno) -> None:
+        # The descriptor is asked for at each read: a closed connection then raises instead of
+        # reading whatever the number means by now.
+        self._conn = conn
+        self._buffer = bytearray(self._SIZE)
+        self._view = memoryview(self._buffer)
+        self._start = 0  # the unread bytes are _buffer[_start:_end]
+        self._end = 0
+
+    def receive(self) -> Message:
+        """The next message (blocking). Raises as `receive`."""
+        if self._end - self._start < PREFIX_BYTES:
+            self._fill()
+        start = self._start + PREFIX_BYTES
+        header, data = frame_lengths(self._view[self._start : start])
+        end = start + header + data
+        if end <= self._end:  # the whole message is here: its own copy (tensors are views)
+            body = bytearray(self._view[start:end])
+            self._start = end
+        else:
+            body = bytearray(header + data)
+            got = self._end - start
+            body[:got] = self._view[start : self._end]
+            self._start = self._end = 0
+            _read_into(self._conn.fileno(), memoryview(body)[got:], None)
+        return decode(body, header)
+
+    def _fill(self) -> None:
+        """Read until a prefix is buffered (the unread bytes moved to the front first)."""
+        waiting = self._end - self._start
+        if waiting:  # a few bytes: copied out first (the two ranges may overlap)
+            self._buffer[:waiting] = bytes(self._view[self._start : self._end])
+        self._start, self._end = 0, waiting
+        fd = self._conn.fileno()
+        while self._end < PREFIX_BYTES:
+            try:
+                count = os.readv(fd, [self._view[self._end :]])
+            except BlockingIOError:
+                _wait(fd, select.POLLIN, None)
+                continue
+            if count == 0:
+                raise EOFError("the other side closed the connection")
+            self._end += count
+
+
 def waiting_bytes(conn: HasFileno) -> int:
     """How many bytes wait in the descriptor's receive queue (FIONREAD)."""
     raw = fcntl.ioctl(conn.fileno(), termios.FIONREAD, b"\0\0\0\0")
@@ -300,10 +384,10 @@ def _wait(fd: int, events: int, deadline: float | None) -> None:
             raise TimeoutError("no message before the deadline")
 
 
-def _parse_header(raw: bytes) -> dict[str, Any]:
-    try:
-        header = json.loads(raw)
-    except ValueError as exc:
+def _parse_header(raw: memoryview) -> dict[str, Any]:
+    try:  # the decoder itself, not json.loads: no encoding sniffing (the header is ASCII)
+        header = _HEADER_DECODER.decode(str(raw, "utf-8"))
+    except ValueError as exc:  # UnicodeDecodeError included
         raise WireError(f"header is not JSON: {exc}") from None
     if (
         not isinstance(header, dict)

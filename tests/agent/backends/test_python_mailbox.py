@@ -40,7 +40,8 @@ class _Filed:
 def pipe() -> Iterator[tuple[Connection, Connection]]:
     agent_end, worker_end = multiprocessing.Pipe(duplex=True)
     yield agent_end, worker_end
-    agent_end.close()
+    agent_end.close()  # a relief thread still reading sees EOF and ends
+    worker_end.close()
 
 
 def test_the_main_thread_reads_for_itself_and_files_pings_on_the_way(

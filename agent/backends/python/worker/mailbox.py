@@ -61,7 +61,7 @@ class Mailbox:
         on_cancel: Callable[[ipc.Message], None] | None = None,
         on_ping: Callable[[ipc.Message], None] | None = None,
     ) -> None:
-        self._conn = conn
+        self._frames = ipc.FrameReader(conn)  # read by one thread at a time (see above)
         self._on_cancel = on_cancel
         self._on_ping = on_ping
         self._lock = threading.Lock()
@@ -215,7 +215,7 @@ class Mailbox:
             kept for every later `receive`, and every waiting call is answered with it.
         """
         try:
-            return ipc.receive(self._conn)
+            return self._frames.receive()
         except Exception as exc:
             with self._lock:
                 self._failure = exc
