@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import importlib.util
 import inspect
 import itertools
@@ -376,16 +377,22 @@ def _execute(model: Any, message: ipc.Message, running: _Running) -> ipc.Message
     if not isinstance(described, list):
         described = [{"outputs": message.meta.get("outputs", []), "inputs": len(message.tensors)}]
     requests = []
+    tensor = pb_utils.Tensor
     offset = 0
+    # What a request's response sender sent (Triton allows a model that is not decoupled to
+    # answer through it): the sender is made only if the model asks for it.
+    sent: dict[int, pb_utils.InferenceResponse] = {}
+    make_sender = functools.partial(_response_sender, sent)
     for item in described:
         count = int(item.get("inputs", 0))
-        inputs = [pb_utils.Tensor(n, a) for n, a in message.tensors[offset : offset + count]]
+        inputs = [tensor(n, a) for n, a in message.tensors[offset : offset + count]]
         offset += count
         index = item.get("trace")  # set when the agent traces this request
-        trace = pb_utils.InferenceTrace(index if isinstance(index, int) else None)
+        trace = pb_utils.InferenceTrace(index) if isinstance(index, int) else None
         outputs = [str(n) for n in item["outputs"]]
-        requests.append(received_request(inputs, outputs, item, trace))
-    sent = _response_slots(requests)
+        request = received_request(inputs, outputs, item, trace)
+        request.set_response_sender_factory(make_sender)
+        requests.append(request)
     seq = message.meta.get("seq")
     running.start(seq if isinstance(seq, int) else -1, requests)
     try:
@@ -396,8 +403,8 @@ def _execute(model: Any, message: ipc.Message, running: _Running) -> ipc.Message
     except Exception as exc:  # noqa: BLE001 - user code: report it, stay alive
         traceback.print_exc()
         return _raised(exc)
-    if responses is None and any(sent):  # answered through response senders (Triton allows)
-        responses = [slot[0] if slot else None for slot in sent]
+    if responses is None and sent:  # answered through response senders (Triton allows)
+        responses = [sent.get(id(request)) for request in requests]
     if not isinstance(responses, list | tuple) or len(responses) != len(requests):
         return _error(
             f"execute must return a list of {len(requests)} InferenceResponse, "
@@ -419,24 +426,18 @@ def _execute(model: Any, message: ipc.Message, running: _Running) -> ipc.Message
     return ipc.Message(ipc.RESULT, {"responses": answers}, tensors)
 
 
-def _response_slots(requests: list[pb_utils.InferenceRequest]) -> list[list[Any]]:
-    """Give each request of a model that is not decoupled a response sender; what each sends
-    (one response at most, Triton's checks) lands in its slot."""
-    slots: list[list[Any]] = []
-    for request in requests:
-        slot: list[Any] = []
-        slots.append(slot)
+def _response_sender(
+    sent: dict[int, pb_utils.InferenceResponse], request: pb_utils.InferenceRequest
+) -> pb_utils.InferenceResponseSender:
+    """The response sender of a request of a model that is not decoupled: what it sends (one
+    response at most, Triton's checks) lands in `sent`, under the request's id(); the requests
+    outlive the `execute` call, so no id is reused meanwhile."""
 
-        def keep(
-            response: pb_utils.InferenceResponse | None, final: bool, to: list[Any] = slot
-        ) -> None:
-            if response is not None:
-                to.append(response)
+    def keep(response: pb_utils.InferenceResponse | None, final: bool) -> None:
+        if response is not None:
+            sent[id(request)] = response
 
-        request.set_response_sender(
-            pb_utils.InferenceResponseSender(keep, request.is_cancelled, decoupled=False)
-        )
-    return slots
+    return pb_utils.InferenceResponseSender(keep, request.is_cancelled, decoupled=False)
 
 
 _loop: Any = None
@@ -466,11 +467,12 @@ def _response_tensors(response: Any) -> list[tuple[str, Any]] | dict[str, Any]:
     for tensor in response.output_tensors():
         if not isinstance(tensor, pb_utils.Tensor):
             return {"error": f"output {_kind_of(tensor)} is not a pb_utils.Tensor"}
+        array = tensor.as_numpy()
         try:
-            pb_utils.numpy_to_kserve(tensor.as_numpy().dtype)
+            pb_utils.numpy_to_kserve(array.dtype)
         except ValueError as exc:
             return {"error": f"output '{tensor.name()}': {exc}"}
-        tensors.append((tensor.name(), tensor.as_numpy()))
+        tensors.append((tensor.name(), array))
     return tensors
 
 
