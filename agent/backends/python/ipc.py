@@ -386,9 +386,12 @@ def _wait(fd: int, events: int, deadline: float | None) -> None:
 
 def _parse_header(raw: memoryview) -> dict[str, Any]:
     try:  # the decoder itself, not json.loads: no encoding sniffing (the header is ASCII)
-        header = _HEADER_DECODER.decode(str(raw, "utf-8"))
+        text = str(raw, "utf-8")
+        header, end = _HEADER_DECODER.raw_decode(text)
     except ValueError as exc:  # UnicodeDecodeError included
         raise WireError(f"header is not JSON: {exc}") from None
+    if end < len(text) and not text[end:].isspace():  # only the padding may follow
+        raise WireError(f"header has data after its JSON at {end}")
     if (
         not isinstance(header, dict)
         or not isinstance(header.get("kind"), str)
