@@ -318,8 +318,10 @@ class FrameReader:
         """The next message (blocking). Raises as `receive`."""
         if self._end - self._start < PREFIX_BYTES:
             self._fill()
+        header, data = _PREFIX.unpack_from(self._buffer, self._start)
+        if header > MAX_HEADER_BYTES:
+            raise WireError(f"header of {header} bytes exceeds {MAX_HEADER_BYTES}")
         start = self._start + PREFIX_BYTES
-        header, data = frame_lengths(self._view[self._start : start])
         end = start + header + data
         if end <= self._end:  # the whole message is here: its own copy (tensors are views)
             body = bytearray(self._view[start:end])
@@ -412,12 +414,14 @@ def _describe(item: Any) -> tuple[str, str, Sequence[int], int]:
         item.get("nbytes"),
     )
     if (
-        not isinstance(name, str)
+        type(name) is not str
         or kind not in datatypes.BY_KSERVE
-        or not isinstance(shape, list)
-        or not all(isinstance(d, int) and d >= 0 for d in shape)
-        or not isinstance(nbytes, int)
+        or type(shape) is not list
+        or type(nbytes) is not int
         or nbytes < 0
     ):
         raise WireError(f"bad tensor description {item!r}")
-    return name, str(kind), shape, nbytes
+    for size in shape:  # a loop, not all(<generator>): this runs for every tensor
+        if type(size) is not int or size < 0:
+            raise WireError(f"bad tensor description {item!r}")
+    return name, kind, shape, nbytes
