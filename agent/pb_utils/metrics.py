@@ -104,6 +104,9 @@ def take_updates() -> dict[str, Any] | None:
     meta {"families": [{"name", "description", "kind"}],
           "metrics": [{"family", "labels", "buckets"?, "inc"? | "set"?, "counts"?, "sum"?}]}
     """
+    if not _store.new_families and not _store.dirty:
+        return None  # the usual case, before every message: no lock (a change racing this one
+        # goes with the next message, as it would have after the lock)
     with _store.lock:
         if not _store.new_families and not _store.dirty:
             return None

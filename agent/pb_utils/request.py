@@ -51,6 +51,10 @@ class InferenceRequest:
     as a response whose `error()` says why.
     """
 
+    # The response sender of a request `execute` receives, or what makes it on first use.
+    _sender: InferenceResponseSender | None = None
+    _make_sender: Callable[[InferenceRequest], InferenceResponseSender] | None = None
+
     def __init__(
         self,
         inputs: Sequence[Tensor],
@@ -95,16 +99,25 @@ class InferenceRequest:
         Raises:
             TritonModelException: the request was built by the model (BLS).
         """
-        sender: InferenceResponseSender | None = getattr(self, "_sender", None)
+        sender = self._sender
         if sender is None:
-            raise TritonModelException(
-                "get_response_sender() is only available on the requests `execute` receives"
-            )
+            if self._make_sender is None:
+                raise TritonModelException(
+                    "get_response_sender() is only available on the requests `execute` receives"
+                )
+            sender = self._sender = self._make_sender(self)
         return sender
 
     def set_response_sender(self, sender: InferenceResponseSender) -> None:
         """Attach the sender (the worker does this for decoupled models; not Triton's API)."""
         self._sender = sender
+
+    def set_response_sender_factory(
+        self, make: Callable[[InferenceRequest], InferenceResponseSender]
+    ) -> None:
+        """Have `make(request)` build the sender when the model first asks for it (the worker
+        does this for models that are not decoupled: most never ask; not Triton's API)."""
+        self._make_sender = make
 
     def requested_output_names(self) -> list[str]:
         return list(self._outputs)
@@ -189,28 +202,41 @@ def set_bls_runner(runner: BlsRunner | None) -> None:
     _bls_runner = runner
 
 
+_UNTRACED = InferenceTrace()
+
+
 def received_request(
-    inputs: Sequence[Tensor],
-    requested_output_names: Sequence[str],
+    inputs: list[Tensor],
+    requested_output_names: list[str],
     described: Mapping[str, Any],
     trace: InferenceTrace | None = None,
 ) -> InferenceRequest:
     """A request as `execute` receives it (the worker builds it from the agent's description:
-    "request_id", "parameters", "correlation_id", each optional). Its parameters are the
-    client's as sent, not held to the types a BLS request may carry."""
+    "request_id", "parameters", "correlation_id", each optional); `inputs` and
+    `requested_output_names` become the request's own lists. Its parameters are the client's as
+    sent, not held to the types a BLS request may carry."""
+    # Every field __init__ sets, without the checks a model's own BLS request needs: this runs
+    # for every request of every call.
+    request = InferenceRequest.__new__(InferenceRequest)
+    request._inputs = inputs
+    request._outputs = requested_output_names
+    request._id = str(described.get("request_id") or "")
+    request._model_name = ""
+    request._model_version = -1
     correlation = described.get("correlation_id", 0)
+    request._correlation_id = correlation if isinstance(correlation, int | str) else 0
+    request._flags = 0
+    request._timeout = 0
+    request._cancelled = False
     params = described.get("parameters")
-    request = InferenceRequest(
-        inputs,
-        requested_output_names,
-        str(described.get("request_id") or ""),
-        correlation_id=correlation if isinstance(correlation, int | str) else 0,
-        trace=trace,
-    )
     request._parameters = dict(params) if isinstance(params, dict) else {}
+    request._trace = _UNTRACED if trace is None else trace
     return request
 
 
 def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:
     """The request's input called `name`, or None."""
-    return next((t for t in request.inputs() if t.name() == name), None)
+    for tensor in request._inputs:
+        if tensor.name() == name:
+            return tensor
+    return None

@@ -99,9 +99,9 @@ class InferenceResponse:
         error: ModelError | None = None,
         parameters: Mapping[str, bool | int | str] | str | None = None,
     ) -> None:
-        self._outputs = list(output_tensors or ())
+        self._outputs = list(output_tensors) if output_tensors else []
         self._error = error
-        self._parameters = _checked_parameters(parameters)
+        self._parameters = {} if parameters is None else _checked_parameters(parameters)
 
     def output_tensors(self) -> list[Tensor]:
         return list(self._outputs)

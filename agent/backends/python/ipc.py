@@ -24,14 +24,16 @@ shared-memory segment in /dev/shm outlives a process killed before it unlinks it
 one copy per tensor each way, small next to the cost of Python pre/post-processing.
 
 Flow control: a socket buffer holds far less than one large tensor, so a writer blocks until the
-other side reads. The worker reads its end on a thread of its own at all times
-(`python_mailbox`), so a write from the agent never waits on user code, and both sides can
-never be stuck writing at once (an abandoned BLS result of many MB while the worker sends its
-own answer, say).
+other side reads. The worker reads its end at all times (its main thread while it waits for
+work, a relief thread while user code runs long or waits for a reply: `python_mailbox`), so a
+write from the agent never waits on user code for long, and both sides can never be stuck
+writing at once (an abandoned BLS result of many MB while the worker sends its own answer,
+say).
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import math
@@ -90,8 +92,8 @@ METRIC_VALUE_RESULT = "metric_value_result"
 # returned.
 RESPONSE = "response"
 # Liveness (agent.backends.python.supervisor): agent → worker PING meta {"n"} at any time after
-# READY; the worker's pipe reader hands it to a thread of its own that answers PONG meta {"n"}
-# (the reader itself never writes: see the flow control above). A PONG may come late, after
+# READY; whoever reads the worker's pipe hands it to a thread of its own that answers PONG
+# meta {"n"} (a reader never writes: see the flow control above). A PONG may come late, after
 # the `execute` it overlapped: the numbers say which PING it answers.
 PING = "ping"
 PONG = "pong"
@@ -104,8 +106,27 @@ PREFIX_BYTES = _PREFIX.size
 _ALIGN = 16
 _JOIN_BELOW = 64 * 1024  # smaller frames are joined and written with one write(2)
 _IOV_MAX = 1024  # buffers per writev(2) (Linux's limit)
-# json.dumps with any option builds a new encoder per call; this one is made once (stateless).
+# json.dumps with any option builds a new encoder per call, and JSONEncoder.encode builds its C
+# encoder per call: this one is made once (stateless without circular checks: headers are
+# trees); the pure-Python encoder only where the C accelerator is missing.
 _HEADER_JSON = json.JSONEncoder(separators=(",", ":"))
+_C_HEADER_JSON: Any = None
+with contextlib.suppress(ImportError):  # else an interpreter without the C accelerator
+    from _json import make_encoder
+
+    # What _HEADER_JSON hands it, without the circular-reference markers.
+    _C_HEADER_JSON = make_encoder(
+        None,  # markers
+        _HEADER_JSON.default,
+        json.encoder.encode_basestring_ascii,
+        None,  # indent
+        ":",
+        ",",
+        False,  # sort_keys
+        False,  # skipkeys
+        True,  # allow_nan
+    )
+_HEADER_DECODER = json.JSONDecoder()
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,9 +168,11 @@ def encode(message: Message) -> list[bytes | memoryview]:
             buffers.append(bytes(pad))
         buffers.append(raw)
         data += pad + nbytes
-    header = _HEADER_JSON.encode(
-        {"kind": message.kind, "meta": message.meta, "tensors": described}
-    ).encode()
+    fields = {"kind": message.kind, "meta": message.meta, "tensors": described}
+    if _C_HEADER_JSON is None:
+        header = _HEADER_JSON.encode(fields).encode()
+    else:
+        header = "".join(_C_HEADER_JSON(fields, 0)).encode()
     header += b" " * (-len(header) % _ALIGN)
     if len(header) > MAX_HEADER_BYTES:
         raise WireError(f"header of {len(header)} bytes exceeds {MAX_HEADER_BYTES}")
@@ -175,7 +198,7 @@ def decode(body: bytearray, header_bytes: int) -> Message:
     Raises:
         WireError: the message is malformed.
     """
-    header = _parse_header(bytes(memoryview(body)[:header_bytes]))  # one copy, not two
+    header = _parse_header(memoryview(body)[:header_bytes])
     tensors = []
     offset = header_bytes
     for item in header["tensors"]:
@@ -218,7 +241,14 @@ def send_frame(conn: HasFileno, buffers: Sequence[bytes | memoryview]) -> None:
     """Send an encoded frame (`encode`), as `send`."""
     fd = conn.fileno()
     if frame_size(buffers) < _JOIN_BELOW:  # one small copy is cheaper than scattered writes
-        buffers = [b"".join(buffers)]
+        data = b"".join(buffers)
+        try:
+            written = os.write(fd, data)
+        except BlockingIOError:
+            written = 0
+        if written == len(data):
+            return  # the usual case: the whole frame at once
+        buffers = [memoryview(data)[written:]]
     views = [memoryview(b).cast("B") for b in buffers]
     while views:
         try:
@@ -265,6 +295,63 @@ def receive_body(
     return decode(body, header)
 
 
+class FrameReader:
+    """Reads messages off a blocking descriptor with read-ahead, for a descriptor read by
+    nobody else (the worker's end): a small message, and what follows it, come in one read(2)
+    instead of two. Not for the agent's ends: a poll of the descriptor no longer says whether a
+    message waits (it may wait in this buffer). Messages larger than the buffer are read into
+    their own memory, exactly to their end. One thread at a time may call `receive`.
+    """
+
+    _SIZE = 64 * 1024
+
+    def __init__(self, conn: HasFileno) -> None:
+        # The descriptor is asked for at each read: a closed connection then raises instead of
+        # reading whatever the number means by now.
+        self._conn = conn
+        self._buffer = bytearray(self._SIZE)
+        self._view = memoryview(self._buffer)
+        self._start = 0  # the unread bytes are _buffer[_start:_end]
+        self._end = 0
+
+    def receive(self) -> Message:
+        """The next message (blocking). Raises as `receive`."""
+        if self._end - self._start < PREFIX_BYTES:
+            self._fill()
+        header, data = _PREFIX.unpack_from(self._buffer, self._start)
+        if header > MAX_HEADER_BYTES:
+            raise WireError(f"header of {header} bytes exceeds {MAX_HEADER_BYTES}")
+        start = self._start + PREFIX_BYTES
+        end = start + header + data
+        if end <= self._end:  # the whole message is here: its own copy (tensors are views)
+            body = bytearray(self._view[start:end])
+            self._start = end
+        else:
+            body = bytearray(header + data)
+            got = self._end - start
+            body[:got] = self._view[start : self._end]
+            self._start = self._end = 0
+            _read_into(self._conn.fileno(), memoryview(body)[got:], None)
+        return decode(body, header)
+
+    def _fill(self) -> None:
+        """Read until a prefix is buffered (the unread bytes moved to the front first)."""
+        waiting = self._end - self._start
+        if waiting:  # a few bytes: copied out first (the two ranges may overlap)
+            self._buffer[:waiting] = bytes(self._view[self._start : self._end])
+        self._start, self._end = 0, waiting
+        fd = self._conn.fileno()
+        while self._end < PREFIX_BYTES:
+            try:
+                count = os.readv(fd, [self._view[self._end :]])
+            except BlockingIOError:
+                _wait(fd, select.POLLIN, None)
+                continue
+            if count == 0:
+                raise EOFError("the other side closed the connection")
+            self._end += count
+
+
 def waiting_bytes(conn: HasFileno) -> int:
     """How many bytes wait in the descriptor's receive queue (FIONREAD)."""
     raw = fcntl.ioctl(conn.fileno(), termios.FIONREAD, b"\0\0\0\0")
@@ -299,11 +386,14 @@ def _wait(fd: int, events: int, deadline: float | None) -> None:
             raise TimeoutError("no message before the deadline")
 
 
-def _parse_header(raw: bytes) -> dict[str, Any]:
-    try:
-        header = json.loads(raw)
-    except ValueError as exc:
+def _parse_header(raw: memoryview) -> dict[str, Any]:
+    try:  # the decoder itself, not json.loads: no encoding sniffing (the header is ASCII)
+        text = str(raw, "utf-8")
+        header, end = _HEADER_DECODER.raw_decode(text)
+    except ValueError as exc:  # UnicodeDecodeError included
         raise WireError(f"header is not JSON: {exc}") from None
+    if end < len(text) and not text[end:].isspace():  # only the padding may follow
+        raise WireError(f"header has data after its JSON at {end}")
     if (
         not isinstance(header, dict)
         or not isinstance(header.get("kind"), str)
@@ -324,12 +414,14 @@ def _describe(item: Any) -> tuple[str, str, Sequence[int], int]:
         item.get("nbytes"),
     )
     if (
-        not isinstance(name, str)
+        type(name) is not str
         or kind not in datatypes.BY_KSERVE
-        or not isinstance(shape, list)
-        or not all(isinstance(d, int) and d >= 0 for d in shape)
-        or not isinstance(nbytes, int)
+        or type(shape) is not list
+        or type(nbytes) is not int
         or nbytes < 0
     ):
         raise WireError(f"bad tensor description {item!r}")
-    return name, str(kind), shape, nbytes
+    for size in shape:  # a loop, not all(<generator>): this runs for every tensor
+        if type(size) is not int or size < 0:
+            raise WireError(f"bad tensor description {item!r}")
+    return name, kind, shape, nbytes

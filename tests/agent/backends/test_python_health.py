@@ -306,3 +306,24 @@ def test_without_strict_readiness_the_server_stays_ready_while_a_model_is_down(
         assert status(port, "/v2/health/ready") == 200  # Triton's --strict-readiness=false
         assert document(port)["ready"] is True
         wait_until(lambda: serves(port, "idle", pid), "idle serving again")
+
+
+# Sleeps 1.5 s on X == 5 (a long `execute`, far past the heartbeat's timeout below); before
+# that sleep, and while it lasts, the agent's PINGs must still be answered.
+SLOW_MODEL = BEHAVIOUR_MODEL.replace(
+    """            if first == 7:""",
+    """            if first == 5:
+                time.sleep(1.5)
+            if first == 7:""",
+)
+
+
+def test_a_long_execute_keeps_answering_a_short_heartbeat(tmp_path: Path) -> None:
+    repo = tmp_path / "models"
+    write_python_model(repo, "slow", SLOW_MODEL, behaviour_config("slow"))
+    config = config_for(repo, heartbeat_interval_ms=50, heartbeat_timeout_ms=400)
+    with running_agent(config) as running:
+        pid = infer_pid(running.http_port, "slow")
+        for _ in range(2):  # the second after an idle spell of the worker
+            assert infer_pid(running.http_port, "slow", value=5.0) == pid
+        assert events(document(running.http_port), "slow", "instance_failed") == []

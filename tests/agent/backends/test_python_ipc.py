@@ -183,3 +183,25 @@ def test_the_main_loop_gets_every_message_sent_before_the_pipe_closed_first() ->
     assert mailbox.receive().kind == ipc.FINALIZE
     with pytest.raises(EOFError):
         mailbox.receive()
+
+
+def test_a_frame_reader_takes_messages_read_together_apart_and_large_ones_whole() -> None:
+    ours, theirs = multiprocessing.Pipe()
+    big = np.arange(100_000, dtype=np.float64)  # 800 kB: more than the reader's buffer
+    ipc.send(ours, ipc.Message(ipc.PING, {"n": 1}))
+    ipc.send(ours, ipc.Message(ipc.EXECUTE, {"seq": 1}, [("X", np.arange(3, dtype=np.int32))]))
+    # It fills the socket: it is read while it is written.
+    sender = threading.Thread(
+        target=ipc.send, args=(ours, ipc.Message(ipc.BLS_RESULT, {"id": 2}, [("Y", big)]))
+    )
+    sender.start()
+    reader = ipc.FrameReader(theirs)
+    assert reader.receive().meta == {"n": 1}
+    assert reader.receive().tensors[0][1].tolist() == [0, 1, 2]
+    assert reader.receive().tensors[0][1].tolist() == big.tolist()
+    sender.join(timeout=30)
+    ipc.send(ours, ipc.Message(ipc.FINALIZE))
+    assert reader.receive().kind == ipc.FINALIZE
+    ours.close()
+    with pytest.raises(EOFError):
+        reader.receive()

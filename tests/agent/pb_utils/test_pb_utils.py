@@ -96,6 +96,30 @@ def test_a_received_request_answers_its_id_parameters_and_correlation_id() -> No
     assert (request.request_id(), request.correlation_id()) == ("abc", 7)
     assert json.loads(request.parameters()) == {"s": "v", "f": 0.5}  # the client's, as sent
     assert (plain.request_id(), plain.parameters(), plain.correlation_id()) == ("", "{}", 0)
+    # Everything else as a request built without those fields answers it.
+    built = pb_utils.InferenceRequest([x], ["Y"])
+    for ask in ("inputs", "requested_output_names", "model_name", "model_version", "flags"):
+        assert getattr(plain, ask)() == getattr(built, ask)(), ask
+    assert (plain.timeout(), plain.is_cancelled(), plain.trace().index) == (0, False, None)
+
+
+def test_a_response_sender_from_a_factory_is_made_once_on_first_use() -> None:
+    from agent.pb_utils.request import received_request
+
+    made: list[pb_utils.InferenceRequest] = []
+
+    def make(request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponseSender:
+        made.append(request)
+        return pb_utils.InferenceResponseSender(lambda r, f: None, request.is_cancelled)
+
+    request = received_request([], ["Y"], {})
+    request.set_response_sender_factory(make)
+    assert made == []  # nothing made until the model asks
+    sender = request.get_response_sender()
+    assert request.get_response_sender() is sender
+    assert made == [request]
+    with pytest.raises(pb_utils.TritonModelException, match="only available on the requests"):
+        pb_utils.InferenceRequest([], ["Y"]).get_response_sender()  # a BLS request has none
 
 
 def test_response_parameters_are_checked_as_triton_checks_them() -> None:

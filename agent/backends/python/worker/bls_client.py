@@ -125,7 +125,7 @@ class ResponseIterator:
         self.started: Future[ResponseIterator] = Future()  # set at the first response
 
     def deliver(self, message: ipc.Message) -> None:
-        """One reply from the agent (the pipe reader's thread)."""
+        """One reply from the agent (the thread reading the pipe)."""
         item = (_response_of(message), bool(message.meta.get("final", True)))
         with self._lock:
             while self._waiters:

@@ -54,7 +54,7 @@ class DecoupledRuntime:
         self._newest = 0  # the highest request id unpacked (ids only grow)
 
     def cancel(self, message: ipc.Message) -> None:
-        """CANCEL meta {"id"} (reader thread): mark that request cancelled."""
+        """CANCEL meta {"id"} (the reading thread): mark that request cancelled."""
         request_id = message.meta.get("id")
         if not isinstance(request_id, int):
             return

@@ -15,11 +15,13 @@ FD is this end of a socketpair inherited from the agent, PPID the agent's pid. T
 4. on FINALIZE calls `finalize()`, answers FINALIZED and exits; when the pipe closes (agent gone)
    it exits without finalizing.
 
-A reader thread (`agent.backends.python.worker.mailbox`) takes every message off the pipe as it
-arrives, so the agent never blocks writing to this worker. The agent's heartbeat PINGs are
-answered (PONG) by a thread of their own as soon as that reader has them, also while `execute`
-runs: a slow `execute` keeps answering, a stopped or wedged process does not (the agent then
-kills and replaces it, `agent.backends.python.supervisor`). Inside `execute`,
+The main thread reads the pipe itself while it waits for work, and a relief thread reads it
+while the main thread is busy for long or waits for a reply
+(`agent.backends.python.worker.mailbox`), so a short `execute` costs no thread switch and the
+agent never blocks writing to this worker. The agent's heartbeat PINGs are answered (PONG) by a
+thread of their own as soon as they are read, also while `execute` runs: a slow `execute` keeps
+answering, a stopped or wedged process does not (the agent then kills and replaces it,
+`agent.backends.python.supervisor`). Inside `execute`,
 `pb_utils.InferenceRequest.exec` / `async_exec` send BLS messages and wait for their BLS_RESULT
 (`agent.backends.python.worker.bls_client`; `async def execute` runs on one event loop per
 worker). A CANCEL from the agent marks requests of the running execute (`request.is_cancelled()`).
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import importlib.util
 import inspect
 import itertools
@@ -100,7 +103,7 @@ def main(argv: list[str]) -> int:
     running = _Running()
     cancels = _Cancels(running)
     pongs = _Pongs(wire)
-    # One reader thread takes every message off the pipe as it arrives (python_mailbox says why).
+    # The pipe is read at all times, by this thread or a relief thread (python_mailbox says why).
     mailbox = Mailbox(conn, on_cancel=cancels.route, on_ping=pongs.ping)
     mailbox.start()
     ids = itertools.count(1)  # ids of calls to the agent (BLS, metric values)
@@ -165,7 +168,7 @@ def _decoupled_runtime(wire: _Wire, init: ipc.Message) -> decoupled.DecoupledRun
 
 
 class _Pongs:
-    """Answers the agent's PINGs from a thread of its own (the pipe reader never writes)."""
+    """Answers the agent's PINGs from a thread of its own (whoever reads the pipe never writes)."""
 
     def __init__(self, wire: _Wire) -> None:
         self._wire = wire
@@ -173,7 +176,7 @@ class _Pongs:
         self._thread: threading.Thread | None = None
 
     def ping(self, message: ipc.Message) -> None:
-        """A PING, from the reader thread: queued for the answering thread (started at once)."""
+        """A PING, from the reading thread: queued for the answering thread (started at once)."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._answer, name="pong", daemon=True)
             self._thread.start()
@@ -189,7 +192,7 @@ class _Pongs:
 
 
 class _Running:
-    """The requests of the running `execute`, which CANCEL messages mark (reader thread).
+    """The requests of the running `execute`, which CANCEL messages mark (the reading thread).
 
     EXECUTE and CANCEL carry the agent's sequence number of the execute: a CANCEL read before
     the main loop has built the requests waits for them; one for an execute already answered is
@@ -272,7 +275,7 @@ class _MetricTotals:
 
 
 class _Cancels:
-    """Routes CANCEL (reader thread): a decoupled model's by request id, others by execute."""
+    """Routes CANCEL (the reading thread): a decoupled model's by request id, others by execute."""
 
     def __init__(self, running: _Running) -> None:
         self.running = running
@@ -374,16 +377,22 @@ def _execute(model: Any, message: ipc.Message, running: _Running) -> ipc.Message
     if not isinstance(described, list):
         described = [{"outputs": message.meta.get("outputs", []), "inputs": len(message.tensors)}]
     requests = []
+    tensor = pb_utils.Tensor
     offset = 0
+    # What a request's response sender sent (Triton allows a model that is not decoupled to
+    # answer through it): the sender is made only if the model asks for it.
+    sent: dict[int, pb_utils.InferenceResponse] = {}
+    make_sender = functools.partial(_response_sender, sent)
     for item in described:
         count = int(item.get("inputs", 0))
-        inputs = [pb_utils.Tensor(n, a) for n, a in message.tensors[offset : offset + count]]
+        inputs = [tensor(n, a) for n, a in message.tensors[offset : offset + count]]
         offset += count
         index = item.get("trace")  # set when the agent traces this request
-        trace = pb_utils.InferenceTrace(index if isinstance(index, int) else None)
+        trace = pb_utils.InferenceTrace(index) if isinstance(index, int) else None
         outputs = [str(n) for n in item["outputs"]]
-        requests.append(received_request(inputs, outputs, item, trace))
-    sent = _response_slots(requests)
+        request = received_request(inputs, outputs, item, trace)
+        request.set_response_sender_factory(make_sender)
+        requests.append(request)
     seq = message.meta.get("seq")
     running.start(seq if isinstance(seq, int) else -1, requests)
     try:
@@ -394,8 +403,8 @@ def _execute(model: Any, message: ipc.Message, running: _Running) -> ipc.Message
     except Exception as exc:  # noqa: BLE001 - user code: report it, stay alive
         traceback.print_exc()
         return _raised(exc)
-    if responses is None and any(sent):  # answered through response senders (Triton allows)
-        responses = [slot[0] if slot else None for slot in sent]
+    if responses is None and sent:  # answered through response senders (Triton allows)
+        responses = [sent.get(id(request)) for request in requests]
     if not isinstance(responses, list | tuple) or len(responses) != len(requests):
         return _error(
             f"execute must return a list of {len(requests)} InferenceResponse, "
@@ -417,24 +426,18 @@ def _execute(model: Any, message: ipc.Message, running: _Running) -> ipc.Message
     return ipc.Message(ipc.RESULT, {"responses": answers}, tensors)
 
 
-def _response_slots(requests: list[pb_utils.InferenceRequest]) -> list[list[Any]]:
-    """Give each request of a model that is not decoupled a response sender; what each sends
-    (one response at most, Triton's checks) lands in its slot."""
-    slots: list[list[Any]] = []
-    for request in requests:
-        slot: list[Any] = []
-        slots.append(slot)
+def _response_sender(
+    sent: dict[int, pb_utils.InferenceResponse], request: pb_utils.InferenceRequest
+) -> pb_utils.InferenceResponseSender:
+    """The response sender of a request of a model that is not decoupled: what it sends (one
+    response at most, Triton's checks) lands in `sent`, under the request's id(); the requests
+    outlive the `execute` call, so no id is reused meanwhile."""
 
-        def keep(
-            response: pb_utils.InferenceResponse | None, final: bool, to: list[Any] = slot
-        ) -> None:
-            if response is not None:
-                to.append(response)
+    def keep(response: pb_utils.InferenceResponse | None, final: bool) -> None:
+        if response is not None:
+            sent[id(request)] = response
 
-        request.set_response_sender(
-            pb_utils.InferenceResponseSender(keep, request.is_cancelled, decoupled=False)
-        )
-    return slots
+    return pb_utils.InferenceResponseSender(keep, request.is_cancelled, decoupled=False)
 
 
 _loop: Any = None
@@ -464,11 +467,12 @@ def _response_tensors(response: Any) -> list[tuple[str, Any]] | dict[str, Any]:
     for tensor in response.output_tensors():
         if not isinstance(tensor, pb_utils.Tensor):
             return {"error": f"output {_kind_of(tensor)} is not a pb_utils.Tensor"}
+        array = tensor.as_numpy()
         try:
-            pb_utils.numpy_to_kserve(tensor.as_numpy().dtype)
+            pb_utils.numpy_to_kserve(array.dtype)
         except ValueError as exc:
             return {"error": f"output '{tensor.name()}': {exc}"}
-        tensors.append((tensor.name(), tensor.as_numpy()))
+        tensors.append((tensor.name(), array))
     return tensors
 
 
