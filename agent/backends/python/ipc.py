@@ -352,10 +352,14 @@ class FrameReader:
         self._start, self._end = 0, waiting
         fd = self._conn.fileno()
         while self._end < PREFIX_BYTES:
+            # Asleep in poll(2), not in read(2): a reader asleep in read(2) is also woken each
+            # time the other side reads what this end wrote (the socket's room-to-write
+            # wake-up, which poll(2) filters out), a wasted switch here that the other side
+            # pays for in its read.
+            _wait(fd, select.POLLIN, None)
             try:
                 count = os.readv(fd, [self._view[self._end :]])
             except BlockingIOError:
-                _wait(fd, select.POLLIN, None)
                 continue
             if count == 0:
                 raise EOFError("the other side closed the connection")

@@ -8,6 +8,7 @@ import os
 import struct
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -273,3 +274,51 @@ def test_receive_waiting_hands_a_frame_cut_short_to_the_reader_as_eof() -> None:
     assert callable(rest)
     with pytest.raises(EOFError):
         rest(time.monotonic() + 5)
+
+
+def _thread_state(tid: int) -> tuple[str, int]:
+    """(state letter, voluntary context switches) of one of this process's threads."""
+    fields = dict(
+        line.split(":", 1)
+        for line in Path(f"/proc/self/task/{tid}/status").read_text().splitlines()
+    )
+    return fields["State"].split()[0], int(fields["voluntary_ctxt_switches"])
+
+
+def _asleep(tid: int) -> int:
+    """Wait until the thread sleeps; its voluntary context switches then."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        state, switches = _thread_state(tid)
+        if state == "S":
+            return switches
+        time.sleep(0.001)
+    raise AssertionError("the reader never went to sleep")
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc")
+def test_a_waiting_frame_reader_sleeps_through_the_other_side_reading_what_it_wrote() -> None:
+    # A reader asleep in read(2) would wake (and the other side's read pay for the wake-up)
+    # each time the other side reads a message this end wrote.
+    ours, theirs = multiprocessing.Pipe()
+    reader = ipc.FrameReader(theirs)
+    tids: list[int] = []
+    got: list[ipc.Message] = []
+
+    def read() -> None:
+        tids.append(threading.get_native_id())
+        got.append(reader.receive())
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    while not tids:
+        time.sleep(0.001)
+    before = _asleep(tids[0])
+    for n in range(10):
+        ipc.send(theirs, ipc.Message(ipc.RESULT, {"n": n}))
+        assert ipc.receive(ours).meta == {"n": n}
+    after = _asleep(tids[0])
+    ipc.send(ours, ipc.Message(ipc.FINALIZE))
+    thread.join(timeout=10)
+    assert got[0].kind == ipc.FINALIZE
+    assert after - before < 5  # 10 when woken by every read; a stray wake-up may happen
