@@ -43,6 +43,23 @@ class LoopCall(Generic[T]):
     """One EXECUTE (number `seq`) already sent on `conn`, awaited on the event loop (see the
     module); `send` is the worker's (its lock), for CANCEL."""
 
+    __slots__ = (
+        "_active",
+        "_conn",
+        "_deadline",
+        "_executor",
+        "_finish",
+        "_handoff_to",
+        "_loop",
+        "_on_side",
+        "_send",
+        "_seq",
+        "_signals",
+        "_timer",
+        "_told",
+        "future",
+    )
+
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
