@@ -243,7 +243,7 @@ def frame_size(buffers: Sequence[bytes | memoryview]) -> int:
     """The bytes of an encoded frame."""
     size = 0
     for buffer in buffers:  # a loop, not sum(<generator>): twice per message on the loop
-        size += len(buffer) if type(buffer) is bytes else buffer.nbytes
+        size += buffer.nbytes if isinstance(buffer, memoryview) else len(buffer)
     return size
 
 
