@@ -549,20 +549,19 @@ class PythonBackend(
         contexts: Sequence[RequestContext | None] = (),
     ) -> tuple[int, ipc.Message]:
         """EXECUTE for a batch, and its sequence number (which CANCEL names)."""
-        described: list[dict[str, object]] = [
-            {"outputs": list(names), "inputs": len(feeds)} for feeds, names in requests
-        ]
-        for index, trace in enumerate(traces):
-            if trace is not None:  # the worker's `request.trace()` names it by this index
-                described[index]["trace"] = index
-        for index, context in enumerate(contexts):
+        described: list[dict[str, object]] = []
+        tensors: list[tuple[str, np.ndarray]] = []
+        for index, (feeds, names) in enumerate(requests):  # one pass: every call
+            item: dict[str, object] = {"outputs": list(names), "inputs": len(feeds)}
+            if index < len(traces) and traces[index] is not None:
+                item["trace"] = index  # the worker's `request.trace()` names it by this index
+            context = contexts[index] if index < len(contexts) else None
             if context is not None:
-                described[index].update(
-                    request_id=context.id,
-                    parameters=dict(context.parameters),
-                    correlation_id=context.correlation_id,
-                )
-        tensors = [item for feeds, _ in requests for item in feeds.items()]
+                item["request_id"] = context.id
+                item["parameters"] = dict(context.parameters)
+                item["correlation_id"] = context.correlation_id
+            described.append(item)
+            tensors.extend(feeds.items())
         seq = next(self._executes)
         return seq, ipc.Message(ipc.EXECUTE, {"requests": described, "seq": seq}, tensors)
 

@@ -34,16 +34,13 @@ say).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import math
 import os
 import select
 import struct
-import sys
-import termios
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -105,6 +102,7 @@ _PREFIX = struct.Struct("<IQ")
 PREFIX_BYTES = _PREFIX.size
 _ALIGN = 16
 _JOIN_BELOW = 64 * 1024  # smaller frames are joined and written with one write(2)
+_COPY_UP_TO = 1024  # tensors up to this size are copied into the frame, larger ones are viewed
 _IOV_MAX = 1024  # buffers per writev(2) (Linux's limit)
 # json.dumps with any option builds a new encoder per call, and JSONEncoder.encode builds its C
 # encoder per call: this one is made once (stateless without circular checks: headers are
@@ -127,6 +125,7 @@ with contextlib.suppress(ImportError):  # else an interpreter without the C acce
         True,  # allow_nan
     )
 _HEADER_DECODER = json.JSONDecoder()
+_json_string = json.encoder.encode_basestring_ascii  # as the encoder writes a str
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,32 +146,41 @@ class HasFileno(Protocol):
 
 
 def encode(message: Message) -> list[bytes | memoryview]:
-    """The buffers of one frame, in order (pure: no copy of numeric tensors' memory)."""
+    """The buffers of one frame, in order (pure: no copy of large numeric tensors' memory)."""
     described = []
     buffers: list[bytes | memoryview] = []
     data = 0
     for name, array in message.tensors:
-        kind = numpy_to_kserve(array.dtype)
+        known = datatypes.BY_NUMPY.get(array.dtype)  # a lookup first: every tensor of every call
+        kind = known.kserve if known is not None else numpy_to_kserve(array.dtype)
         raw: bytes | memoryview
         if kind == "BYTES":
             raw = tensor_to_bytes(array, kind)
             nbytes = len(raw)
-        else:  # the array's own memory goes to the socket: no intermediate copy
-            raw = np.ascontiguousarray(array).reshape(-1).data.cast("B")
-            nbytes = raw.nbytes
+        else:
+            nbytes = array.nbytes
+            if nbytes <= _COPY_UP_TO:  # cheaper than a view, which a small frame copies anyway
+                raw = array.tobytes()
+            else:  # the array's own memory goes to the socket: no intermediate copy
+                raw = np.ascontiguousarray(array).reshape(-1).data.cast("B")
+        # Written out, not a dict for the encoder: the description is a fixed shape (its
+        # name escaped as the encoder would; a shape is a list of ints, which repr writes).
         described.append(
-            {"name": name, "datatype": kind, "shape": list(array.shape), "nbytes": nbytes}
+            f'{{"name":{_json_string(name)},"datatype":"{kind}",'
+            f'"shape":{list(array.shape)},"nbytes":{nbytes}}}'
         )
         pad = -data % _ALIGN
         if pad:
             buffers.append(bytes(pad))
         buffers.append(raw)
         data += pad + nbytes
-    fields = {"kind": message.kind, "meta": message.meta, "tensors": described}
     if _C_HEADER_JSON is None:
-        header = _HEADER_JSON.encode(fields).encode()
+        meta = _HEADER_JSON.encode(message.meta)
     else:
-        header = "".join(_C_HEADER_JSON(fields, 0)).encode()
+        meta = "".join(_C_HEADER_JSON(message.meta, 0))
+    header = (
+        f'{{"kind":{_json_string(message.kind)},"meta":{meta},"tensors":[{",".join(described)}]}}'
+    ).encode()
     header += b" " * (-len(header) % _ALIGN)
     if len(header) > MAX_HEADER_BYTES:
         raise WireError(f"header of {len(header)} bytes exceeds {MAX_HEADER_BYTES}")
@@ -216,8 +224,7 @@ def decode(body: bytearray, header_bytes: int) -> Message:
             if nbytes == 0:
                 array = np.empty(shape, dtype=dtype)
             else:
-                count = nbytes // dtype.itemsize
-                array = np.frombuffer(body, dtype=dtype, count=count, offset=offset).reshape(shape)
+                array = np.ndarray(shape, dtype, body, offset)  # a view of `body`
         tensors.append((name, array))
         offset += nbytes
     return Message(header["kind"], header["meta"], tensors)
@@ -234,7 +241,10 @@ def send(conn: HasFileno, message: Message) -> None:
 
 def frame_size(buffers: Sequence[bytes | memoryview]) -> int:
     """The bytes of an encoded frame."""
-    return sum(len(b) if isinstance(b, bytes) else b.nbytes for b in buffers)
+    size = 0
+    for buffer in buffers:  # a loop, not sum(<generator>): twice per message on the loop
+        size += buffer.nbytes if isinstance(buffer, memoryview) else len(buffer)
+    return size
 
 
 def send_frame(conn: HasFileno, buffers: Sequence[bytes | memoryview]) -> None:
@@ -342,20 +352,62 @@ class FrameReader:
         self._start, self._end = 0, waiting
         fd = self._conn.fileno()
         while self._end < PREFIX_BYTES:
+            # Asleep in poll(2), not in read(2): a reader asleep in read(2) is also woken each
+            # time the other side reads what this end wrote (the socket's room-to-write
+            # wake-up, which poll(2) filters out), a wasted switch here that the other side
+            # pays for in its read.
+            _wait(fd, select.POLLIN, None)
             try:
                 count = os.readv(fd, [self._view[self._end :]])
             except BlockingIOError:
-                _wait(fd, select.POLLIN, None)
                 continue
             if count == 0:
                 raise EOFError("the other side closed the connection")
             self._end += count
 
 
-def waiting_bytes(conn: HasFileno) -> int:
-    """How many bytes wait in the descriptor's receive queue (FIONREAD)."""
-    raw = fcntl.ioctl(conn.fileno(), termios.FIONREAD, b"\0\0\0\0")
-    return int.from_bytes(raw, sys.byteorder)
+def receive_waiting(conn: HasFileno) -> Message | Callable[[float | None], Message] | None:
+    """Read one message off a non-blocking descriptor without waiting: the message when its
+    whole frame was there; None when nothing waited; when only the frame's start had arrived,
+    a function that reads the rest, up to a `time.monotonic()` deadline (None: no limit), and
+    returns the message, for a thread to call. Two reads at most, never beyond the frame.
+
+    Raises:
+        EOFError: the other side closed the connection.
+        WireError: the message is malformed.
+        OSError: the descriptor failed.
+    """
+    fd = conn.fileno()
+    prefix = bytearray(PREFIX_BYTES)
+    try:
+        got = os.readv(fd, [prefix])
+    except BlockingIOError:
+        return None  # woken for nothing
+    if got == 0:
+        raise EOFError("the other side closed the connection")
+    if got < PREFIX_BYTES:
+        return lambda deadline: _rest_of_frame(conn, prefix, got, deadline)
+    header, data = frame_lengths(prefix)
+    body = bytearray(header + data)
+    try:
+        got = os.readv(fd, [body])
+    except BlockingIOError:
+        got = 0
+    if got < len(body):  # still streaming in (or cut short: the rest raises EOFError)
+        return lambda deadline: _rest_of_body(conn, body, header, got, deadline)
+    return decode(body, header)
+
+
+def _rest_of_frame(conn: HasFileno, prefix: bytearray, got: int, deadline: float | None) -> Message:
+    _read_into(conn.fileno(), memoryview(prefix)[got:], deadline)
+    return receive_body(conn, frame_lengths(prefix), deadline)
+
+
+def _rest_of_body(
+    conn: HasFileno, body: bytearray, header: int, got: int, deadline: float | None
+) -> Message:
+    _read_into(conn.fileno(), memoryview(body)[got:], deadline)
+    return decode(body, header)
 
 
 def _read_into(fd: int, view: memoryview, deadline: float | None) -> None:

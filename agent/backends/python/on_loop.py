@@ -5,9 +5,10 @@ thread waking the loop with the answer), each also a fight for the GIL. For a Py
 calls are one EXECUTE and one RESULT, so the event loop sends EXECUTE itself and watches the
 worker's pipe (`loop.add_reader`); the answer is read, checked and returned on the loop.
 
-The loop never blocks on the worker: a message is read only once the whole frame waits in the
-socket (FIONREAD). Everything that needs waiting or blocking moves to a thread, at the point it
-shows, and the thread carries on exactly where the loop stopped (`Handoff`):
+The loop never blocks on the worker: it reads only what already waits in the socket
+(`ipc.receive_waiting`: two reads for a whole frame, no FIONREAD first). Everything that needs
+waiting or blocking moves to a thread, at the point it shows, and the thread carries on exactly
+where the loop stopped (`Handoff`):
 
 * a BLS call, a BLS cancel, a metric query, or any other unexpected message;
 * a frame that has not fully arrived (a large result still streaming in);
@@ -41,6 +42,23 @@ Handoff = Callable[[Callable[[], ipc.Message] | None, float], T]
 class LoopCall(Generic[T]):
     """One EXECUTE (number `seq`) already sent on `conn`, awaited on the event loop (see the
     module); `send` is the worker's (its lock), for CANCEL."""
+
+    __slots__ = (
+        "_active",
+        "_conn",
+        "_deadline",
+        "_executor",
+        "_finish",
+        "_handoff_to",
+        "_loop",
+        "_on_side",
+        "_send",
+        "_seq",
+        "_signals",
+        "_timer",
+        "_told",
+        "future",
+    )
 
     def __init__(
         self,
@@ -76,21 +94,19 @@ class LoopCall(Generic[T]):
             signal.on_cancel(self._cancelled_soon)
 
     def _readable(self) -> None:
-        conn = self._conn
         try:
-            waiting = ipc.waiting_bytes(conn)
-            if waiting == 0:  # readable with nothing to read: hung up (the thread says why)
-                self._handoff(None)
-                return
-            if waiting < ipc.PREFIX_BYTES:
-                return  # the rest of the prefix is on its way
-            lengths = ipc.read_prefix(conn)
-            if waiting - ipc.PREFIX_BYTES < sum(lengths):  # still streaming in: a thread waits
-                self._handoff(lambda: ipc.receive_body(conn, lengths, self._deadline))
-                return
-            message = ipc.receive_body(conn, lengths)
-        except (OSError, EOFError, ipc.WireError) as exc:
+            message = ipc.receive_waiting(self._conn)
+        except EOFError:  # hung up: the thread says why
+            self._handoff(None)
+            return
+        except (OSError, ipc.WireError) as exc:
             self._handoff(_raiser(exc))
+            return
+        if message is None:
+            return  # woken for nothing
+        if not isinstance(message, ipc.Message):  # still streaming in: a thread waits for it
+            rest, deadline = message, self._deadline
+            self._handoff(lambda: rest(deadline))
             return
         if message.kind not in (ipc.RESULT, ipc.ERROR):
             if not self._on_side(message):

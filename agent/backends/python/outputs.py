@@ -78,26 +78,33 @@ def checked_output(
         BackendError: its datatype or shape is not declared.
     """
     declared = declared_outputs[name]
-    assert declared.datatype is not None
-    got = "BYTES" if array.dtype == np.object_ else _kserve(array.dtype)
-    # Another known datatype is answered as returned, as Triton does (its bls_decoupled example
-    # sums INT32 values into an INT64 array); only an array no protocol can carry is refused.
-    if got != declared.datatype.kserve and got not in datatypes.BY_KSERVE:
-        raise BackendError(
-            f"{_where(model_name, name)} is {got} but the config says {declared.type_name} "
-            "(convert it with .astype before returning it)"
-        )
+    datatype = declared.datatype
+    assert datatype is not None
+    dtype = array.dtype
+    if dtype != datatype.numpy:  # nearly every output is of its declared type: no lookup then
+        got = "BYTES" if dtype == np.object_ else _kserve(dtype)
+        # Another known datatype is answered as returned, as Triton does (its bls_decoupled
+        # example sums INT32 values into an INT64 array); only an array no protocol can carry
+        # is refused.
+        if got != datatype.kserve and got not in datatypes.BY_KSERVE:
+            raise BackendError(
+                f"{_where(model_name, name)} is {got} but the config says {declared.type_name} "
+                "(convert it with .astype before returning it)"
+            )
     shape = declared.shape
-    fits = len(array.shape) == len(shape) and all(
-        want is None or want == have for want, have in zip(shape, array.shape, strict=True)
-    )
-    if not fits or (rows is not None and array.shape[0] != rows):
+    have = array.shape
+    fits = len(have) == len(shape) and (rows is None or have[0] == rows)
+    if fits:
+        for want, size in zip(shape, have, strict=True):  # a loop, not all(<generator>)
+            if want is not None and want != size:
+                fits = False
+                break
+    if not fits:
         expected = ["-1" if d is None else str(d) for d in shape]
         if rows is not None:
             expected[0] = str(rows)
         raise BackendError(
-            f"{_where(model_name, name)} has shape {list(array.shape)}, "
-            f"expected [{', '.join(expected)}]"
+            f"{_where(model_name, name)} has shape {list(have)}, expected [{', '.join(expected)}]"
         )
     return array
 

@@ -8,6 +8,7 @@ import os
 import struct
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -205,3 +206,126 @@ def test_a_frame_reader_takes_messages_read_together_apart_and_large_ones_whole(
     ours.close()
     with pytest.raises(EOFError):
         reader.receive()
+
+
+def test_names_that_need_escaping_and_strided_arrays_of_any_size_round_trip() -> None:
+    ours, theirs = multiprocessing.Pipe()
+    small = np.arange(24, dtype=np.float32).reshape(4, 6)[:, ::2]  # not contiguous
+    large = np.arange(40_000, dtype=np.int64).reshape(200, 200)[::2, 1::3]
+    names = ['quote " and \\', "\u00e9t\u00e9", "plain"]
+    scalar = np.full((), 3.5)
+    tensors: list[tuple[str, np.ndarray]] = [
+        (names[0], small),
+        (names[1], large),
+        (names[2], scalar),
+    ]
+    ipc.send(ours, ipc.Message(ipc.RESULT, {"\u00e9": "\u00e9"}, tensors))
+    got = ipc.receive(theirs, time.monotonic() + 5)
+    assert got.meta == {"\u00e9": "\u00e9"}
+    assert [n for n, _ in got.tensors] == names
+    for (_, sent), (_, back) in zip(tensors, got.tensors, strict=True):
+        assert back.shape == sent.shape
+        np.testing.assert_array_equal(back, sent)
+
+
+def test_receive_waiting_reads_one_whole_frame_or_nothing_without_waiting() -> None:
+    ours, theirs = multiprocessing.Pipe()
+    os.set_blocking(theirs.fileno(), False)
+    assert ipc.receive_waiting(theirs) is None  # nothing waits: no wait either
+    ipc.send(ours, ipc.Message(ipc.LOG, {"n": 1}))
+    ipc.send(ours, ipc.Message(ipc.RESULT, {"n": 2}, [("Y", np.arange(3))]))
+    first = ipc.receive_waiting(theirs)
+    assert isinstance(first, ipc.Message)
+    assert first.meta == {"n": 1}
+    assert theirs.poll(0)  # the next one is still in the socket, where a poll sees it
+    second = ipc.receive_waiting(theirs)
+    assert isinstance(second, ipc.Message)
+    assert second.tensors[0][1].tolist() == [0, 1, 2]
+    assert ipc.receive_waiting(theirs) is None
+    ours.close()
+    with pytest.raises(EOFError):
+        ipc.receive_waiting(theirs)
+
+
+@pytest.mark.parametrize("cut", [5, ipc.PREFIX_BYTES, ipc.PREFIX_BYTES + 20])
+def test_receive_waiting_leaves_the_rest_of_a_frame_to_a_reader_that_may_wait(cut: int) -> None:
+    ours, theirs = multiprocessing.Pipe()
+    os.set_blocking(theirs.fileno(), False)
+    raw = b"".join(
+        bytes(b) for b in ipc.encode(ipc.Message(ipc.RESULT, {"n": 1}, [("Y", np.arange(3))]))
+    )
+    os.write(ours.fileno(), raw[:cut])
+    rest = ipc.receive_waiting(theirs)
+    assert callable(rest)
+    with pytest.raises(TimeoutError):  # the rest has not come: it waits up to its deadline
+        rest(time.monotonic() + 0.05)
+    os.write(ours.fileno(), raw[cut:])
+    ipc.send(ours, ipc.Message(ipc.LOG, {"n": 2}))
+    message = rest(time.monotonic() + 5)
+    assert message.meta == {"n": 1}
+    assert message.tensors[0][1].tolist() == [0, 1, 2]
+    following = ipc.receive_waiting(theirs)  # never read into the next frame
+    assert isinstance(following, ipc.Message)
+    assert following.meta == {"n": 2}
+
+
+def test_receive_waiting_hands_a_frame_cut_short_to_the_reader_as_eof() -> None:
+    ours, theirs = multiprocessing.Pipe()
+    os.set_blocking(theirs.fileno(), False)
+    raw = b"".join(bytes(b) for b in ipc.encode(ipc.Message(ipc.RESULT, {"n": 1})))
+    os.write(ours.fileno(), raw[:-3])
+    ours.close()
+    rest = ipc.receive_waiting(theirs)
+    assert callable(rest)
+    with pytest.raises(EOFError):
+        rest(time.monotonic() + 5)
+
+
+def _thread_state(tid: int) -> tuple[str, int]:
+    """(state letter, voluntary context switches) of one of this process's threads."""
+    fields = dict(
+        line.split(":", 1)
+        for line in Path(f"/proc/self/task/{tid}/status").read_text().splitlines()
+    )
+    return fields["State"].split()[0], int(fields["voluntary_ctxt_switches"])
+
+
+def _asleep(tid: int) -> int:
+    """Wait until the thread sleeps; its voluntary context switches then."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        state, switches = _thread_state(tid)
+        if state == "S":
+            return switches
+        time.sleep(0.001)
+    raise AssertionError("the reader never went to sleep")
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc")
+def test_a_waiting_frame_reader_sleeps_through_the_other_side_reading_what_it_wrote() -> None:
+    # A reader asleep in read(2) would wake (and the other side's read pay for the wake-up)
+    # each time the other side reads a message this end wrote.
+    ours, theirs = multiprocessing.Pipe()
+    reader = ipc.FrameReader(theirs)
+    tids: list[int] = []
+    got: list[ipc.Message] = []
+
+    def read() -> None:
+        tids.append(threading.get_native_id())
+        got.append(reader.receive())
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    while not tids:
+        time.sleep(0.001)
+    before = _asleep(tids[0])
+    for n in range(20):
+        ipc.send(theirs, ipc.Message(ipc.RESULT, {"n": n}))
+        assert ipc.receive(ours).meta == {"n": n}
+    after = _asleep(tids[0])
+    ipc.send(ours, ipc.Message(ipc.FINALIZE))
+    thread.join(timeout=10)
+    assert got[0].kind == ipc.FINALIZE
+    # 20 when woken by every read; a few stray switches may happen (the thread getting the GIL
+    # on its way into the wait)
+    assert after - before < 10
