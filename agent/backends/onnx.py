@@ -46,6 +46,7 @@ from agent.backends.base import (
     ReportsProviders,
 )
 from agent.backends.health import HealthListener, HealthState, RestartPolicy
+from agent.backends.intra_op import MAX_INTRA_OP_THREADS
 from agent.backends.session_health import SessionGuard
 from agent.backends.tensorrt.build import ort_tensorrt_options
 from agent.errors import BackendError, ModelLoadError
@@ -197,10 +198,10 @@ def thread_plan(
             pinned = int(text)
         except ValueError:
             pinned = -1
-        if pinned < 0:
+        if not 0 <= pinned <= MAX_INTRA_OP_THREADS:
             raise ModelLoadError(
-                f"model '{config.name}': parameter '{INTRA_OP_PARAMETER}' must be an integer >= 0, "
-                f"got '{parameter.string_value}'"
+                f"model '{config.name}': parameter '{INTRA_OP_PARAMETER}' must be an integer "
+                f"from 0 to {MAX_INTRA_OP_THREADS}, got '{parameter.string_value}'"
             )
         setting = pinned or setting
     if setting > 0:

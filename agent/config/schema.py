@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from agent.backends.health import RestartPolicy
+from agent.backends.intra_op import MAX_INTRA_OP_THREADS
 from agent.canary.policy import CanaryPolicy
 from agent.config.choices import GrpcEngine, LogLevel, ModelControlMode, TraceMode, parse_choice
 from agent.config.extras import missing_extra
@@ -209,8 +210,12 @@ def validate(config: AgentConfig, *, serving: bool = True) -> None:
     validate_security(server)
     if server.grpc_engine is GrpcEngine.GRPCIO and server.grpc_port >= 0:
         _need_extra("grpcio", 'server.grpc_engine = "grpcio"')
+    if not 0 <= models.intra_op_threads <= MAX_INTRA_OP_THREADS:
+        raise AgentConfigError(
+            f"models.intra_op_threads must be from 0 to {MAX_INTRA_OP_THREADS} "
+            f"(0: every core for a run alone), got {models.intra_op_threads}"
+        )
     for key in (
-        "intra_op_threads",
         "memory_budget_bytes",
         "inflight_memory_bytes",
         "response_cache_bytes",

@@ -289,10 +289,14 @@ def test_log_level_is_case_insensitive(tmp_path: Path, repo: Path) -> None:
     assert load_config(path, {}).log.level is LogLevel.WARNING
 
 
-def test_negative_intra_op_threads(tmp_path: Path, repo: Path) -> None:
-    path = repo_toml(tmp_path, "intra_op_threads = -1\n")
+@pytest.mark.parametrize("threads", [-1, 257, 100_000])
+def test_intra_op_threads_out_of_range(tmp_path: Path, repo: Path, threads: int) -> None:
+    path = repo_toml(tmp_path, f"intra_op_threads = {threads}\n")
 
-    with pytest.raises(AgentConfigError, match=r"models\.intra_op_threads must be >= 0"):
+    with pytest.raises(
+        AgentConfigError,
+        match=rf"models\.intra_op_threads must be from 0 to 256 .*, got {threads}",
+    ):
         load_config(path, {})
 
 
