@@ -82,14 +82,20 @@ def test_pings_and_cancels_are_read_while_the_main_thread_is_busy(
     assert pings.messages[-1][1].meta == {"n": 8}
 
 
-def test_a_reply_is_read_at_once_while_the_main_thread_waits_for_it(
-    pipe: tuple[Connection, Connection],
-) -> None:
+def _executing(pipe: tuple[Connection, Connection]) -> tuple[Connection, Mailbox]:
+    """The agent's end and a started mailbox whose main loop has taken EXECUTE 1 (it runs)."""
     agent_end, worker_end = pipe
     mailbox = Mailbox(worker_end)
     mailbox.start()
     ipc.send(agent_end, ipc.Message(ipc.EXECUTE, {"seq": 1}))
     assert mailbox.receive().meta == {"seq": 1}
+    return agent_end, mailbox
+
+
+def test_a_reply_is_read_at_once_while_the_main_thread_waits_for_it(
+    pipe: tuple[Connection, Connection],
+) -> None:
+    agent_end, mailbox = _executing(pipe)
     for call_id in (1, 2, 3):  # BLS calls inside one execute, one after the other
         slot = mailbox.expect(call_id)
         ipc.send(agent_end, ipc.Message(ipc.BLS_RESULT, {"id": call_id}, [("Y", np.ones(2))]))
@@ -143,11 +149,7 @@ def test_a_long_idle_wait_does_not_stop_the_relief_from_reading_during_execute(
 def test_a_closed_pipe_ends_receive_and_answers_waiting_calls_while_relieved(
     pipe: tuple[Connection, Connection],
 ) -> None:
-    agent_end, worker_end = pipe
-    mailbox = Mailbox(worker_end)
-    mailbox.start()
-    ipc.send(agent_end, ipc.Message(ipc.EXECUTE, {"seq": 1}))
-    assert mailbox.receive().meta == {"seq": 1}
+    agent_end, mailbox = _executing(pipe)
     waiting = mailbox.expect(9)  # the relief reads now
     agent_end.close()
     assert "the agent is gone" in str(waiting.result(_WAIT_S).meta["error"])
