@@ -295,8 +295,8 @@ class OnnxBackend(Backend, ReleasesMemory, ReportsProviders, ReportsHealth, Coun
             if lone:
                 # A lone run has the device: its threads spin between operators instead of
                 # sleeping and waking on each one, and stop when the run returns. Measured
-                # (CNN, batch 1, 2 threads): p50 4.3 -> 3.0 ms and less CPU per run (7.4 -> 6.1
-                # ms), the futex hand-offs gone.
+                # (CNN, batch 1, 2 threads): p50 4.3 -> 3.0-3.3 ms and less CPU per run (7.4 ->
+                # 6.1-6.6 ms), the futex hand-offs gone.
                 options.add_session_config_entry("session.intra_op.allow_spinning", "1")
                 options.add_session_config_entry("session.force_spinning_stop", "1")
             else:

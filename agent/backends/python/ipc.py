@@ -109,7 +109,9 @@ _IOV_MAX = 1024  # buffers per writev(2) (Linux's limit)
 # trees); the pure-Python encoder only where the C accelerator is missing.
 _HEADER_JSON = json.JSONEncoder(separators=(",", ":"))
 _C_HEADER_JSON: Any = None
-with contextlib.suppress(ImportError):  # else an interpreter without the C accelerator
+# Else (an interpreter without the C accelerator, or one whose private signature moved) the
+# pure-Python encoder.
+with contextlib.suppress(ImportError, TypeError):
     from _json import make_encoder
 
     # What _HEADER_JSON hands it, without the circular-reference markers.
